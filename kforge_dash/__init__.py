@@ -1,0 +1,1 @@
+"""kforge_dash: ingest, export and the dashboard (the post-processing side of kforge)."""

@@ -1,0 +1,12 @@
+"""kforge_record: a tiny, crash-safe recorder of per-step training facts (see DESIGN.md).
+
+Imports only pyarrow (and torch when the training process already has it).
+"""
+
+__version__ = "0.1.0"
+
+from .model import ModelSpec
+from .recorder import Recorder
+from .schema import SCHEMA_VERSION, SchemaError
+
+__all__ = ["Recorder", "ModelSpec", "SCHEMA_VERSION", "SchemaError", "__version__"]

@@ -1,0 +1,101 @@
+"""What the recorder learns from its process once, at construction: rank, launch, device.
+
+torch is used only when the training process already imported it; this module never imports it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import socket
+import sys
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        v = os.environ.get(name)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                continue
+    return None
+
+
+def detect_rank_world() -> tuple[int, int]:
+    """(rank, world_size): torch.distributed when initialized, else RANK/WORLD_SIZE, else Slurm, else (0, 1)."""
+    torch = _torch()
+    if torch is not None:
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    rank = _env_int("RANK", "SLURM_PROCID")
+    world = _env_int("WORLD_SIZE", "SLURM_NTASKS")
+    return (rank if rank is not None else 0), (world if world is not None else 1)
+
+
+def detect_local_rank() -> int | None:
+    return _env_int("LOCAL_RANK", "SLURM_LOCALID")
+
+
+def launch_info() -> dict:
+    """What identifies this launch across ranks, where the environment says it."""
+    info = {
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restart_count": _env_int("SLURM_RESTART_COUNT"),
+        "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+        "torchelastic_restart_count": _env_int("TORCHELASTIC_RESTART_COUNT"),
+    }
+    return {k: v for k, v in info.items() if v is not None}
+
+
+def make_attempt_id(now: _dt.datetime, launch: dict) -> str:
+    """Unique per process launch, sorting by launch time.
+
+    A UTC timestamp (microseconds) leads so the id sorts by time and never collides with an
+    earlier launch of the same rank (torchrun's default rendezvous id is the same on every
+    launch); the Slurm job / restart counters follow so the ranks of one launch are easy to
+    line up by eye. Ingest orders attempts by the recorded start time, not by this string.
+    """
+    parts = [now.strftime("%Y%m%dT%H%M%S.%fZ")]
+    if "slurm_job_id" in launch:
+        parts.append(f"slurm{launch['slurm_job_id']}-r{launch.get('slurm_restart_count', 0)}")
+    if "torchelastic_restart_count" in launch:
+        parts.append(f"te{launch['torchelastic_restart_count']}")
+    parts.append(f"p{os.getpid()}")
+    return "-".join(parts)
+
+
+def cuda_in_use() -> bool:
+    """True when this process has initialised CUDA (we never initialise it ourselves)."""
+    torch = _torch()
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def device_info() -> dict:
+    if cuda_in_use():
+        torch = _torch()
+        idx = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        return {"type": "cuda", "index": idx, "name": props.name, "total_memory_bytes": int(props.total_memory)}
+    return {"type": "cpu", "name": platform.processor() or platform.machine() or None, "total_memory_bytes": None}
+
+
+def versions() -> dict:
+    from . import __version__
+
+    out = {"kforge": __version__, "python": platform.python_version()}
+    for mod in ("torch", "pyarrow", "numpy"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            out[mod] = getattr(m, "__version__", None)
+    return out
+
+
+def hostname() -> str:
+    return socket.gethostname()

@@ -1,0 +1,74 @@
+"""The on-disk contract between the recorder and ingest (see DESIGN.md, "On disk").
+
+Kept free of heavy imports: the recorder and ingest both import this module.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = "1.0"  # major.minor; ingest refuses a newer major
+
+META_FILE = "meta.json"
+END_FILE = "end.json"  # written at close: dropped-row count and why the recorder stopped
+PART_PREFIX = "part-"
+PART_SUFFIX = ".parquet"
+RANK_PREFIX = "rank-"
+INGESTED_DIR = "ingested"
+
+# Key of the JSON blob in every part file's Parquet key-value metadata.
+PARQUET_META_KEY = b"kforge"
+
+# Fixed columns of every part file, in order, with their Arrow type names.
+INT_COLUMNS = ("step", "tokens", "mem_allocated_bytes", "mem_peak_bytes", "mem_reserved_bytes")
+FIXED_COLUMNS = (
+    ("step", "int64"),
+    ("time", "float64"),
+    ("step_time_s", "float64"),
+    ("loss", "float64"),
+    ("grad_norm", "float64"),
+    ("lr", "float64"),
+    ("tokens", "int64"),
+    ("mem_allocated_bytes", "int64"),
+    ("mem_peak_bytes", "int64"),
+    ("mem_reserved_bytes", "int64"),
+)
+FIXED_NAMES = tuple(name for name, _ in FIXED_COLUMNS)
+PHASE_PREFIX = "time/"
+PHASE_SUFFIX = "_s"
+
+
+def phase_column(name: str) -> str:
+    return f"{PHASE_PREFIX}{name}{PHASE_SUFFIX}"
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"{RANK_PREFIX}{rank:05d}"
+
+
+def part_file_name(index: int) -> str:
+    return f"{PART_PREFIX}{index:06d}{PART_SUFFIX}"
+
+
+def is_part_file(name: str) -> bool:
+    """True for a finished part file; temp files (dot-prefixed, .tmp) never match."""
+    return name.startswith(PART_PREFIX) and name.endswith(PART_SUFFIX)
+
+
+def major(version: str) -> int:
+    return int(str(version).split(".", 1)[0])
+
+
+class SchemaError(ValueError):
+    """A file that does not follow the kforge on-disk contract."""
+
+
+def check_schema_version(version: object, *, source: str) -> None:
+    """Raise SchemaError naming `source` when `version` is missing or of a newer major."""
+    try:
+        found = major(str(version))
+    except ValueError:
+        raise SchemaError(f"{source}: schema_version {version!r} is not of the form MAJOR.MINOR") from None
+    if found > major(SCHEMA_VERSION):
+        raise SchemaError(
+            f"{source}: written with kforge schema {version}, newer than this kforge reads "
+            f"({SCHEMA_VERSION}); upgrade kforge to ingest it"
+        )

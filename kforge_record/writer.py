@@ -1,0 +1,313 @@
+"""Everything off the training thread: turning buffered rows into Arrow, atomic part files, backlog.
+
+The training thread only hands over lists of rows (``submit``). A single daemon thread converts
+them and writes each flush as one complete Parquet file (temp name, fsync, rename, fsync dir).
+Write failures never propagate: rows stay in a bounded backlog and are retried at the next flush;
+past the bound the oldest rows are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import sys
+import threading
+import time
+import warnings
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .schema import (
+    END_FILE,
+    FIXED_COLUMNS,
+    FIXED_NAMES,
+    META_FILE,
+    PARQUET_META_KEY,
+    SCHEMA_VERSION,
+    part_file_name,
+)
+
+_N_FIXED = len(FIXED_COLUMNS)
+_FIXED_SET = frozenset(FIXED_NAMES)
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write to a temp name beside ``path``, fsync, rename over it, fsync the directory."""
+    d, name = os.path.split(path)
+    tmp = os.path.join(d, f".{name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(d)
+
+
+def _fsync_dir(d: str) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str, obj: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+class _Warner:
+    """Warn once per kind of problem, so a failing disk does not flood the job's log."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.seen: set[str] = set()
+
+    def __call__(self, kind: str, message: str) -> None:
+        if kind in self.seen:
+            return
+        self.seen.add(kind)
+        warnings.warn(f"kforge_record ({self.where}): {message}", RuntimeWarning, stacklevel=2)
+
+
+def _to_host(rows: list[tuple], warn: _Warner) -> tuple[list[list], dict[str, list]]:
+    """Columns of Python values from buffered rows; device tensors copied in one batch per dtype.
+
+    This is the only place the recorder touches tensor values, and it runs on the writer thread:
+    ``torch.stack(...).cpu()`` here waits for the kernels that produced the values (blocking this
+    thread, not the training thread).
+    """
+    fixed = [list(col) for col in zip(*[r[:_N_FIXED] for r in rows])] if rows else [[] for _ in FIXED_COLUMNS]
+    extra_names: dict[str, None] = {}
+    for r in rows:
+        if r[_N_FIXED]:
+            extra_names.update(dict.fromkeys(r[_N_FIXED]))
+    extras = {name: [None] * len(rows) for name in extra_names if name not in _FIXED_SET}
+    for name in extra_names:
+        if name in _FIXED_SET:
+            warn(f"reserved:{name}", f"scalar name {name!r} is reserved for a fixed column; its values are dropped")
+    for i, r in enumerate(rows):
+        if r[_N_FIXED]:
+            for name, v in r[_N_FIXED].items():
+                col = extras.get(name)
+                if col is not None:
+                    col[i] = v
+    columns = fixed + list(extras.values())
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _resolve_tensors(torch, columns, warn)
+    return fixed, extras
+
+
+def _resolve_tensors(torch, columns: list[list], warn: _Warner) -> None:
+    groups: dict[tuple, list[tuple[list, int]]] = {}
+    for col in columns:
+        for i, v in enumerate(col):
+            if isinstance(v, torch.Tensor):
+                if v.numel() != 1:
+                    warn("shape", f"a tensor of shape {tuple(v.shape)} was logged; only 1-element tensors are recorded")
+                    col[i] = None
+                elif v.device.type == "cpu":
+                    col[i] = v.item()
+                else:
+                    groups.setdefault((v.device, v.dtype), []).append((col, i))
+    for (device, dtype), places in groups.items():
+        # One kernel and one device-to-host copy per (device, dtype), whatever the row count.
+        host = torch.stack([col[i].reshape(()) for col, i in places]).cpu().tolist()
+        for (col, i), value in zip(places, host):
+            col[i] = value
+
+
+def _float_or_none(v, name: str, warn: _Warner):
+    if v is None or type(v) is float:
+        return v
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        warn(f"value:{name}", f"value {v!r} for {name!r} is not a number; recorded as null")
+        return None
+
+
+def _int_or_none(v, name: str, warn: _Warner):
+    if v is None or type(v) is int:
+        return v
+    try:
+        f = float(v)
+        if not math.isfinite(f):
+            raise ValueError
+        return int(f)
+    except (TypeError, ValueError, OverflowError):
+        warn(f"value:{name}", f"value {v!r} for {name!r} is not a finite integer; recorded as null")
+        return None
+
+
+def rows_to_table(rows: list[tuple], warn: _Warner) -> pa.Table:
+    fixed, extras = _to_host(rows, warn)
+    arrays, names = [], []
+    for (name, typ), values in zip(FIXED_COLUMNS, fixed):
+        conv = _int_or_none if typ == "int64" else _float_or_none
+        arrays.append(pa.array([conv(v, name, warn) for v in values], type=pa.int64() if typ == "int64" else pa.float64()))
+        names.append(name)
+    for name, values in extras.items():
+        arrays.append(pa.array([_float_or_none(v, name, warn) for v in values], type=pa.float64()))
+        names.append(name)
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+class ShardWriter:
+    """Owns one attempt directory and the thread that writes into it."""
+
+    def __init__(self, attempt_dir: str, meta: dict, *, max_backlog_rows: int, where: str):
+        self.attempt_dir = attempt_dir
+        self.meta = meta
+        self.max_backlog_rows = max_backlog_rows
+        self.warn = _Warner(where)
+        self.dropped_rows = 0
+        self.rows_written = 0
+        self.parts_written = 0
+        self.last_step: int | None = None
+        self._backlog: list[pa.Table] = []
+        self._next_part = 0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()  # one write at a time (thread vs. a close() that outlived it)
+        self._thread = threading.Thread(target=self._run, name="kforge-record-writer", daemon=True)
+        self._thread.start()
+
+    # -- called from the training thread -----------------------------------------------------
+    def submit(self, rows: list[tuple]) -> None:
+        self._queue.put(("rows", rows))
+
+    def update_meta(self, meta: dict) -> None:
+        self._queue.put(("meta", meta))
+
+    def flush(self, rows: list[tuple], timeout: float | None) -> bool:
+        """Hand over ``rows`` and wait until they are written (or have failed). True when done in time."""
+        done = threading.Event()
+        self._queue.put(("rows", rows))
+        self._queue.put(("sync", done))
+        return done.wait(timeout)
+
+    def close(self, rows: list[tuple], *, reason: str, timeout: float | None) -> bool:
+        done = threading.Event()
+        self._queue.put(("rows", rows))
+        self._queue.put(("close", (reason, done)))
+        return done.wait(timeout)
+
+    # -- writer thread -----------------------------------------------------------------------
+    def write_meta(self) -> None:
+        os.makedirs(self.attempt_dir, exist_ok=True)
+        write_json_atomic(os.path.join(self.attempt_dir, META_FILE), self.meta)
+
+    def _run(self) -> None:
+        while True:
+            kind, payload = self._queue.get()
+            try:
+                if kind == "rows":
+                    if payload:
+                        self._take(payload)
+                        self._write_backlog()
+                elif kind == "meta":
+                    self.meta = payload
+                    self._guarded("meta", self.write_meta)
+                elif kind == "sync":
+                    payload.set()
+                elif kind == "close":
+                    reason, done = payload
+                    self._write_backlog()
+                    if self._backlog:  # the last try failed too: these rows are lost, and counted
+                        self.dropped_rows += sum(t.num_rows for t in self._backlog)
+                        self._backlog.clear()
+                    self._guarded("end", lambda: self._write_end(reason))
+                    if self.dropped_rows:
+                        self.warn("dropped-final", f"{self.dropped_rows} rows were dropped in all (disk errors)")
+                    done.set()
+                    return
+            except Exception as e:  # never let the thread die: later flushes must still run
+                self.warn(f"internal:{type(e).__name__}", f"unexpected error while recording: {e!r}")
+                if kind in ("sync",):
+                    payload.set()
+                elif kind == "close":
+                    payload[1].set()
+                    return
+
+    def _take(self, rows: list[tuple]) -> None:
+        table = rows_to_table(rows, self.warn)
+        if table.num_rows:
+            self.last_step = table.column("step")[-1].as_py()
+        self._backlog.append(table)
+        excess = sum(t.num_rows for t in self._backlog) - self.max_backlog_rows
+        while excess > 0 and self._backlog:
+            head = self._backlog[0]
+            if head.num_rows <= excess:
+                self._backlog.pop(0)
+                self.dropped_rows += head.num_rows
+                excess -= head.num_rows
+            else:
+                self._backlog[0] = head.slice(excess)
+                self.dropped_rows += excess
+                excess = 0
+        if self.dropped_rows:
+            self.warn("dropped", f"backlog over {self.max_backlog_rows} rows: dropping the oldest (counted, reported at close)")
+
+    def _guarded(self, what: str, fn) -> bool:
+        try:
+            fn()
+            return True
+        except OSError as e:
+            self.warn(
+                f"oserror:{what}:{e.errno}",
+                f"could not write {what} in {self.attempt_dir}: {e.strerror or e}; keeping rows and retrying at the next flush",
+            )
+            return False
+
+    def _write_backlog(self) -> None:
+        if not self._backlog:
+            return
+        with self._lock:
+            table = pa.concat_tables(self._backlog, promote_options="default") if len(self._backlog) > 1 else self._backlog[0]
+            if self._guarded("part file", lambda: self._write_part(table)):
+                self._backlog.clear()
+                self.rows_written += table.num_rows
+                self.parts_written += 1
+
+    def _write_part(self, table: pa.Table) -> None:
+        if not os.path.exists(os.path.join(self.attempt_dir, META_FILE)):
+            self.write_meta()  # first write, or the directory vanished under us
+        kv = {
+            "schema_version": SCHEMA_VERSION,
+            "rank": self.meta.get("rank"),
+            "attempt_id": self.meta.get("attempt_id"),
+            "dropped_rows_total": self.dropped_rows,
+        }
+        table = table.replace_schema_metadata({PARQUET_META_KEY: json.dumps(kv).encode()})
+        name = part_file_name(self._next_part)
+        path = os.path.join(self.attempt_dir, name)
+        tmp = os.path.join(self.attempt_dir, f".{name}.tmp")
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f, compression="zstd")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.attempt_dir)
+        self._next_part += 1
+
+    def _write_end(self, reason: str) -> None:
+        write_json_atomic(
+            os.path.join(self.attempt_dir, END_FILE),
+            {
+                "schema_version": SCHEMA_VERSION,
+                "end_time": time.time(),
+                "reason": reason,
+                "rows_written": self.rows_written,
+                "parts_written": self.parts_written,
+                "dropped_rows_total": self.dropped_rows,
+                "last_step": self.last_step,
+            },
+        )
