@@ -22,7 +22,7 @@ class ModelSpec:
     """
 
     flops_per_token: float | None = None
-    n_params: int | None = None
+    n_params: float | None = None
     n_layers: int | None = None
     dim: int | None = None
     n_heads: int | None = None
@@ -40,9 +40,9 @@ class ModelSpec:
             v = getattr(self, f.name)
             if v is None:
                 continue
-            if f.name == "flops_per_token":
+            if f.name in ("flops_per_token", "n_params"):  # large counts are often written 7e9
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                    raise ValueError(f"model: flops_per_token must be a positive finite number, got {v!r}")
+                    raise ValueError(f"model: {f.name} must be a positive finite number, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int) or v < (0 if f.name == "moe_shared_experts" else 1):
                 raise ValueError(f"model: {f.name} must be a positive integer, got {v!r}")
         given = {f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None}

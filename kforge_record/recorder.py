@@ -26,7 +26,7 @@ from time import perf_counter
 from . import env
 from .model import ModelSpec
 from .schema import SCHEMA_VERSION, phase_column, rank_dir_name
-from .writer import ShardWriter, _Warner
+from .writer import ShardWriter, _Warner, rows_to_table
 
 _LIVE: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
 _PREVIOUS_SIGTERM = None
@@ -167,6 +167,9 @@ class Recorder:
         self._writer = ShardWriter(self.attempt_dir, meta, max_backlog_rows=max_backlog_rows, where=f"rank {self.rank}")
         # meta.json is written synchronously here, so a bad path fails at construction, loudly.
         self._writer.write_meta()
+        # pyarrow's first pa.array() call imports pandas when present (~0.2 s holding the GIL);
+        # pay it here, not on the writer thread in the middle of training.
+        rows_to_table([(0, 0.0, None, None, None, None, None, None, None, None, None)], self._warn)
         self._closed = False
         _LIVE.add(self)
         atexit.register(_close_at_exit, weakref.ref(self))

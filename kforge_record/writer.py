@@ -242,6 +242,9 @@ class ShardWriter:
         if table.num_rows:
             self.last_step = table.column("step")[-1].as_py()
         self._backlog.append(table)
+
+    def _trim_backlog(self) -> None:
+        """After a failed write: keep at most max_backlog_rows, dropping (and counting) the oldest."""
         excess = sum(t.num_rows for t in self._backlog) - self.max_backlog_rows
         while excess > 0 and self._backlog:
             head = self._backlog[0]
@@ -276,6 +279,8 @@ class ShardWriter:
                 self._backlog.clear()
                 self.rows_written += table.num_rows
                 self.parts_written += 1
+            else:
+                self._trim_backlog()
 
     def _write_part(self, table: pa.Table) -> None:
         if not os.path.exists(os.path.join(self.attempt_dir, META_FILE)):

@@ -1,0 +1,49 @@
+"""A stand-in training loop run as a child process by the crash tests.
+
+Usage: python record_child.py RUN_DIR MODE [options as key=value]
+Prints "step N" (flushed) after each end_step so the parent knows how far it got.
+"""
+
+import os
+import resource
+import signal
+import sys
+import time
+
+from kforge_record import Recorder
+
+run_dir, mode = sys.argv[1], sys.argv[2]
+opts = dict(a.split("=", 1) for a in sys.argv[3:])
+steps = int(opts.get("steps", 1_000_000))
+sleep_s = float(opts.get("sleep", 0.002))
+
+if mode == "prev-handler":
+    # A handler the job installed before the recorder: it must still run after our flush.
+    def _prev(signum, frame):
+        print("previous handler ran", flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, _prev)
+
+rec = Recorder(run_dir, rank=0, world_size=1,
+               flush_every_steps=int(opts.get("flush_every_steps", 20)),
+               flush_every_s=float(opts.get("flush_every_s", 3600)),
+               max_backlog_rows=int(opts.get("max_backlog_rows", 100_000)))
+
+if mode == "disk-full":
+    # Past meta.json, no file may grow beyond 1 byte: every part write fails with EFBIG,
+    # the way a full disk fails with ENOSPC. SIGXFSZ would kill us; the recorder must see the error.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
+
+heal_at = int(opts.get("heal_at", 0))
+for step in range(1, steps + 1):
+    if heal_at and step == heal_at:
+        rec.flush()  # let the writer meet the full disk for every window so far, then free space
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    rec.start_step()
+    time.sleep(sleep_s)
+    rec.end_step(step, loss=1.0 / step, lr=1e-3, tokens=128)
+    print(f"step {step}", flush=True)
+print(f"dropped {rec.dropped_rows}", flush=True)
+rec.close()
+print("done", flush=True)

@@ -1,0 +1,53 @@
+"""Bad constructor arguments fail at construction, with a message naming the argument."""
+
+import pytest
+
+from kforge_record import ModelSpec, Recorder
+
+LLAMA_7B = dict(n_layers=32, dim=4096, n_heads=32, n_kv_heads=32, ffn_hidden_dim=11008, vocab_size=32000, seq_len=4096)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(model={"n_layer": 32}), ValueError, "unknown key.*n_layer"),
+        (dict(model={"n_params": 7e9}), ValueError, "n_params also needs n_layers, dim, seq_len"),
+        (dict(model={k: v for k, v in LLAMA_7B.items() if k != "vocab_size"}), ValueError, "missing vocab_size"),
+        (dict(model={**LLAMA_7B, "n_kv_heads": 5}), ValueError, "n_kv_heads 5 must divide n_heads 32"),
+        (dict(model={**LLAMA_7B, "moe_top_k": 2}), ValueError, "moe_num_experts and moe_top_k"),
+        (dict(model={**LLAMA_7B, "moe_num_experts": 8, "moe_top_k": 9}), ValueError, "moe_top_k 9 exceeds"),
+        (dict(model={"flops_per_token": -1.0}), ValueError, "flops_per_token must be a positive"),
+        (dict(model={"flops_per_token": float("nan")}), ValueError, "flops_per_token"),
+        (dict(model={}), ValueError, "model: empty"),
+        (dict(model="llama"), TypeError, "model: must be a dict"),
+        (dict(peak_tflops=0), ValueError, "peak_tflops"),
+        (dict(flush_every_steps=0), ValueError, "flush_every_steps"),
+        (dict(flush_every_s=-1), ValueError, "flush_every_s"),
+        (dict(max_backlog_rows=0), ValueError, "max_backlog_rows"),
+        (dict(rank=2, world_size=2), ValueError, "rank 2 is not below world_size 2"),
+        (dict(rank=-1), ValueError, "rank"),
+        (dict(tags="baseline"), TypeError, "tags"),
+        (dict(hparams=[1, 2]), TypeError, "hparams"),
+        (dict(counts_tokens="yes"), TypeError, "counts_tokens"),
+    ],
+)
+def test_bad_arguments(tmp_path, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Recorder(tmp_path / "run", **kwargs)
+    assert not (tmp_path / "run").exists(), "a rejected recorder leaves nothing on disk"
+
+
+def test_run_dir_that_is_a_file(tmp_path):
+    f = tmp_path / "run"
+    f.write_text("x")
+    with pytest.raises(NotADirectoryError, match="run"):
+        Recorder(f)
+
+
+def test_valid_model_descriptions_are_kept():
+    assert ModelSpec(**LLAMA_7B).to_dict() == LLAMA_7B
+    moe = ModelSpec(**LLAMA_7B, moe_num_experts=64, moe_top_k=6, moe_shared_experts=2, moe_frequency=1)
+    assert moe.moe_top_k == 6
+    assert ModelSpec(n_params=7_000_000_000, n_layers=32, dim=4096, seq_len=4096).n_params == 7_000_000_000
+    with pytest.raises(Exception):
+        moe.moe_top_k = 2  # frozen

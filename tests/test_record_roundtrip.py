@@ -1,0 +1,127 @@
+"""What end_step/log record is read back exactly, with pyarrow and with polars."""
+
+import json
+import math
+import os
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from kforge_record import Recorder
+from kforge_record.check import check_run
+
+
+def _attempt_dir(run):
+    (rank,) = [d for d in os.listdir(run) if d.startswith("rank-")]
+    (attempt,) = os.listdir(run / rank)
+    return run / rank / attempt
+
+
+def _read_polars(run):
+    parts = sorted(str(p) for p in run.glob("rank-*/*/part-*.parquet"))
+    return pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
+
+
+def test_round_trip_values_types_and_meta(tmp_path):
+    run = tmp_path / "run-a"
+    values = [0.5, float("nan"), float("inf"), -float("inf"), 1e-300]
+    with Recorder(run, model={"flops_per_token": 6e9}, hparams={"lr": 3e-4, "nested": {"x": 1}},
+                  tags=["baseline"], flush_every_steps=2, rank=0, world_size=1) as rec:
+        for step, v in enumerate(values, start=1):
+            rec.start_step()
+            with rec.phase("data"):
+                pass
+            with rec.phase("fwd_bwd"):
+                pass
+            with rec.phase("fwd_bwd"):  # a phase entered twice in one step adds up
+                pass
+            extra = {"moe/aux_loss": v * 2} if step >= 3 else {}  # a name that appears mid-run
+            rec.end_step(step, loss=v, grad_norm=1.5, lr=3e-4, tokens=4096, **extra)
+        rec.log(5, **{"eval/loss": 2.25})
+
+    df = _read_polars(run).sort("step", "step_time_s", nulls_last=True)
+    train = df.filter(pl.col("step_time_s").is_not_null())
+    assert train["step"].to_list() == [1, 2, 3, 4, 5]
+    # NaN and inf are stored as they are, bit for bit.
+    got = train["loss"].to_list()
+    for a, b in zip(got, values):
+        assert (math.isnan(a) and math.isnan(b)) or a == b
+    assert train["tokens"].dtype == pl.Int64 and train["tokens"].to_list() == [4096] * 5
+    assert train["grad_norm"].to_list() == [1.5] * 5
+    # Missing is null, never 0.0: no CUDA here, so memory is null; the mid-run scalar is null before it appears.
+    assert train["mem_allocated_bytes"].null_count() == 5
+    aux = train["moe/aux_loss"].to_list()
+    assert aux[:2] == [None, None] and aux[2] == math.inf and aux[3] == -math.inf
+    assert (train["time/fwd_bwd_s"] >= 0).all() and (train["time/data_s"] >= 0).all()
+    assert (train["step_time_s"] >= train["time/fwd_bwd_s"]).all()
+    # log() adds a row for the step with only its scalars.
+    logged = df.filter(pl.col("step_time_s").is_null())
+    assert logged["step"].to_list() == [5] and logged["eval/loss"].to_list() == [2.25]
+    assert logged["loss"].to_list() == [None]
+
+    # The same files through pyarrow's own dataset reader (schemas unified across parts).
+    files = sorted(str(p) for p in _attempt_dir(run).glob("part-*.parquet"))
+    schema = pa.unify_schemas([pq.read_schema(f) for f in files])
+    table = ds.dataset(files, schema=schema, format="parquet").to_table()
+    assert table.num_rows == 6
+    assert table.schema.field("step").type == pa.int64() and table.schema.field("loss").type == pa.float64()
+
+    meta = json.loads((_attempt_dir(run) / "meta.json").read_text())
+    assert meta["run_name"] == "run-a" and meta["rank"] == 0 and meta["world_size"] == 1
+    assert meta["model"] == {"flops_per_token": 6e9} and meta["hparams"]["nested"] == {"x": 1}
+    assert meta["tags"] == ["baseline"] and meta["device"]["type"] == "cpu"
+    end = json.loads((_attempt_dir(run) / "end.json").read_text())
+    assert end["reason"] == "close" and end["rows_written"] == 6 and end["dropped_rows_total"] == 0
+    assert check_run(run) == []
+
+
+def test_tensors_are_recorded_exactly(tmp_path):
+    run = tmp_path / "run-t"
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * torch.tensor([0.1, 0.2, 0.3])).sum()  # carries an autograd graph
+    loss.backward()
+    f32 = torch.tensor(0.1, dtype=torch.float32)
+    bf16 = torch.tensor(3.140625, dtype=torch.bfloat16)
+    nan = torch.tensor(float("nan"))
+    with Recorder(run, rank=0, world_size=1) as rec:
+        rec.end_step(1, loss=loss, grad_norm=f32, lr=torch.tensor(1e-4, dtype=torch.float64),
+                     tokens=torch.tensor(2048), bf=bf16, np_scalar=np.float32(0.25))
+        rec.end_step(2, loss=nan, grad_norm=torch.tensor(float("inf")), tokens=np.int64(7))
+    df = _read_polars(run).sort("step")
+    assert df["loss"][0] == loss.item()
+    assert df["grad_norm"][0] == float(np.float32(0.1))  # the float32 value, widened exactly
+    assert df["lr"][0] == 1e-4
+    assert df["tokens"].to_list() == [2048, 7]
+    assert df["bf"][0] == 3.140625 and df["np_scalar"][0] == 0.25
+    assert math.isnan(df["loss"][1]) and df["grad_norm"][1] == math.inf
+
+
+def test_bad_values_become_null_with_a_warning_and_never_raise(tmp_path):
+    run = tmp_path / "run-b"
+    with pytest.warns(RuntimeWarning, match="not a number"):
+        with Recorder(run, rank=0, world_size=1) as rec:
+            rec.end_step(1, loss="oops", grad_norm=torch.ones(2), lr=0.1)
+            rec.end_step(2, loss=0.5)
+    df = _read_polars(run).sort("step")
+    assert df["loss"].to_list() == [None, 0.5]
+    assert df["grad_norm"].to_list() == [None, None]
+    assert df["lr"].to_list() == [0.1, None]
+
+
+def test_flush_thresholds_make_one_part_per_window(tmp_path):
+    run = tmp_path / "run-f"
+    rec = Recorder(run, rank=0, world_size=1, flush_every_steps=10, flush_every_s=3600)
+    for step in range(1, 36):
+        rec.end_step(step, loss=1.0)
+    rec.flush()
+    parts = sorted(p.name for p in _attempt_dir(run).glob("part-*.parquet"))
+    # 3 full windows written by the thread, the last 5 by flush().
+    assert [pq.read_metadata(_attempt_dir(run) / p).num_rows for p in parts] == [10, 10, 10, 5]
+    rec.close()
+    rec.close()  # idempotent
+    assert not list(_attempt_dir(run).glob(".*"))  # no temp file left behind
