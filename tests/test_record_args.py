@@ -51,3 +51,20 @@ def test_valid_model_descriptions_are_kept():
     assert ModelSpec(n_params=7_000_000_000, n_layers=32, dim=4096, seq_len=4096).n_params == 7_000_000_000
     with pytest.raises(Exception):
         moe.moe_top_k = 2  # frozen
+
+
+def test_recorder_stays_light(tmp_path):
+    """The training process gets pyarrow (and torch only if it already had it), nothing heavier."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from kforge_record import Recorder
+with Recorder({str(tmp_path / 'run')!r}, rank=0, world_size=1) as rec:
+    rec.end_step(1, loss=1.0)
+heavy = [m for m in ("polars", "streamlit", "wandb", "tensorboard", "torch", "kforge_dash") if m in sys.modules]
+print(heavy)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
