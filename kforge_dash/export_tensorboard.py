@@ -1,0 +1,76 @@
+"""TensorBoard export: one event file per run, written from tensorboard's own protos and framing.
+
+Why not ``SummaryWriter.add_scalar``: it builds, queues and frames one Event per value (~40 µs a
+value). Here each step is one ``Event`` whose ``Summary`` holds all of that step's values, framed by
+tensorboard's own ``RecordWriter`` (TFRecord, masked CRC32C) into a temp file that then atomically
+replaces the run's single kforge event file, so a re-export never duplicates a point and a reader
+sees either the old file or the new one.
+
+Values are ``simple_value`` (float32, what ``add_scalar`` writes and ``EventAccumulator.Scalars``
+reads). NaN and inf are written as they are: TensorBoard stores them, and a NaN loss must show.
+Null is no point. Wall time is the step's recorded time (steps.parquet ``time``).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from .export_history import History
+
+EVENT_SUFFIX = ".kforge"  # marks the event files this module owns (others in the logdir are left alone)
+FILE_VERSION = "brain.Event:2"
+
+
+def _protos():
+    try:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.record_writer import RecordWriter
+    except ImportError as e:
+        raise ImportError(f"TensorBoard export needs the tensorboard package ({e}): pip install 'kforge[ingest]'") from None
+    return event_pb2, summary_pb2, RecordWriter
+
+
+def event_file_name(history: History) -> str:
+    # Deterministic (first step's time), so re-exporting the same history rewrites the same name.
+    t0 = int(history.frame["time"][0]) if history.n_steps else 0
+    return f"events.out.tfevents.{t0:010d}{EVENT_SUFFIX}"
+
+
+def write_tensorboard(history: History, logdir: str, *, with_ranks: bool = True) -> tuple[str, int]:
+    """Write the history to ``logdir``; returns (event file path, number of points written)."""
+    event_pb2, summary_pb2, RecordWriter = _protos()
+    Event, Summary, Value = event_pb2.Event, summary_pb2.Summary, summary_pb2.Summary.Value
+    os.makedirs(logdir, exist_ok=True)
+    path = os.path.join(logdir, event_file_name(history))
+    # The temp name must not contain "tfevents": TensorBoard would read a leftover one as events.
+    tmp = os.path.join(logdir, f".kforge-events.{os.getpid()}.tmp")
+    tags = history.tags + (history.rank_tags if with_ranks else ())
+    points = 0
+    try:
+        with open(tmp, "wb") as f:
+            w = RecordWriter(f)
+            t0 = float(history.frame["time"][0]) if history.n_steps else 0.0
+            w.write(Event(wall_time=t0, file_version=FILE_VERSION).SerializeToString())
+            for row in history.rows(with_ranks=with_ranks):
+                values = [Value(tag=tag, simple_value=v) for tag, v in zip(tags, row[2:]) if v is not None]
+                points += len(values)
+                w.write(Event(step=row[0], wall_time=row[1], summary=Summary(value=values)).SerializeToString())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+    # Older kforge files (a different first-step time) would duplicate every point: remove them.
+    for old in glob.glob(os.path.join(glob.escape(logdir), f"events.out.tfevents.*{EVENT_SUFFIX}")):
+        if old != path:
+            _remove(old)
+    return path, points
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

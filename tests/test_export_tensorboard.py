@@ -1,0 +1,169 @@
+"""TensorBoard export, read back with TensorBoard's own EventAccumulator (no size limit)."""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from export_fixtures import INF_GRAD_STEP, MISSING_RANK, NAN_LOSS_STEP, make_ingested_run
+from kforge_dash.export import export_run
+
+# The documented column -> tag mapping (README / export_history), written out here independently.
+TAGS = {
+    "loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr", "tokens": "train/tokens",
+    "tokens_per_sec": "train/tokens_per_sec", "mfu": "train/mfu", "step_time_s": "train/step_time_s",
+    "step_time_min_s": "train/step_time_min_s", "step_time_median_s": "train/step_time_median_s",
+    "loss_ema": "smoothed/loss_ema", "tokens_per_sec_ema": "smoothed/tokens_per_sec_ema",
+    "mfu_ema": "smoothed/mfu_ema", "step_time_s_ema": "smoothed/step_time_s_ema",
+    "mem_allocated_bytes": "gpu/mem_allocated_gib", "mem_peak_bytes": "gpu/mem_peak_gib",
+    "mem_reserved_bytes": "gpu/mem_reserved_gib", "slowest_rank": "ranks/slowest_rank",
+    "n_ranks": "ranks/n_ranks", "attempt": "run/attempt",
+    "time/data_s": "time/data_s", "time/fwd_bwd_s": "time/fwd_bwd_s", "eval/loss": "eval/loss",
+}
+
+
+def expected_points(run_dir: str, *, with_ranks: bool = True) -> dict[str, list[tuple[int, float, float]]]:
+    """{tag: [(step, wall_time, float32 value)]} computed from the Parquet files with pyarrow."""
+    steps = pq.read_table(os.path.join(run_dir, "ingested", "steps.parquet")).to_pylist()
+    out: dict[str, list] = {}
+    for row in steps:
+        for col, v in row.items():
+            if col in ("step", "time") or v is None:
+                continue
+            if col.startswith("mem_"):
+                v = v / 2**30
+            out.setdefault(TAGS[col], []).append((row["step"], row["time"], float(np.float32(v))))
+    if with_ranks:
+        time_of = {r["step"]: r["time"] for r in steps}
+        for r in sorted(pq.read_table(os.path.join(run_dir, "ingested", "ranks.parquet")).to_pylist(),
+                        key=lambda r: (r["rank"], r["step"])):
+            out.setdefault(f"ranks/step_time_s/{r['rank']:05d}", []).append(
+                (r["step"], time_of[r["step"]], float(np.float32(r["step_time_s"]))))
+    return out
+
+
+def read_back(path: str) -> dict[str, list[tuple[int, float, float]]]:
+    ea = EventAccumulator(path, size_guidance={"scalars": 0})
+    ea.Reload()
+    return {tag: [(e.step, e.wall_time, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
+
+
+def same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        sa == sb and ta == tb and (va == vb or (math.isnan(va) and math.isnan(vb))) for (sa, ta, va), (sb, tb, vb) in zip(a, b)
+    )
+
+
+def test_every_point_every_tag_matches_steps_parquet(tmp_path):
+    run = make_ingested_run(tmp_path, n_steps=40, world_size=3)
+    res = export_run(run, wandb=False)
+    assert res.ok and res.wandb is None and res.upload is None
+    got = read_back(os.path.join(run, "ingested", "tensorboard"))  # the whole logdir: every file in it
+    want = expected_points(run)
+    assert set(got) == set(want)
+    for tag in want:
+        assert same(got[tag], want[tag]), tag
+    assert res.tensorboard.points == sum(len(v) for v in want.values())
+    # What the fixture put in on purpose survives: NaN loss shown, inf grad norm, nulls absent.
+    loss = dict((s, v) for s, _, v in got["train/loss"])
+    assert math.isnan(loss[NAN_LOSS_STEP])
+    assert dict((s, v) for s, _, v in got["train/grad_norm"])[INF_GRAD_STEP] == math.inf
+    assert [s for s, _, _ in got["gpu/mem_peak_gib"]] == [1, 11, 21, 31]
+    assert [s for s, _, _ in got["eval/loss"]] == [25]
+    step, rank = MISSING_RANK
+    assert step not in [s for s, _, _ in got[f"ranks/step_time_s/{rank:05d}"]]
+    assert "smoothed/mfu_ema" not in got  # an all-null column makes no tag at all
+    # One monotonic history across the restart.
+    steps = [s for s, _, _ in got["train/step_time_s"]]
+    assert steps == sorted(set(steps)) == list(range(1, 41))
+    assert {v for _, _, v in got["run/attempt"]} == {0.0, 1.0}
+
+
+def test_reexport_replaces_the_event_file_never_duplicates(tmp_path):
+    run = make_ingested_run(tmp_path, n_steps=20)
+    first = export_run(run, wandb=False).tensorboard
+    again = export_run(run, wandb=False).tensorboard
+    assert first.path == again.path
+    with open(first.path, "rb") as f:
+        data = f.read()
+    # The run grew and its first step moved (a different file name): still exactly one file, the new history.
+    make_ingested_run(tmp_path, n_steps=30, t0=1_790_000_500.0)
+    grown = export_run(run, wandb=False).tensorboard
+    logdir = os.path.join(run, "ingested", "tensorboard")
+    assert os.listdir(logdir) == [os.path.basename(grown.path)] and grown.path != first.path
+    got, want = read_back(logdir), expected_points(run)
+    assert set(got) == set(want) and all(same(got[t], want[t]) for t in want)
+    assert len(got["train/loss"]) == 30
+    # Same input, same bytes: a re-export is reproducible (TensorBoard reloading it sees no change).
+    make_ingested_run(tmp_path, n_steps=20)
+    assert open(export_run(run, wandb=False).tensorboard.path, "rb").read() == data
+
+
+def test_no_rank_tags_above_the_limit(tmp_path):
+    run = make_ingested_run(tmp_path, n_steps=5, world_size=3)
+    res = export_run(run, wandb=False, max_rank_tags=2)
+    got = read_back(res.tensorboard.path)
+    assert not [t for t in got if t.startswith("ranks/step_time_s/")]
+    want = expected_points(run, with_ranks=False)
+    assert set(got) == set(want) and all(same(got[t], want[t]) for t in want)
+
+
+def test_other_event_files_in_the_logdir_are_left_alone(tmp_path):
+    run = make_ingested_run(tmp_path, n_steps=5)
+    logdir = os.path.join(run, "ingested", "tensorboard")
+    os.makedirs(logdir)
+    mine = os.path.join(logdir, "events.out.tfevents.1.user-host")
+    open(mine, "wb").close()
+    export_run(run, wandb=False)
+    assert os.path.exists(mine)
+
+
+@pytest.mark.parametrize("damage", ["missing-steps", "corrupt-steps", "bad-summary", "unordered", "no-time"])
+def test_bad_input_is_reported_naming_the_file_and_loses_nothing(tmp_path, damage):
+    run = make_ingested_run(tmp_path, n_steps=10)
+    ing = os.path.join(run, "ingested")
+    steps = os.path.join(ing, "steps.parquet")
+    if damage == "missing-steps":
+        os.remove(steps)
+        bad, why = steps, "not found"
+    elif damage == "corrupt-steps":
+        with open(steps, "r+b") as f:
+            f.truncate(100)
+        bad, why = steps, "not a readable Parquet file"
+    elif damage == "bad-summary":
+        with open(os.path.join(ing, "summary.json"), "w") as f:
+            f.write("{not json")
+        bad, why = os.path.join(ing, "summary.json"), "JSON"
+    elif damage == "unordered":
+        t = pq.read_table(steps)
+        pq.write_table(t.take([1, 0] + list(range(2, t.num_rows))), steps)
+        bad, why = steps, "not strictly increasing"
+    else:
+        pq.write_table(pq.read_table(steps).drop_columns(["time"]), steps)
+        bad, why = steps, "missing column 'time'"
+    before = {p: open(p, "rb").read() for p in glob.glob(os.path.join(ing, "*")) if os.path.isfile(p)}
+    res = export_run(run, wandb=True)  # never raises
+    assert not res.ok
+    for outcome in (res.tensorboard, res.wandb):
+        assert outcome.ok is False and bad in outcome.error and why in outcome.error
+    after = {p: open(p, "rb").read() for p in before}
+    assert after == before
+    assert not os.path.exists(os.path.join(ing, "tensorboard")) and not os.path.exists(os.path.join(ing, "wandb"))
+
+
+def test_export_needs_no_torch(tmp_path):
+    run = make_ingested_run(tmp_path, n_steps=5)
+    code = (
+        "import sys; from kforge_dash.export import export_run; "
+        f"r = export_run({run!r}, wandb=False); assert r.ok, r; "
+        "assert 'torch' not in sys.modules, 'export imported torch'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
