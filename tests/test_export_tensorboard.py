@@ -40,7 +40,7 @@ def expected_points(run_dir: str, *, with_ranks: bool = True) -> dict[str, list[
                 continue
             if col.startswith("mem_"):
                 v = v / 2**30
-            out.setdefault(TAGS[col], []).append((row["step"], row["time"], float(np.float32(v))))
+            out.setdefault(TAGS.get(col, col), []).append((row["step"], row["time"], float(np.float32(v))))
     if with_ranks:
         time_of = {r["step"]: r["time"] for r in steps}
         for r in sorted(pq.read_table(os.path.join(run_dir, "ingested", "ranks.parquet")).to_pylist(),
