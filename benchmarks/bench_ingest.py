@@ -1,0 +1,129 @@
+"""kforge-ingest throughput and peak memory vs. a plain polars group-by floor, on the same files.
+
+    python benchmarks/bench_ingest.py                      # 64x100k and 1024x100k (needs ~6 GB of /tmp)
+    python benchmarks/bench_ingest.py --sizes 64x20000     # quick
+
+Shards: meta.json/end.json come from real kforge_record.Recorder objects (one per rank); the part
+files are written here with pyarrow directly, in the recorder's exact format (same columns, types,
+zstd, the `kforge` key-value metadata, part-NNNNNN names), because pushing 100M rows through the
+recorder's Python hot path would take longer than the benchmark. Every rank also logs an
+`eval/loss` through log rows every 1000 steps, so ingest's log coalescing runs too.
+
+Each pipeline runs in its own subprocess (fresh interpreter) so its peak RSS is its own.
+The floor computes only max step time, summed tokens and tokens/s per step (scan -> group_by ->
+collect with the streaming engine); kforge-ingest does everything (restart plan, log coalescing,
+min/median/slowest rank, means of every scalar, MFU, EMAs, ranks.parquet + steps.parquet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kforge_record import Recorder
+from kforge_record.schema import PARQUET_META_KEY, SCHEMA_VERSION, part_file_name
+
+
+def write_run(run_dir: str, ranks: int, steps: int, steps_per_part: int) -> int:
+    rng = np.random.default_rng(0)
+    rows = 0
+    for r in range(ranks):
+        rec = Recorder(run_dir, rank=r, world_size=ranks, install_sigterm_handler=False,
+                       model={"n_layers": 32, "dim": 4096, "n_heads": 32, "n_kv_heads": 32,
+                              "ffn_hidden_dim": 11008, "vocab_size": 32000, "seq_len": 4096},
+                       peak_tflops=989.0)
+        rec.close()
+        for i, lo in enumerate(range(1, steps + 1, steps_per_part)):
+            step = np.arange(lo, min(lo + steps_per_part, steps + 1), dtype=np.int64)
+            n = len(step)
+            ev = step[step % 1000 == 0]  # log rows: step_time_s null, only eval/loss set
+            st = 0.5 + 0.01 * rng.random(n)
+            cols = {
+                "step": np.concatenate([step, ev]),
+                "time": np.concatenate([1.7e9 + step * 0.5, 1.7e9 + ev * 0.5 + 0.1]),
+                "step_time_s": pa.array(np.concatenate([st, np.full(len(ev), np.nan)]),
+                                        mask=np.r_[np.zeros(n, bool), np.ones(len(ev), bool)]),
+                "loss": pa.array(np.r_[2.0 + rng.random(n), np.zeros(len(ev))], mask=np.r_[np.zeros(n, bool), np.ones(len(ev), bool)]),
+                "grad_norm": pa.array(np.r_[rng.random(n), np.zeros(len(ev))], mask=np.r_[np.zeros(n, bool), np.ones(len(ev), bool)]),
+                "lr": pa.array(np.r_[np.full(n, 3e-4), np.zeros(len(ev))], mask=np.r_[np.zeros(n, bool), np.ones(len(ev), bool)]),
+                "tokens": pa.array(np.r_[np.full(n, 4096, np.int64), np.zeros(len(ev), np.int64)], mask=np.r_[np.zeros(n, bool), np.ones(len(ev), bool)]),
+            }
+            mem_mask = np.r_[(step - 1) % 10 != 0, np.ones(len(ev), bool)]  # memory_every_steps=10
+            for c in ("mem_allocated_bytes", "mem_peak_bytes", "mem_reserved_bytes"):
+                cols[c] = pa.array(np.full(n + len(ev), 40 << 30, np.int64), mask=mem_mask)
+            for c in ("time/data_s", "time/fwd_bwd_s"):
+                cols[c] = pa.array(np.r_[st / 2, np.zeros(len(ev))], mask=np.r_[np.zeros(n, bool), np.ones(len(ev), bool)])
+            cols["eval/loss"] = pa.array(np.r_[np.zeros(n), 2.5 + rng.random(len(ev))], mask=np.r_[np.ones(n, bool), np.zeros(len(ev), bool)])
+            table = pa.table(cols).replace_schema_metadata({PARQUET_META_KEY: json.dumps(
+                {"schema_version": SCHEMA_VERSION, "rank": r, "attempt_id": rec.attempt_id, "dropped_rows_total": 0}).encode()})
+            pq.write_table(table, os.path.join(rec.attempt_dir, part_file_name(i)), compression="zstd")
+            rows += table.num_rows
+    return rows
+
+
+FLOOR = """
+import glob, sys, polars as pl
+files = sorted(glob.glob(sys.argv[1] + "/rank-*/*/part-*.parquet"))
+out = (pl.scan_parquet(files).group_by("step")
+       .agg(pl.col("step_time_s").max(), pl.col("tokens").sum())
+       .with_columns((pl.col("tokens") / pl.col("step_time_s")).alias("tokens_per_sec"))
+       .collect(engine="streaming"))
+print(out.height)
+"""
+INGEST = """
+import sys
+from kforge_dash.ingest import ingest_run
+res = ingest_run(sys.argv[1], force=True)
+print(res.summary["steps"])
+"""
+
+
+def measure(code: str, run_dir: str) -> tuple[float, float]:
+    """(wall seconds, peak RSS GiB) of a fresh interpreter running ``code``."""
+    wrapper = code + "\nimport resource; print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", wrapper, run_dir], capture_output=True, text=True, check=True).stdout
+    wall = time.perf_counter() - t0
+    rss_kib = int(out.split("MAXRSS")[1].split()[0])
+    return wall, rss_kib / 2**20
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="64x100000,1024x100000", help="RANKSxSTEPS,... ")
+    ap.add_argument("--steps-per-part", type=int, default=10_000)
+    ap.add_argument("--dir", default=None, help="where to write shards (default: a temp dir, deleted after)")
+    args = ap.parse_args()
+    base = args.dir or tempfile.mkdtemp(prefix="kforge-bench-")
+    print(f"{'case':>12} {'rows':>12} {'pipeline':>14} {'wall s':>8} {'rows/s':>12} {'peak GiB':>9} {'speed vs floor':>15} {'mem vs floor':>13}")
+    try:
+        for size in args.sizes.split(","):
+            ranks, steps = map(int, size.lower().split("x"))
+            run = os.path.join(base, f"run-{ranks}x{steps}")
+            t0 = time.perf_counter()
+            rows = write_run(run, ranks, steps, args.steps_per_part)
+            print(f"# {size}: wrote {rows:,} rows in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+            f_wall, f_mem = measure(FLOOR, run)
+            i_wall, i_mem = measure(INGEST, run)
+            for name, wall, mem in (("polars floor", f_wall, f_mem), ("kforge-ingest", i_wall, i_mem)):
+                print(f"{size:>12} {rows:>12,} {name:>14} {wall:>8.1f} {rows / wall:>12,.0f} {mem:>9.2f} "
+                      f"{(f_wall / wall):>14.2f}x {(mem / f_mem):>12.2f}x", flush=True)
+            shutil.rmtree(run)
+    finally:
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""`kforge-ingest PATH...`: a thin click wrapper over kforge_dash.ingest.ingest_path."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+try:
+    import click
+except ImportError as e:  # optional dependency, imported at the edge
+    raise SystemExit("kforge-ingest needs the ingest extra: pip install 'kforge[ingest]'") from e
+
+
+def _num(v, fmt="{:,.0f}"):
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return fmt.format(v)
+
+
+def _screen(res) -> list[str]:
+    """The one-screen summary of one ingested run."""
+    s = res.summary
+    mfu = s.get("mean_mfu")
+    lines = [
+        f"{s.get('run_name')}  ({res.run_dir}){'  [unchanged]' if res.skipped else ''}",
+        f"  steps {_num(s.get('steps'))} ({s.get('first_step')}..{s.get('last_step')})   ranks {len(s.get('ranks') or [])}"
+        f"   world size {s.get('world_size')}   attempts {len(s.get('attempts') or [])}   restarts {len(s.get('restarts') or [])}",
+        f"  tokens {_num(s.get('tokens'))}   wall time {_num(s.get('wall_time_s'), '{:,.1f}')} s"
+        f"   tokens/s {_num(s.get('mean_tokens_per_sec'))}",
+        f"  mean MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}   final loss {_num(s.get('final_loss'), '{:.4g}')}"
+        f"   best loss {_num(s.get('best_loss'), '{:.4g}')}",
+    ]
+    nonfinite = {k: v for k, v in (s.get("nonfinite") or {}).items() if v}
+    if nonfinite:
+        lines.append("  non-finite: " + ", ".join(f"{k} {v}" for k, v in nonfinite.items()))
+    for name, e in (s.get("exports") or {}).items():
+        if isinstance(e, dict):
+            lines.append(f"  export {name}: {'ok ' + str(e.get('path') or '') if e.get('ok') else 'FAILED: ' + str(e.get('error'))}")
+    warnings = s.get("warnings") or []
+    if warnings:
+        lines.append(f"  warnings ({len(warnings)}):")
+        lines += [f"    - {w}" for w in warnings[:8]]
+        if len(warnings) > 8:
+            lines.append(f"    ... and {len(warnings) - 8} more in {res.ingested_dir}/summary.json")
+    return lines
+
+
+class _Progress:
+    """A rich progress bar on a terminal, plain lines otherwise, nothing with --quiet."""
+
+    def __init__(self, *, quiet: bool):
+        self.quiet = quiet
+        self.bar = None
+        self.task = None
+        if not quiet and sys.stderr.isatty():
+            try:
+                from rich.progress import Progress
+
+                self.bar = Progress(transient=True)
+            except ImportError:
+                self.bar = None
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+
+    def __call__(self, event, run_dir, done, total):
+        if self.quiet:
+            return
+        if event == "lock-wait":
+            click.echo(f"{run_dir}: another kforge-ingest is writing this run; waiting for it", err=True)
+        elif self.bar is not None:
+            if event == "chunk":
+                if self.task is None:
+                    self.task = self.bar.add_task(run_dir, total=total)
+                self.bar.update(self.task, completed=done, total=total, description=run_dir)
+            elif event == "done" and self.task is not None:
+                self.bar.remove_task(self.task)
+                self.task = None
+        elif event == "chunk":
+            click.echo(f"{run_dir}: chunk {done}/{total}", err=True)
+
+
+def _run_once(paths, *, as_json, quiet, only_changed=False, **kw) -> int:
+    from .ingest import IngestError, IngestFailure, ingest_path
+
+    ok, failed, errors = [], [], []
+    with _Progress(quiet=quiet or as_json) as progress:
+        for p in paths:
+            try:
+                for r in ingest_path(p, progress=progress, **kw):
+                    (failed if isinstance(r, IngestFailure) else ok).append(r)
+            except IngestError as e:
+                errors.append(str(e))
+    shown = [r for r in ok if not (only_changed and r.skipped)]
+    if as_json:
+        click.echo(json.dumps({
+            "runs": [{"run_dir": r.run_dir, "skipped": r.skipped, "summary": r.summary} for r in shown],
+            "failed": [{"run_dir": f.run_dir, "error": f.error} for f in failed] + [{"run_dir": None, "error": e} for e in errors],
+        }, indent=2, default=str))
+    elif not quiet:
+        for r in shown:
+            click.echo("\n".join(_screen(r)))
+    for msg in [f.error for f in failed] + errors:
+        click.echo(f"kforge-ingest: error: {msg}", err=True)
+    if not ok:
+        return 1
+    return 2 if failed or errors else 0
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.1, show_default=True, help="EMA smoothing factor.")
+@click.option("--peak-tflops", type=click.FloatRange(0, min_open=True), default=None, help="Peak dense TFLOPS per GPU; beats meta.json and the device table.")
+@click.option("--flops-per-token", type=click.FloatRange(0, min_open=True), default=None, help="Model FLOPs per token; beats meta.json.")
+@click.option("--watch", type=click.FloatRange(0, min_open=True), default=None, metavar="SECONDS", help="Re-ingest every SECONDS as new part files arrive, until Ctrl-C.")
+@click.option("--force", is_flag=True, help="Re-ingest even when the shards are unchanged.")
+@click.option("--no-tensorboard", is_flag=True, help="Do not export TensorBoard event files.")
+@click.option("--no-wandb", is_flag=True, help="Do not export an offline W&B run.")
+@click.option("--upload", is_flag=True, help="Also sync the W&B run (needs network and a login).")
+@click.option("--wandb-project", default=None, help="W&B project name.")
+@click.option("--wandb-entity", default=None, help="W&B entity (user or team).")
+@click.option("--quiet", "-q", is_flag=True, help="Only errors.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorboard, no_wandb, upload,
+         wandb_project, wandb_entity, quiet, as_json):
+    """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
+
+    Exit status: 0 all ingested, 2 some runs failed, 1 nothing could be ingested.
+    """
+    kw = dict(alpha=alpha, peak_tflops=peak_tflops, flops_per_token=flops_per_token, force=force,
+              tensorboard=not no_tensorboard, wandb=not no_wandb, upload=upload,
+              wandb_project=wandb_project, wandb_entity=wandb_entity)
+    code = _run_once(paths, as_json=as_json, quiet=quiet, **kw)
+    if watch is None:
+        sys.exit(code)
+    kw["force"] = False  # later passes only redo runs whose shards changed
+    try:
+        while True:
+            time.sleep(watch)
+            _run_once(paths, as_json=as_json, quiet=quiet, only_changed=True, **kw)
+    except KeyboardInterrupt:
+        sys.exit(0)

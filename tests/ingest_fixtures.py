@@ -1,0 +1,69 @@
+"""Shards for the ingest tests, made by the real kforge_record.Recorder (several ranks in one process).
+
+Step times are made exact with a fake clock: the recorder reads ``perf_counter`` from its module,
+so patching ``kforge_record.recorder.perf_counter`` gives known step times, hence known tokens/s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import polars as pl
+
+import kforge_record.recorder as recorder_mod
+from kforge_record import Recorder
+
+LLAMA7B = {"n_layers": 32, "dim": 4096, "n_heads": 32, "n_kv_heads": 32, "ffn_hidden_dim": 11008,
+           "vocab_size": 32000, "seq_len": 4096}
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def open_ranks(run_dir, world_size, *, ranks=None, **kw):
+    """One Recorder per rank (one attempt of the job). Flushes often so runs have several parts."""
+    kw.setdefault("flush_every_steps", 7)
+    kw.setdefault("install_sigterm_handler", False)
+    return {r: Recorder(run_dir, rank=r, world_size=world_size, **kw)
+            for r in (range(world_size) if ranks is None else ranks)}
+
+
+def run_steps(monkeypatch, recs: dict, steps, *, step_time, values=None, clock=None):
+    """Record ``steps`` on every rank. ``step_time(rank, step)`` seconds (exact, via the fake clock);
+    ``values(rank, step)`` -> kwargs for end_step (default: loss and tokens)."""
+    clock = clock or FakeClock()
+    monkeypatch.setattr(recorder_mod, "perf_counter", clock)
+    for s in steps:
+        for r, rec in recs.items():
+            rec.start_step()
+            clock.t += step_time(r, s)
+            kw = values(r, s) if values else {"loss": 1.0 / s, "tokens": 1000}
+            rec.end_step(s, **kw)
+    return clock
+
+
+def close_all(recs: dict):
+    for rec in recs.values():
+        rec.close()
+
+
+def read_outputs(run_dir):
+    d = os.path.join(run_dir, "ingested")
+    with open(os.path.join(d, "summary.json")) as f:
+        summary = json.load(f)
+    return pl.read_parquet(os.path.join(d, "steps.parquet")), pl.read_parquet(os.path.join(d, "ranks.parquet")), summary
+
+
+def part_files(run_dir):
+    out = []
+    for root, _, files in os.walk(run_dir):
+        if "ingested" in root:
+            continue
+        out += [os.path.join(root, f) for f in files if f.startswith("part-") and f.endswith(".parquet")]
+    return sorted(out)
