@@ -6,6 +6,11 @@ tensorboard's own ``RecordWriter`` (TFRecord, masked CRC32C) into a temp file th
 replaces the run's single kforge event file, so a re-export never duplicates a point and a reader
 sees either the old file or the new one.
 
+Framing: tensorboard's ``RecordWriter`` computes its masked CRC32C in pure Python (~40 µs for a
+20-value step, most of the export's time). When ``google-crc32c`` (C, optional, in the ``ingest``
+extra) is installed, ``_FastRecordWriter`` writes the very same bytes with the C checksum; the tests
+check it against tensorboard's ``RecordWriter`` byte for byte.
+
 Values are ``simple_value`` (float32, what ``add_scalar`` writes and ``EventAccumulator.Scalars``
 reads). NaN and inf are written as they are: TensorBoard stores them, and a NaN loss must show.
 Null is no point. Wall time is the step's recorded time (steps.parquet ``time``).
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import glob
 import os
+import struct
 
 from .export_history import History
 
@@ -31,14 +37,47 @@ def _protos():
     return event_pb2, summary_pb2, RecordWriter
 
 
+def _masked_crc32c_c():
+    """google-crc32c's C checksum with TFRecord's masking, or None when it is not installed."""
+    try:
+        import google_crc32c
+    except ImportError:
+        return None
+    if google_crc32c.implementation != "c":
+        return None  # its pure-Python fallback is no faster than tensorboard's
+    value = google_crc32c.value
+
+    def masked(data: bytes) -> int:
+        x = value(data)
+        return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    return masked
+
+
+class _FastRecordWriter:
+    """tensorboard's RecordWriter format (uint64 length, masked CRC of it, data, masked CRC of data)."""
+
+    def __init__(self, f, masked_crc):
+        self._write = f.write
+        self._crc = masked_crc
+
+    def write(self, data: bytes) -> None:
+        header = struct.pack("<Q", len(data))
+        crc = self._crc
+        self._write(header + struct.pack("<I", crc(header)) + data + struct.pack("<I", crc(data)))
+
+
 def event_file_name(history: History) -> str:
     # Deterministic (first step's time), so re-exporting the same history rewrites the same name.
     t0 = int(history.frame["time"][0]) if history.n_steps else 0
     return f"events.out.tfevents.{t0:010d}{EVENT_SUFFIX}"
 
 
-def write_tensorboard(history: History, logdir: str, *, with_ranks: bool = True) -> tuple[str, int]:
-    """Write the history to ``logdir``; returns (event file path, number of points written)."""
+def write_tensorboard(history: History, logdir: str, *, with_ranks: bool = True, fast_crc: bool = True) -> tuple[str, int]:
+    """Write the history to ``logdir``; returns (event file path, number of points written).
+
+    ``fast_crc=False`` always frames with tensorboard's own (pure-Python) RecordWriter.
+    """
     event_pb2, summary_pb2, RecordWriter = _protos()
     Event, Summary, Value = event_pb2.Event, summary_pb2.Summary, summary_pb2.Summary.Value
     os.makedirs(logdir, exist_ok=True)
@@ -49,7 +88,8 @@ def write_tensorboard(history: History, logdir: str, *, with_ranks: bool = True)
     points = 0
     try:
         with open(tmp, "wb") as f:
-            w = RecordWriter(f)
+            masked_crc = _masked_crc32c_c() if fast_crc else None
+            w = _FastRecordWriter(f, masked_crc) if masked_crc else RecordWriter(f)
             t0 = float(history.frame["time"][0]) if history.n_steps else 0.0
             w.write(Event(wall_time=t0, file_version=FILE_VERSION).SerializeToString())
             for row in history.rows(with_ranks=with_ranks):

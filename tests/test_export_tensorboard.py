@@ -167,3 +167,16 @@ def test_export_needs_no_torch(tmp_path):
         "assert 'torch' not in sys.modules, 'export imported torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_fast_checksum_writes_exactly_tensorboards_record_bytes(tmp_path):
+    """The C CRC32C path (google-crc32c) must frame every record as tensorboard's RecordWriter does."""
+    pytest.importorskip("google_crc32c")
+    from kforge_dash.export_history import load_history
+    from kforge_dash.export_tensorboard import write_tensorboard
+
+    run = make_ingested_run(tmp_path, n_steps=30, world_size=2)
+    h = load_history(run)
+    slow, _ = write_tensorboard(h, str(tmp_path / "slow"), fast_crc=False)
+    fast, _ = write_tensorboard(h, str(tmp_path / "fast"), fast_crc=True)
+    assert open(fast, "rb").read() == open(slow, "rb").read()
