@@ -114,7 +114,7 @@ def _run_once(paths, *, as_json, quiet, only_changed=False, **kw) -> int:
         click.echo(f"kforge-ingest: error: {msg}", err=True)
     if not ok:
         return 1
-    return 2 if failed or errors else 0
+    return 3 if failed or errors else 0
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -135,18 +135,24 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
          wandb_project, wandb_entity, quiet, as_json):
     """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
 
-    Exit status: 0 all ingested, 2 some runs failed, 1 nothing could be ingested.
+    Exit status: 0 all ingested, 1 nothing could be ingested, 2 usage error, 3 some runs failed.
     """
+    import warnings
+
+    from .ingest import IngestWarning
+
     kw = dict(alpha=alpha, peak_tflops=peak_tflops, flops_per_token=flops_per_token, force=force,
               tensorboard=not no_tensorboard, wandb=not no_wandb, upload=upload,
               wandb_project=wandb_project, wandb_entity=wandb_entity)
-    code = _run_once(paths, as_json=as_json, quiet=quiet, **kw)
-    if watch is None:
-        sys.exit(code)
-    kw["force"] = False  # later passes only redo runs whose shards changed
-    try:
-        while True:
-            time.sleep(watch)
-            _run_once(paths, as_json=as_json, quiet=quiet, only_changed=True, **kw)
-    except KeyboardInterrupt:
-        sys.exit(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IngestWarning)  # they are in each run's summary, printed below
+        code = _run_once(paths, as_json=as_json, quiet=quiet, **kw)
+        if watch is None:
+            sys.exit(code)
+        kw["force"] = False  # later passes only redo runs whose shards changed
+        try:
+            while True:
+                time.sleep(watch)
+                _run_once(paths, as_json=as_json, quiet=quiet, only_changed=True, **kw)
+        except KeyboardInterrupt:
+            sys.exit(0)

@@ -1,0 +1,150 @@
+"""kforge-ingest through click's CliRunner: exit codes, messages, --json, overrides, exports, --watch."""
+
+import json
+import os
+import sys
+import types
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from kforge_dash import cli_ingest
+from kforge_dash.cli_ingest import main
+
+from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run_steps
+
+NO_EXPORT = ["--no-tensorboard", "--no-wandb"]
+
+
+def make_run(path, monkeypatch, *, steps=10, **kw):
+    recs = open_ranks(str(path), 2, **kw)
+    clock = run_steps(monkeypatch, recs, range(1, steps + 1), step_time=lambda r, s: 0.5,
+                      values=lambda r, s: {"loss": 3.0 - 0.1 * s, "tokens": 256})
+    close_all(recs)
+    return str(path), clock
+
+
+def runner():
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:  # click >= 8.2 always keeps stderr apart
+        return CliRunner()
+
+
+def test_ingests_a_root_and_prints_a_summary(tmp_path, monkeypatch):
+    run, _ = make_run(tmp_path / "root" / "a", monkeypatch)
+    r = runner().invoke(main, [str(tmp_path / "root"), *NO_EXPORT])
+    assert r.exit_code == 0, r.output
+    assert "steps 10 (1..10)" in r.stdout and "ranks 2" in r.stdout and "tokens 5,120" in r.stdout
+    assert "final loss 2" in r.stdout
+    steps, _, _ = read_outputs(run)
+    assert steps.height == 10
+
+
+def test_json_output_and_overrides(tmp_path, monkeypatch):
+    run, _ = make_run(tmp_path / "run", monkeypatch, model={"flops_per_token": 1e9})
+    r = runner().invoke(main, [run, "--json", "--alpha", "0.5", "--peak-tflops", "2", *NO_EXPORT])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    s = out["runs"][0]["summary"]
+    assert out["failed"] == [] and s["alpha"] == 0.5 and s["peak_source"] == "override"
+    tps = 2 * 256 / 0.5
+    assert s["mean_mfu"] == pytest.approx(1e9 * tps / (2 * 2e12))
+    r = runner().invoke(main, [run, "--json", "--alpha", "0.5", "--peak-tflops", "2", "--flops-per-token", "5e8", *NO_EXPORT])
+    s = json.loads(r.stdout)["runs"][0]["summary"]
+    assert s["flops_source"] == "override" and s["mean_mfu"] == pytest.approx(5e8 * tps / (2 * 2e12))
+
+
+def test_nothing_ingestible_exits_1_naming_the_path(tmp_path):
+    missing = tmp_path / "missing"
+    r = runner().invoke(main, [str(missing), *NO_EXPORT])
+    assert r.exit_code == 1 and str(missing) in r.stderr and "no such" in r.stderr
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    r = runner().invoke(main, [str(plain), *NO_EXPORT])
+    assert r.exit_code == 1 and f"{plain}: no kforge runs found" in r.stderr
+    r = runner().invoke(main, [str(plain), "--alpha", "2"])
+    assert r.exit_code == 2 and "alpha" in r.stderr  # click's usage error
+
+
+def test_some_runs_failing_exits_3(tmp_path, monkeypatch):
+    make_run(tmp_path / "root" / "good", monkeypatch)
+    bad, _ = make_run(tmp_path / "root" / "bad", monkeypatch)
+    for p in part_files(bad):
+        open(p, "wb").write(b"junk")
+    r = runner().invoke(main, [str(tmp_path / "root"), "--quiet", *NO_EXPORT])
+    assert r.exit_code == 3
+    assert r.stdout == ""  # --quiet: only errors
+    assert bad in r.stderr and "no readable rows" in r.stderr
+
+
+def test_warnings_are_shown_on_the_summary_screen(tmp_path, monkeypatch):
+    run, _ = make_run(tmp_path / "run", monkeypatch)
+    victim = part_files(run)[0]
+    open(victim, "wb").write(b"junk")
+    r = runner().invoke(main, [run, *NO_EXPORT])
+    assert r.exit_code == 0
+    assert "warnings (" in r.stdout and victim in r.stdout and "corrupt" in r.stdout
+
+
+def test_export_failure_is_recorded_and_parquet_kept(tmp_path, monkeypatch):
+    run, _ = make_run(tmp_path / "run", monkeypatch)
+    fake = types.ModuleType("kforge_dash.export")
+
+    def export_run(run_dir, **kw):
+        raise RuntimeError("disk full while writing events")
+
+    fake.export_run = export_run
+    monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
+    r = runner().invoke(main, [run, "--no-wandb"])
+    assert r.exit_code == 0
+    assert "export tensorboard: FAILED: RuntimeError: disk full" in r.stdout
+    steps, ranks, summary = read_outputs(run)
+    assert steps.height == 10 and ranks.height == 20
+    assert summary["exports"]["tensorboard"] == {"ok": False, "path": None, "error": "RuntimeError: disk full while writing events"}
+    assert "wandb" not in summary["exports"]
+
+
+def test_export_called_with_the_cli_flags_and_result_recorded(tmp_path, monkeypatch):
+    run, _ = make_run(tmp_path / "run", monkeypatch)
+    calls = []
+    fake = types.ModuleType("kforge_dash.export")
+
+    def export_run(run_dir, **kw):
+        calls.append((run_dir, kw))
+        return {"tensorboard": {"ok": True, "path": "tb", "error": None}, "wandb": {"ok": True, "path": "wb", "error": None}}
+
+    fake.export_run = export_run
+    monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
+    args = [run, "--wandb-project", "proj", "--wandb-entity", "team", "--upload"]
+    assert runner().invoke(main, args).exit_code == 0
+    assert calls == [(run, {"tensorboard": True, "wandb": True, "wandb_project": "proj", "wandb_entity": "team", "upload": True})]
+    assert read_outputs(run)[2]["exports"]["wandb"]["ok"] is True
+    # unchanged shards and exports that worked: neither is redone
+    assert runner().invoke(main, args).exit_code == 0
+    assert len(calls) == 1
+
+
+def test_watch_picks_up_new_parts_until_interrupted(tmp_path, monkeypatch):
+    run, clock = make_run(tmp_path / "run", monkeypatch, steps=5)
+    recs = {}
+    ticks = []
+
+    def fake_sleep(seconds):
+        ticks.append(seconds)
+        if len(ticks) == 1:  # the job goes on between two passes
+            recs.update(open_ranks(run, 2))
+            run_steps(monkeypatch, recs, range(6, 9), step_time=lambda r, s: 0.5, clock=clock)
+            for rec in recs.values():
+                rec.flush()
+        else:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_ingest.time, "sleep", fake_sleep)
+    r = runner().invoke(main, [run, "--watch", "2", *NO_EXPORT])
+    close_all(recs)
+    assert r.exit_code == 0 and ticks == [2.0, 2.0]
+    steps = pl.read_parquet(os.path.join(run, "ingested", "steps.parquet"))
+    assert steps["step"].to_list() == list(range(1, 9))
+    assert r.stdout.count("steps 5 (1..5)") == 1 and r.stdout.count("steps 8 (1..8)") == 1
