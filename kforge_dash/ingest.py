@@ -26,13 +26,13 @@ from kforge_record.writer import write_json_atomic
 
 from . import flops as _flops
 from . import shards as _shards
+from .ingest_reduce import MEM as _MEM, reduce_steps
 
 OUTPUT_SCHEMA_VERSION = "1.0"
 # Bump when the outputs' meaning changes: a new version re-ingests unchanged shards.
 INGEST_VERSION = "1"
 STEPS_FILE, RANKS_FILE, SUMMARY_FILE, LOCK_FILE = "steps.parquet", "ranks.parquet", "summary.json", ".ingest.lock"
 EMA_METRICS = ("loss", "tokens_per_sec", "mfu", "step_time_s")
-_MEM = ("mem_allocated_bytes", "mem_peak_bytes", "mem_reserved_bytes")
 _INT_COLS = {"step", "tokens", *_MEM}
 # Column names ingest derives in steps.parquet: a user scalar with one of these names is renamed.
 _DERIVED = {"rank", "attempt", "step_time_min_s", "step_time_median_s", "slowest_rank", "n_ranks",
@@ -52,7 +52,7 @@ class IngestOptions:
     alpha: float = 0.1
     peak_tflops: float | None = None
     flops_per_token: float | None = None
-    chunk_rows: int = 8_000_000  # rows held in memory at once (about 100 bytes each, plus polars' work space)
+    chunk_rows: int = 4_000_000  # rows held in memory at once (about 100 bytes each, plus polars' work space)
     lock_timeout_s: float = 600.0
     force: bool = False
 
@@ -186,11 +186,9 @@ def _columns(parts: list) -> tuple[list[str], dict[str, str]]:
 
 
 def _scan(part, rank: int, attempt: int, cols: list[str], rename: dict, lo: int, hi: int, cutoff,
-          counts, logs: bool) -> pl.LazyFrame:
-    """One part file as a lazy frame with every output column (absent ones null), its step window,
-    and only its end_step rows (logs=False) or only its Recorder.log rows (logs=True).
-
-    The filters are pushed into the Parquet reader, so a row outside the window is never built."""
+          counts) -> pl.LazyFrame:
+    """One part file as a lazy frame with every output column (absent ones null) and its step
+    window. The filter is pushed into the Parquet reader: rows outside it are never built."""
     back = {v: k for k, v in rename.items()}
     exprs = []
     for c in cols:
@@ -207,8 +205,15 @@ def _scan(part, rank: int, attempt: int, cols: list[str], rename: dict, lo: int,
     cond = (pl.col("step") >= lo) & (pl.col("step") < hi)
     if cutoff is not None:
         cond = cond & (pl.col("step") < cutoff)
-    cond = cond & (pl.col("step_time_s").is_null() if logs else pl.col("step_time_s").is_not_null())
     return pl.scan_parquet(part.path).filter(cond).select(exprs)
+
+
+def _key(df: pl.DataFrame) -> pl.Series:
+    """(rank, step) as one hashable value: an int64 when it fits (fast), else a struct."""
+    lo, hi = df["step"].min(), df["step"].max()
+    if 0 <= lo and hi < 1 << 40 and df["rank"].max() < 1 << 22:
+        return df.select((pl.col("rank") * (1 << 40) + pl.col("step")).alias("k"))["k"]
+    return df.select(pl.struct("rank", "step").alias("k"))["k"]
 
 
 def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str]) -> pl.DataFrame:
@@ -222,8 +227,9 @@ def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str]) -
     agg = logs.group_by(["rank", "step"], maintain_order=True).agg(
         pl.all().exclude("rank", "step", *scalars).last(), *[pl.col(c).drop_nulls().last() for c in scalars]
     )
-    keys = agg.select(pl.struct("rank", "step").alias("k"))["k"]
-    hit = ends.select(pl.struct("rank", "step").is_in(keys.implode()).arg_true().alias("i"))["i"]
+    both = pl.concat([ends.select("rank", "step"), agg.select("rank", "step")])
+    keys = _key(both)
+    hit = keys.head(ends.height).is_in(keys.tail(agg.height).implode()).arg_true()
     at = ends.select("rank", "step")[hit].with_row_index("_j").join(agg, on=["rank", "step"], how="inner").sort("_j")
     updates = []
     for c in scalars:
@@ -235,31 +241,6 @@ def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str]) -
     merged = ends.with_columns(updates) if updates else ends
     only = agg.join(at.select("rank", "step"), on=["rank", "step"], how="anti")
     return pl.concat([merged, only.select(ends.columns)], how="vertical", rechunk=False) if only.height else merged
-
-
-def _step_aggs(cols: list[str], counts_col: bool) -> list[pl.Expr]:
-    """Per-step reductions over ranks (DESIGN.md "Ingest rules"). Rows arrive rank by rank and
-    polars keeps that order within a group, so "first non-null" is the lowest reporting rank."""
-    tok = pl.when(pl.col("_counts")).then(pl.col("tokens")) if counts_col else pl.col("tokens")
-    st = pl.col("step_time_s")
-    aggs = [
-        pl.col("time").max(),
-        st.max().alias("step_time_s"),
-        st.min().alias("step_time_min_s"),
-        st.median().alias("step_time_median_s"),
-        pl.col("rank").filter(st == st.max()).min().alias("slowest_rank"),
-        pl.len().cast(pl.Int64).alias("n_ranks"),  # one row per (rank, step) by now
-        pl.col("attempt").max(),
-        # A sum over no values is null here, not 0 (missing is never 0).
-        pl.when(tok.count() > 0).then(tok.sum()).alias("tokens"),
-        pl.col("loss").mean(),
-        pl.col("grad_norm").drop_nulls().first(),  # lowest reporting rank
-        pl.col("lr").drop_nulls().first(),
-        *[pl.col(c).max() for c in _MEM],
-    ]
-    fixed = set(FIXED_NAMES) | {"rank", "attempt", "step"}
-    aggs += [pl.col(c).mean() for c in cols if c not in fixed]
-    return aggs
 
 
 def _ema(col: str, alpha: float) -> pl.Expr:
@@ -304,7 +285,9 @@ class _RanksWriter:
 
     def _write(self, table: pa.Table) -> None:
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
+            # Dictionary encoding pays off only for the repetitive key columns; floats rarely repeat.
+            self.writer = pq.ParquetWriter(self.path, table.schema, compression="zstd",
+                                           use_dictionary=["step", "rank", "attempt"])
         self.writer.write_table(table.cast(self.writer.schema))
 
     def put(self, table: pa.Table) -> None:
@@ -330,7 +313,7 @@ def _finite(v):
 
 
 def ingest_run(run_dir, *, alpha: float = 0.1, peak_tflops: float | None = None,
-               flops_per_token: float | None = None, chunk_rows: int = 8_000_000,
+               flops_per_token: float | None = None, chunk_rows: int = 4_000_000,
                lock_timeout_s: float = 600.0, force: bool = False, progress=None) -> IngestResult:
     """Ingest one run directory into RUN/ingested/. Raises IngestError when nothing can be ingested.
 
@@ -432,7 +415,7 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
                     warnings.append(f"{n_dup} row(s) in steps [{lo}, {hi}) repeat a (rank, step) "
                                     "(end_step called twice for one step?); the last one is kept")
                     df = df.unique(["rank", "step"], keep="last", maintain_order=True)
-                step_parts.append(df.group_by("step").agg(_step_aggs(cols, need_counts)))
+                step_parts.append(reduce_steps(df, cols, need_counts))
                 rank_ids.update(df["rank"].unique().to_list())
                 writer.put(df.drop("_counts", strict=False).to_arrow())
             if progress:
@@ -463,15 +446,14 @@ def _read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts) -> 
         todo = [f for f in files if f[0].path not in bad and f[0].max_step >= lo and f[0].min_step < hi]
         if not todo:
             return pl.DataFrame(schema={c: (pl.Int64 if c in _INT_COLS | {"rank", "attempt"} else pl.Float64) for c in cols})
-        def scan(p, rank, att, logs):
-            return _scan(p, rank, att, cols, rename, lo, hi, cutoff[att], None if counts is None else counts[(rank, att)], logs)
-        ends = pl.concat([scan(p, r, a, False) for p, r, a in todo], how="vertical")
-        with_logs = [scan(p, r, a, True) for p, r, a in todo if p.has_log_rows]
+        def scan(p, rank, att):
+            return _scan(p, rank, att, cols, rename, lo, hi, cutoff[att], None if counts is None else counts[(rank, att)])
         try:
-            if not with_logs:
-                return ends.collect()
-            ends, logs = pl.collect_all([ends, pl.concat(with_logs, how="vertical")])
-            return _coalesce_logs(ends, logs, scalars) if logs.height else ends
+            df = pl.concat([scan(p, r, a) for p, r, a in todo], how="vertical").collect()
+            if not any(p.has_log_rows for p, _, _ in todo):
+                return df
+            is_log = df["step_time_s"].is_null()
+            return _coalesce_logs(df.filter(~is_log), df.filter(is_log), scalars) if is_log.any() else df
         except Exception:
             found = False
             for p, _, _ in todo:
