@@ -74,7 +74,7 @@ def export_run(
 
     ``upload=True`` runs ``wandb sync`` on the offline run (and implies the W&B export).
     """
-    run_dir = os.fspath(run_dir)
+    run_dir = os.path.abspath(os.fspath(run_dir))
     if isinstance(max_rank_tags, bool) or not isinstance(max_rank_tags, int) or max_rank_tags < 0:
         raise ValueError(f"max_rank_tags: must be an integer >= 0, got {max_rank_tags!r}")
     wandb = wandb or upload

@@ -30,11 +30,11 @@ FILE_VERSION = "brain.Event:2"
 
 def _protos():
     try:
-        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.compat.proto import event_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
     except ImportError as e:
         raise ImportError(f"TensorBoard export needs the tensorboard package ({e}): pip install 'kforge[ingest]'") from None
-    return event_pb2, summary_pb2, RecordWriter
+    return event_pb2, RecordWriter
 
 
 def _masked_crc32c_c():
@@ -78,8 +78,8 @@ def write_tensorboard(history: History, logdir: str, *, with_ranks: bool = True,
 
     ``fast_crc=False`` always frames with tensorboard's own (pure-Python) RecordWriter.
     """
-    event_pb2, summary_pb2, RecordWriter = _protos()
-    Event, Summary, Value = event_pb2.Event, summary_pb2.Summary, summary_pb2.Summary.Value
+    event_pb2, RecordWriter = _protos()
+    Event = event_pb2.Event
     os.makedirs(logdir, exist_ok=True)
     path = os.path.join(logdir, event_file_name(history))
     # The temp name must not contain "tfevents": TensorBoard would read a leftover one as events.
@@ -93,9 +93,13 @@ def write_tensorboard(history: History, logdir: str, *, with_ranks: bool = True,
             t0 = float(history.frame["time"][0]) if history.n_steps else 0.0
             w.write(Event(wall_time=t0, file_version=FILE_VERSION).SerializeToString())
             for row in history.rows(with_ranks=with_ranks):
-                values = [Value(tag=tag, simple_value=v) for tag, v in zip(tags, row[2:]) if v is not None]
-                points += len(values)
-                w.write(Event(step=row[0], wall_time=row[1], summary=Summary(value=values)).SerializeToString())
+                ev = Event(step=row[0], wall_time=row[1])
+                add = ev.summary.value.add  # in place: building Values then a Summary copies each twice
+                for tag, v in zip(tags, row[2:]):
+                    if v is not None:
+                        add(tag=tag, simple_value=v)
+                points += len(ev.summary.value)
+                w.write(ev.SerializeToString())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

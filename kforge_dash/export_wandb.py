@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -119,10 +120,17 @@ def _swap(new: str, final: str, parent: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _remove_stale_temps(parent: str) -> None:
+def _remove_stale_temps(parent: str, *, older_than_s: float = 3600.0) -> None:
+    # Only old ones: a young temp dir may belong to an export of this run running right now.
+    now = time.time()
     for name in os.listdir(parent):
+        path = os.path.join(parent, name)
         if name.startswith(".wandb-") and name.endswith(".tmp"):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            try:
+                if now - os.path.getmtime(path) > older_than_s:
+                    shutil.rmtree(path, ignore_errors=True)
+            except OSError:
+                pass
 
 
 def offline_run_dir(run_dir: str | os.PathLike) -> str | None:

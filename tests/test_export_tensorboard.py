@@ -180,3 +180,25 @@ def test_fast_checksum_writes_exactly_tensorboards_record_bytes(tmp_path):
     slow, _ = write_tensorboard(h, str(tmp_path / "slow"), fast_crc=False)
     fast, _ = write_tensorboard(h, str(tmp_path / "fast"), fast_crc=True)
     assert open(fast, "rb").read() == open(slow, "rb").read()
+
+
+def test_one_exporter_failing_does_not_stop_the_other(tmp_path):
+    run = make_ingested_run(tmp_path, n_steps=5)
+    with open(os.path.join(run, "ingested", "tensorboard"), "w") as f:  # a file where the logdir should be
+        f.write("in the way")
+    res = export_run(run, wandb=True)
+    assert not res.ok and not res.tensorboard.ok and res.tensorboard.error
+    assert res.wandb.ok and os.path.isdir(res.wandb.path)
+    assert res.to_dict()["tensorboard"]["ok"] is False and res.to_dict()["upload"] is None
+
+
+def test_missing_optional_packages_are_reported_with_an_install_hint(tmp_path):
+    run = make_ingested_run(tmp_path, n_steps=5)
+    code = (
+        "import sys; sys.modules['tensorboard'] = None; sys.modules['wandb'] = None; "  # as if not installed
+        "from kforge_dash.export import export_run; "
+        f"r = export_run({run!r}); "
+        "assert not r.tensorboard.ok and not r.wandb.ok, r; "
+        "assert all(\"pip install 'kforge[ingest]'\" in o.error for o in (r.tensorboard, r.wandb)), r"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

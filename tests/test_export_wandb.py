@@ -152,7 +152,10 @@ def test_project_and_entity_from_options_or_environment(tmp_path, clean_wandb_en
     run = make_ingested_run(tmp_path, n_steps=3)
     monkeypatch.setenv("WANDB_PROJECT", "from-env")
     monkeypatch.setenv("WANDB_ENTITY", "team-env")
-    export_run(run, tensorboard=False)
+    monkeypatch.setenv("WANDB_MODE", "online")  # a cluster-wide default must not send us online ...
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))  # ... nor elsewhere
+    res = export_run(run, tensorboard=False)
+    assert res.wandb.ok and res.wandb.path == one_offline_run(run) and not (tmp_path / "elsewhere").exists()
     r = read_wandb(one_offline_run(run))["run"]
     assert (r["project"], r["entity"]) == ("from-env", "team-env")
     export_run(run, tensorboard=False, wandb_project="from-option", wandb_entity="team-opt")
