@@ -148,3 +148,12 @@ def test_watch_picks_up_new_parts_until_interrupted(tmp_path, monkeypatch):
     steps = pl.read_parquet(os.path.join(run, "ingested", "steps.parquet"))
     assert steps["step"].to_list() == list(range(1, 9))
     assert r.stdout.count("steps 5 (1..5)") == 1 and r.stdout.count("steps 8 (1..8)") == 1
+
+
+def test_real_tensorboard_export_after_ingest(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    run, _ = make_run(tmp_path / "run", monkeypatch)
+    r = runner().invoke(main, [run, "--no-wandb"])
+    assert r.exit_code == 0, r.output
+    tb = read_outputs(run)[2]["exports"]["tensorboard"]
+    assert tb["ok"] is True and os.path.exists(tb["path"]) and tb["path"].startswith(os.path.join(run, "ingested"))

@@ -199,3 +199,32 @@ def test_log_rows_coalesce_and_columns_appearing_mid_run(tmp_path, monkeypatch):
     assert s[5]["moe/aux"] is None
     assert s[12]["moe/aux"] == pytest.approx((12 * 1 + 12 * 2) / 2)
     assert math.isclose(s[12]["tokens"], 10)
+
+
+@pytest.mark.parametrize("ragged", [True, False])
+def test_ragged_ranks_and_ranks_that_do_not_count_tokens(tmp_path, monkeypatch, ragged):
+    """A rank that misses steps (so the per-step grid is ragged) and a tensor-parallel peer whose
+    tokens are not its own (counts_tokens=False): reductions over the ranks that reported."""
+    run = str(tmp_path / "ragged")
+    recs = open_ranks(run, 3, ranks=[0, 1])
+    recs[2] = open_ranks(run, 3, ranks=[2], counts_tokens=False)[2]
+    times = {0: 1.0, 1: 3.0, 2: 2.0}
+
+    clock = None
+    for s in range(1, 9):
+        live = {r: rec for r, rec in recs.items() if not (ragged and r == 1 and s % 3 == 0)}  # misses 3, 6
+        clock = run_steps(monkeypatch, live, [s], step_time=lambda r, s: times[r],
+                          values=lambda r, s: {"loss": float(10 * r + s), "tokens": 100}, clock=clock)
+    close_all(recs)
+    ingest_run(run)
+    steps, ranks, _ = read_outputs(run)
+    assert ranks.height == 8 * 3 - (2 if ragged else 0)
+    for row in steps.iter_rows(named=True):
+        s = row["step"]
+        reporting = [0, 2] if ragged and s % 3 == 0 else [0, 1, 2]
+        assert row["n_ranks"] == len(reporting)
+        assert row["step_time_s"] == max(times[r] for r in reporting)
+        assert row["slowest_rank"] == max(reporting, key=lambda r: times[r])
+        assert row["step_time_median_s"] == statistics.median(times[r] for r in reporting)
+        assert row["tokens"] == 100 * len([r for r in reporting if r != 2])  # rank 2 does not count
+        assert row["loss"] == pytest.approx(sum(10 * r + s for r in reporting) / len(reporting))
