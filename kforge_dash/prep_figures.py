@@ -62,13 +62,14 @@ def heatmap_figure(h: Heatmap) -> go.Figure:
         hovertemplate="rank %{y}<br>steps %{customdata}<br>%{z:.6g}<extra></extra>",
     ))
     fig.update_layout(xaxis_title="step window (first step)", yaxis_title="rank", **_LAYOUT)
-    fig.update_yaxes(autorange="reversed")
+    fig.update_yaxes(autorange="reversed", dtick=1 if len(h.ranks) <= 32 else None)
     return fig
 
 
 def bar_figure(x, y, *, x_title: str, y_title: str, title: str) -> go.Figure:
     fig = go.Figure(go.Bar(x=x, y=y, hovertemplate=f"{x_title} %{{x}}<br>{y_title}: %{{y:.8g}}<extra></extra>"))
     fig.update_layout(title=dict(text=title, x=0), xaxis_title=x_title, yaxis_title=y_title, **_LAYOUT)
+    fig.update_xaxes(dtick=1 if len(x) <= 32 else None)  # ranks are integers
     return fig
 
 

@@ -225,11 +225,12 @@ def prepare_compare(
     alpha = None if smoothing == 0.0 else 1.0 - smoothing
     data = CompareData(x_axis, list(metrics))
     schemas = [steps_schema(r.steps_path) for r in runs]
+    absent: dict[str, list[str]] = {}  # metric -> runs without a single value of it
     frames = pl.collect_all([_scan_run(r, metrics, s, x_axis=x_axis, alpha=alpha) for r, s in zip(runs, schemas)])
     for src, schema, df in zip(runs, schemas, frames):
-        missing = [m for m in metrics if m not in schema]
-        if missing:
-            data.notes.append(f"{src.name}: no {', '.join(missing)}")
+        for m in metrics:
+            if m not in schema:
+                absent.setdefault(m, []).append(src.name)
         if x_axis == "tokens" and (len(df) == 0 or df["__x"].null_count() == len(df)):
             data.notes.append(f"{src.name}: no token counts, so it has no tokens axis")
             continue
@@ -244,6 +245,9 @@ def prepare_compare(
             is_null = col.is_null().to_numpy()
             # Nulls are "not reported", not NaN: they are neither drawn nor marked.
             keep = has_x & ~is_null
+            if not keep.any():
+                absent.setdefault(m, []).append(src.name)
+                continue
             x, y, step = x_all[keep], y_all[keep], step_all[keep]
             kinds = [("raw", y)]
             if alpha is not None:
@@ -255,4 +259,5 @@ def prepare_compare(
             restart = _restart_markers(src.name, m, src.summary, x, y if alpha is None else kinds[1][1], step)
             if restart is not None:
                 data.markers.append(restart)
+    data.notes += [f"no {m} in {', '.join(names)}" for m, names in absent.items()]
     return data

@@ -114,12 +114,21 @@ def write_shards_only(root, name: str) -> Path:
     return d.parent.parent
 
 
+SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "sample_runs"
+
+
+def sample_run_names() -> list[str]:
+    """The recorded runs bundled in sample_runs/ (directories holding rank-NNNNN/ folders)."""
+    if not SAMPLE_RUNS.is_dir():
+        return []
+    return sorted(p.name for p in SAMPLE_RUNS.iterdir() if p.is_dir() and any(p.glob("rank-*")))
+
+
 def copy_and_ingest_sample_runs(dst: Path) -> Path:
-    """Copy the repo's sample_runs/ to `dst` and ingest every run there without exports."""
+    """Copy the repo's sample_runs/ to `dst` and ingest every run there (no TB/W&B exports)."""
     from kforge_dash import ingest
 
-    src = Path(__file__).resolve().parent.parent / "sample_runs"
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("ingested"))
-    for run in sorted(p for p in dst.iterdir() if p.is_dir()):
-        ingest.ingest_run(run)
+    shutil.copytree(SAMPLE_RUNS, dst, ignore=shutil.ignore_patterns("ingested"))
+    for name in sample_run_names():
+        ingest.ingest_run(dst / name)
     return dst

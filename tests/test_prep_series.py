@@ -139,7 +139,7 @@ def test_nonfinite_and_restart_markers(tmp_path):
 def test_missing_metric_is_a_note_and_bad_arguments_are_refused(tmp_path):
     src = _source(tmp_path, loss=np.ones(3))
     data = prepare_compare([src], ["loss", "mfu"])
-    assert [s.metric for s in data.series] == ["loss"] and data.notes == ["r: no mfu"]
+    assert [s.metric for s in data.series] == ["loss"] and data.notes == ["no mfu in r"]
     with pytest.raises(ValueError, match="x axis 'epoch'"):
         prepare_compare([src], ["loss"], x_axis="epoch")
     with pytest.raises(ValueError, match="smoothing"):
@@ -173,3 +173,10 @@ def test_metric_figure_hover_markers_and_colours(tmp_path):
     assert symbols == {"x", "diamond"}
     assert spec["layout"]["yaxis"]["type"] == "log"
     assert [s["x0"] for s in spec["layout"]["shapes"]] == [3]
+
+
+def test_all_null_metric_draws_nothing_and_says_so(tmp_path):
+    src = _source(tmp_path, loss=np.ones(4), mem_peak_bytes=pl.Series([None] * 4, dtype=pl.Int64))
+    data = prepare_compare([src], ["loss", "mem_peak_bytes"])
+    assert [s.metric for s in data.series] == ["loss"]
+    assert data.notes == ["no mem_peak_bytes in r"]

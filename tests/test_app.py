@@ -1,0 +1,240 @@
+"""Every page of the Streamlit app through Streamlit's AppTest, on sample_runs/ ingested for real.
+
+Expected values are read independently from the ingested files (pyarrow, json), not from the
+dashboard's prep functions.
+"""
+
+import base64
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, sample_run_names
+
+APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "app.py"
+pytestmark = pytest.mark.skipif(not sample_run_names(), reason="sample_runs/ holds no runs")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return copy_and_ingest_sample_runs(tmp_path_factory.mktemp("dash") / "runs")
+
+
+@pytest.fixture
+def app(root, monkeypatch):
+    monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
+    return AppTest.from_file(str(APP), default_timeout=60)
+
+
+def summary(root, name):
+    return json.loads((root / name / "ingested" / "summary.json").read_text())
+
+
+def steps(root, name):
+    return pq.read_table(root / name / "ingested" / "steps.parquet").to_pydict()
+
+
+def decode(v):
+    """Plotly's JSON holds arrays either as lists or as typed base64 ({'dtype', 'bdata'})."""
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+    return np.asarray(v)
+
+
+def charts(at):
+    """{chart title: plotly spec} of the plotly charts on the page."""
+    out = {}
+    for c in at.get("plotly_chart"):
+        spec = json.loads(c.proto.spec)
+        out[spec["layout"].get("title", {}).get("text") or c.proto.id] = spec
+    return out
+
+
+def frame_with(at, column):
+    """The page's dataframe (as pandas) that has `column`."""
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
+def ema(values, alpha):
+    out, e = [], None
+    for v in values:
+        if v is not None and np.isfinite(v):
+            e = v if e is None else alpha * v + (1 - alpha) * e
+        out.append(e)
+    return out
+
+
+def test_compare_page_lists_runs_and_draws_selected_ones(app, root):
+    names = sample_run_names()
+    at = app.run()
+    assert not at.exception
+    assert at.title[0].value == "Compare runs"
+    runs = at.multiselect(key="runs")
+    assert sorted(runs.options) == names
+    a, b = names[:2]
+    runs.set_value([a, b]).run()
+    assert not at.exception
+    got = charts(at)
+    assert {"loss", "grad_norm", "lr", "tokens_per_sec", "step_time_s"} <= set(got)
+    loss = got["loss"]
+    lines = {(t["name"], t["opacity"] < 1): t for t in loss["data"] if t["mode"] == "lines"}
+    assert {n for n, _ in lines} == {a, b}
+    # The raw line of run a is the ingested loss, exactly, at every (finite) step.
+    s = steps(root, a)
+    raw = lines[(a, True)]
+    want = {st: v for st, v in zip(s["step"], s["loss"]) if v is not None and np.isfinite(v)}
+    drawn_steps = decode(raw["customdata"]).tolist()
+    assert set(drawn_steps) <= set(want)
+    if len(want) <= 2000:
+        assert drawn_steps == sorted(want)
+    np.testing.assert_allclose(decode(raw["y"]), [want[st] for st in drawn_steps])
+    # Colours: the same run has the same colour on every chart.
+    colour = {t["name"]: t["line"]["color"] for spec in got.values() for t in spec["data"] if t["mode"] == "lines"}
+    for spec in got.values():
+        for t in spec["data"]:
+            if t["mode"] == "lines":
+                assert t["line"]["color"] == colour[t["name"]]
+    assert colour[a] != colour[b]
+    labels = [d.proto.label for d in at.get("download_button")]
+    assert labels == ["Download CSV", "Download Parquet"]
+
+
+def test_compare_smoothing_matches_ingest_ema_and_log_y_and_tokens_axis(app, root):
+    a = sample_run_names()[0]
+    at = app.run()
+    at.multiselect(key="runs").set_value([a]).run()
+    at.slider(key="smoothing").set_value(0.9).run()  # alpha 0.1: ingest's default
+    at.toggle(key="log_y").set_value(True).run()
+    at.selectbox(key="x_axis").set_value("tokens").run()
+    assert not at.exception
+    loss = charts(at)["loss"]
+    smooth = next(t for t in loss["data"] if t["mode"] == "lines" and t["opacity"] == 1)
+    s = steps(root, a)
+    by_step = dict(zip(s["step"], s["loss_ema"]))  # ingest's own EMA
+    drawn = decode(smooth["customdata"]).tolist()
+    np.testing.assert_allclose(decode(smooth["y"]), [by_step[st] for st in drawn], rtol=1e-9)
+    assert loss["layout"]["yaxis"]["type"] == "log"
+    cum = dict(zip(s["step"], np.cumsum(s["tokens"]).tolist()))
+    assert decode(smooth["x"]).tolist() == [cum[st] for st in drawn]
+    assert loss["layout"]["xaxis"]["title"]["text"].startswith("tokens")
+
+
+def test_compare_search_filters_and_bad_query_params_are_ignored(app):
+    names = sample_run_names()
+    app.query_params["runs"] = ["../outside", "/etc", names[0]]
+    at = app.run()
+    assert not at.exception
+    assert at.multiselect(key="runs").value == [names[0]]  # the rest are not runs of the root
+    at.text_input(key="query").set_value(names[-1]).run()
+    assert set(at.multiselect(key="runs").options) == {names[-1], names[0]}  # the selection stays
+
+
+def test_compare_marks_nonfinite_steps(app, root):
+    bad = [n for n in sample_run_names() if any(
+        v is not None and not np.isfinite(v) for v in steps(root, n)["loss"])]
+    if not bad:
+        pytest.skip("no sample run has a non-finite loss")
+    at = app.run()
+    at.multiselect(key="runs").set_value(bad[:1]).run()
+    assert any(bad[0] in w.value and ("loss is nan" in w.value or "loss is inf" in w.value) for w in at.warning)
+    markers = [t for t in charts(at)["loss"]["data"] if t["mode"] == "markers"]
+    assert any(t["marker"]["symbol"] in ("x", "triangle-up") for t in markers)
+
+
+def test_runs_table_and_config_diff(app, root):
+    names = sample_run_names()
+    at = app.run()
+    at.switch_page("pages/runs.py").run()
+    assert not at.exception and at.title[0].value == "Runs"
+    table = at.dataframe[0].value
+    assert table["run"].tolist() == names
+    for _, row in table.iterrows():
+        s = summary(root, row["run"])
+        assert row["status"] == "ingested"
+        assert row["steps"] == s["steps"] and row["gpus"] == s["world_size"]
+        assert row["final_loss"] == pytest.approx(s["final_loss"], nan_ok=True)
+        assert row["restarts"] == len(s["restarts"])
+    # Config diff of all runs: exactly the hyperparameters that differ somewhere.
+    hp = {n: summary(root, n)["hparams"] for n in names}
+    keys = set().union(*hp.values())
+    differ = {f"hparams.{k}" for k in keys if len({json.dumps(h.get(k)) for h in hp.values()}) > 1
+              or any(k not in h for h in hp.values())}
+    diff = at.dataframe[1].value
+    assert {k for k in diff["key"] if k.startswith("hparams.")} == differ
+    assert "hparams.lr" in differ
+    lr = diff[diff["key"] == "hparams.lr"].iloc[0]
+    assert [json.loads(lr[n]) for n in names] == [hp[n]["lr"] for n in names]
+    at.multiselect(key="diff_runs").set_value(names[:1]).run()
+    assert any("at least two" in i.value for i in at.info)
+
+
+def test_run_detail_page(app, root):
+    names = sample_run_names()
+    pick = next((n for n in names if summary(root, n)["restarts"]), names[0])
+    app.query_params["run"] = pick
+    at = app.run()
+    at.switch_page("pages/run_detail.py").run()
+    assert not at.exception and at.title[0].value == "Run detail"
+    assert at.selectbox(key="run").value == pick
+    s = summary(root, pick)
+    heat = next(spec for spec in charts(at).values() if spec["data"][0]["type"] == "heatmap")
+    assert decode(heat["data"][0]["y"]).tolist() == s["ranks"]
+    assert {h.value for h in at.subheader} >= {"Step time per rank", "Phase breakdown", "Restarts",
+                                               "Non-finite steps", "Warnings"}
+    slow = next(spec for t, spec in charts(at).items() if t.startswith("how often"))
+    st = steps(root, pick)
+    counts = np.bincount(st["slowest_rank"])
+    assert dict(zip(decode(slow["data"][0]["x"]).tolist(), decode(slow["data"][0]["y"]).tolist())) == {
+        r: int(c) for r, c in enumerate(counts) if c}
+    assert len(frame_with(at, "attempt_ids")) == len(s["attempts"])
+    warnings = [w.value for w in at.warning]
+    assert all(w in warnings for w in s["warnings"])
+    nonfinite = sum(1 for v in st["loss"] if v is not None and not np.isfinite(v))
+    if nonfinite:
+        table = frame_with(at, "metric")
+        assert (table["metric"] == "loss").sum() == nonfinite
+    # A run name from the URL that is not a run of the root is ignored.
+    app2 = AppTest.from_file(str(APP), default_timeout=60)
+    app2.query_params["run"] = "../../etc"
+    at2 = app2.run()
+    at2.switch_page("pages/run_detail.py").run()
+    assert not at2.exception and at2.selectbox(key="run").value == names[0]
+
+
+def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_path, monkeypatch):
+    from kforge_dash.ingest import ingest_run
+
+    names = sample_run_names()
+    root = tmp_path / "runs"
+    shutil.copytree(SAMPLE_RUNS, root, ignore=shutil.ignore_patterns("ingested"))
+    fresh = names[0]
+    for n in names[1:]:
+        ingest_run(root / n)
+    stale = names[1] if len(names) > 1 else None
+    if stale:
+        # Shards written after its ingest: date the ingest back before the newest shard.
+        newest = max(f.stat().st_mtime for f in (root / stale).glob("rank-*/*/*"))
+        os.utime(root / stale / "ingested" / "summary.json", (newest - 60, newest - 60))
+    monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    at.switch_page("pages/runs.py").run()
+    status = dict(zip(*at.dataframe[0].value[["run", "status"]].T.values))
+    assert status[fresh] == "not ingested"
+    if stale:
+        assert status[stale] == "stale"
+    notice = next(w.value for w in at.warning if "until ingested" in w.value)
+    assert fresh in notice
+    at.button(key="ingest").click().run()
+    assert not at.exception
+    status = dict(zip(*at.dataframe[0].value[["run", "status"]].T.values))
+    assert status[fresh] == "ingested" and (root / fresh / "ingested" / "steps.parquet").is_file()
+    if stale:
+        assert status[stale] == "ingested"
+    assert not any("until ingested" in w.value for w in at.warning)
