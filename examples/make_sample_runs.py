@@ -72,8 +72,7 @@ def launch(run_dir: str, ckpt_dir: str, args: tuple[str, ...], *, preempt_at: in
     pids, sent = [], False
     for line in proc.stdout:
         print("    " + line, end="", flush=True)
-        if m := re.match(r"rank \d+/\d+ pid (\d+)", line):
-            pids.append(int(m[1]))
+        pids += [int(pid) for pid in re.findall(r"rank \d+/\d+ pid (\d+)", line)]
         if preempt_at and not sent and (m := re.match(r"step (\d+) ", line)) and int(m[1]) >= preempt_at:
             # What a scheduler does at preemption: SIGTERM to every worker process of the job.
             assert len(pids) == 2, f"expected two worker pids before step {preempt_at}, got {pids}"

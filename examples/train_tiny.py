@@ -234,20 +234,23 @@ def lr_at(cfg, step):
     return lr
 
 
-def measure_matmul_tflops(*, n=256, seconds=0.5):
+def measure_matmul_tflops(*, n=256, trials=10, iters=8):
     """This process's fp32 matmul throughput, as a stand-in for a peak-TFLOPS table entry.
 
-    CPUs have no entry in ingest's peak table, so without this MFU would be null. Measured
-    with the same thread count the training uses; noisy on a shared machine, and recorded as is.
+    CPUs have no entry in ingest's peak table, so without this MFU would be null. Measured with
+    the thread count the training uses; the best of several short trials, because on a shared
+    machine a single timing mostly measures the neighbours.
     """
     a, b = torch.randn(n, n), torch.randn(n, n)
     for _ in range(3):
         a @ b  # warm up the BLAS kernels
-    iters, t0 = 0, perf_counter()
-    while (dt := perf_counter() - t0) < seconds:
-        a @ b
-        iters += 1
-    return 2 * n**3 * iters / dt / 1e12
+    best = float("inf")
+    for _ in range(trials):
+        t0 = perf_counter()
+        for _ in range(iters):
+            a @ b
+        best = min(best, perf_counter() - t0)
+    return 2 * n**3 * iters / best / 1e12
 
 
 def save_checkpoint(path, *, model, optimizer, step, cfg):
@@ -298,8 +301,9 @@ def train(cfg: TrainConfig):
         peak_tflops=peak.item(),
         flush_every_steps=cfg.flush_every,
     )
+    # One write per line (end="" and the newline inside): ranks share stdout and must not interleave.
     print(f"rank {rank}/{world} pid {os.getpid()} resumes after step {start_step}, "
-          f"matmul peak {peak.item() * 1e3:.1f} GFLOPS", flush=True)
+          f"matmul peak {peak.item() * 1e3:.1f} GFLOPS\n", end="", flush=True)
 
     for step in range(start_step + 1, cfg.max_steps + 1):
         rec.start_step()
