@@ -24,7 +24,7 @@ TINY = ["--dim", "32", "--n-layers", "1", "--n-heads", "4", "--n-kv-heads", "2",
 
 
 def torchrun(run_dir, ckpt_dir, *args, sigterm_after_step=None):
-    """Launch two ranks; optionally SIGTERM both workers once rank 0 logs that step. Returns the exit status."""
+    """Launch two ranks; optionally SIGTERM both workers once rank 0 logs that step. Returns (status, log)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAIN),
            "--run-dir", str(run_dir), "--ckpt-dir", str(ckpt_dir), *TINY, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
