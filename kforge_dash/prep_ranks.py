@@ -95,6 +95,14 @@ def memory_per_rank(ranks_path: str | Path) -> pl.DataFrame:
     )
 
 
+def memory_bars(mem: pl.DataFrame) -> tuple[list[int], list[int], str] | None:
+    """(ranks, bytes, label) of the first memory column with any sample, or None (e.g. CPU)."""
+    for col in ("max_mem_peak_bytes", "max_mem_allocated_bytes", "max_mem_reserved_bytes"):
+        if col in mem.columns and mem[col].null_count() < len(mem):
+            return mem["rank"].to_list(), mem[col].to_list(), col.removeprefix("max_")
+    return None
+
+
 def phase_columns(schema: pl.Schema) -> list[str]:
     return sorted(c for c in schema if c.startswith(PHASE_PREFIX) and c.endswith(PHASE_SUFFIX))
 
@@ -179,3 +187,38 @@ def restart_timeline(summary: dict) -> pl.DataFrame:
               "superseded_steps": pl.Int64, "attempt_ids": pl.String}
     return pl.DataFrame(rows, schema=schema).with_columns(
         (pl.col("start_time") * 1e6).round().cast(pl.Int64).cast(pl.Datetime("us", "UTC")).alias("start_time"))
+
+
+@dataclass
+class RunDetail:
+    """Everything the run detail page draws; ranks-based parts are None without ranks.parquet."""
+    heatmap: Heatmap | None
+    slowest: pl.DataFrame
+    memory: tuple[list[int], list[int], str] | None
+    phases: pl.DataFrame
+    phase_totals: pl.DataFrame
+    timeline: pl.DataFrame
+    nonfinite: pl.DataFrame
+
+
+def _reading(path: Path, fn, *args, **kwargs):
+    """Run fn(path, ...), turning polars' errors on a damaged file into one naming the file."""
+    try:
+        return fn(path, *args, **kwargs)
+    except (pl.exceptions.PolarsError, OSError) as e:
+        raise ValueError(f"{path}: cannot be read ({e}); re-ingest the run") from None
+
+
+def run_detail(steps_path: str | Path, ranks_path: str | Path, summary: dict, *, relative: bool = True) -> RunDetail:
+    steps_path, ranks_path = Path(steps_path), Path(ranks_path)
+    has_ranks = ranks_path.is_file()
+    phases = _reading(steps_path, phase_breakdown)
+    return RunDetail(
+        heatmap=_reading(ranks_path, rank_heatmap, relative=relative) if has_ranks else None,
+        slowest=_reading(steps_path, slowest_rank_counts),
+        memory=memory_bars(_reading(ranks_path, memory_per_rank)) if has_ranks else None,
+        phases=phases,
+        phase_totals=phase_totals(phases),
+        timeline=restart_timeline(summary),
+        nonfinite=_reading(steps_path, nonfinite_steps),
+    )

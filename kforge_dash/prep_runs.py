@@ -74,6 +74,12 @@ class RunInfo:
     def file(self, name: str) -> Path:
         return self.path / INGESTED_DIR / name
 
+    def source(self):
+        """What the compare view and the export read from this run."""
+        from .prep_series import RunSource
+
+        return RunSource(self.name, self.file("steps.parquet"), self.summary or {})
+
 
 def load_summary(path: str | os.PathLike) -> dict:
     """Read an ingested summary.json; a clear ValueError naming the file when it is bad."""
@@ -152,6 +158,12 @@ def filter_runs(runs: list[RunInfo], *, query: str = "", tags: list[str] = ()) -
             continue
         out.append(r)
     return out
+
+
+def selectable(matching: list[str], selected: list[str], known: list[str]) -> list[str]:
+    """Options of the run picker: the runs matching the search, plus runs already selected
+    (still known), so a search that hides them does not drop them from the selection."""
+    return matching + [n for n in selected if n in known and n not in matching]
 
 
 def run_colours(names: list[str]) -> dict[str, str]:

@@ -34,6 +34,14 @@ _NOT_METRICS = {
     "step_time_min_s", "step_time_median_s",
 }
 DEFAULT_POINTS = 2000
+DEFAULT_CHARTS = ("loss", "grad_norm", "lr", "tokens_per_sec", "mfu", "step_time_s", "mem_peak_bytes")
+# Drawn raw even when smoothing is on: a schedule and memory levels are not noisy, and an EMA
+# would only add lag (and cost a full-resolution pass per run).
+UNSMOOTHED = ("lr", "mem_peak_bytes", "mem_allocated_bytes", "mem_reserved_bytes")
+
+
+def smoothed(metric: str) -> bool:
+    return metric not in UNSMOOTHED
 
 
 def available_metrics(schemas: list[pl.Schema]) -> list[str]:
@@ -85,19 +93,26 @@ def ema_expr(col: str, *, alpha: float) -> pl.Expr:
     return finite.ewm_mean(alpha=alpha, adjust=False, ignore_nulls=True, min_samples=1).forward_fill()
 
 
-def downsample_indices(y: np.ndarray, n_out: int) -> np.ndarray:
-    """Indices of the points of `y` to draw: all finite ones when few, else MinMaxLTTB's choice.
+def downsample_indices(y: np.ndarray, n_out: int | None, *, finite: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the points of `y` to draw: every finite one when few (or n_out is None),
+    else MinMaxLTTB's choice among the finite ones.
 
-    Non-finite values are left out here (they are drawn as markers instead); null is NaN here.
+    Non-finite values are left out (they are drawn as markers instead). `finite` is
+    np.isfinite(y) when the caller already has it.
     """
-    finite = np.flatnonzero(np.isfinite(y))
-    if len(finite) <= n_out:
-        return finite
-    yf = np.ascontiguousarray(y[finite])
+    finite = np.isfinite(y) if finite is None else finite
+    all_finite = bool(finite.all())
+    n = len(y) if all_finite else int(np.count_nonzero(finite))
+    if n_out is None or n <= n_out:
+        return np.arange(len(y)) if all_finite else np.flatnonzero(finite)
     # MinMaxLTTB: min and max of 4*n_out bins are preselected, then LTTB picks among them, so
-    # local extremes survive; it needs at least 3 output points.
-    chosen = MinMaxLTTBDownsampler().downsample(yf, n_out=max(n_out, 3), parallel=True)
-    return finite[chosen]
+    # local extremes survive; it needs at least 3 output points. Sequential: for one series of
+    # 1M points the thread start costs more than it saves, and series are many.
+    ds = MinMaxLTTBDownsampler()
+    if all_finite:  # the common case: no copy
+        return ds.downsample(np.ascontiguousarray(y), n_out=max(n_out, 3), parallel=False)
+    idx = np.flatnonzero(finite)
+    return idx[ds.downsample(np.ascontiguousarray(y[idx]), n_out=max(n_out, 3), parallel=False)]
 
 
 @dataclass
@@ -135,6 +150,19 @@ class CompareData:
     def points(self) -> int:
         return sum(len(s.x) for s in self.series)
 
+    def points_total(self) -> int:
+        return sum(s.n_total for s in self.series)
+
+    def drawn_metrics(self) -> list[str]:
+        """The requested metrics that have at least one line (in request order)."""
+        have = {s.metric for s in self.series}
+        return [m for m in self.metrics if m in have]
+
+    def nonfinite_lines(self) -> list[str]:
+        """One line per (run, metric, kind) of NaN/inf values, for a warning above the charts."""
+        return [f"{m.run}: {m.metric} is {m.kind} at {len(m.step)} step(s), first at step {m.step[0]}"
+                for m in self.markers if m.kind != "restart"]
+
 
 @dataclass
 class RunSource:
@@ -149,36 +177,33 @@ def run_start_time(summary: dict) -> float | None:
     return min(starts) if starts else None
 
 
-def _scan_run(src: RunSource, metrics: list[str], schema: pl.Schema, *, x_axis: str, alpha: float | None) -> pl.LazyFrame:
+def _scan_run(src: RunSource, metrics: list[str], schema: pl.Schema, *, x_axis: str, alpha: float | None,
+              sort: bool = False) -> pl.LazyFrame:
     present = [m for m in metrics if m in schema]
     exprs = [pl.col("step"), x_expr(x_axis, start_time=run_start_time(src.summary)).alias("__x")]
     exprs += [pl.col(m).cast(pl.Float64) for m in present]
     if alpha is not None:
-        exprs += [ema_expr(m, alpha=alpha).alias(f"{m}__smoothed") for m in present]
-    # Sorting by step is a no-op for contract-conforming files and makes the EMA order certain.
-    return pl.scan_parquet(src.steps_path).sort("step").select(exprs)
+        exprs += [ema_expr(m, alpha=alpha).alias(f"{m}__smoothed") for m in present if smoothed(m)]
+    lf = pl.scan_parquet(src.steps_path)
+    # steps.parquet is sorted by step (CONTRACT); sorting 1M rows again would double the cost,
+    # so the caller checks the order and asks for the sort only for a file that breaks it.
+    return (lf.sort("step") if sort else lf).select(exprs)
 
 
-def _prev_finite(y: np.ndarray) -> np.ndarray:
-    """For each position, the last finite value at or before it (NaN before any finite one)."""
-    finite = np.isfinite(y)
-    idx = np.where(finite, np.arange(len(y)), -1)
-    np.maximum.accumulate(idx, out=idx)
-    out = np.full(len(y), np.nan)
-    ok = idx >= 0
-    out[ok] = y[idx[ok]]
-    return out
+def _finite_neighbour(y: np.ndarray, finite: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The last finite value at or before each index in `at`, else the first one after it
+    (NaN when the series has no finite value at all): where a marker without a height is drawn."""
+    fin = np.flatnonzero(finite)
+    if len(fin) == 0:
+        return np.full(len(at), np.nan)
+    before = np.searchsorted(fin, at, side="right") - 1
+    return y[fin[np.where(before >= 0, before, 0)]]
 
 
-def _nonfinite_markers(run: str, metric: str, x, y, step) -> list[Marker]:
-    """NaN/inf values (nulls were removed before): drawn at the last finite value before them,
-    or the first one after when the series starts non-finite."""
-    bad = np.flatnonzero(~np.isfinite(y))
-    if len(bad) == 0:
-        return []
-    height = _prev_finite(y)[bad]
-    after = _prev_finite(y[::-1])[::-1][bad]
-    height = np.where(np.isnan(height), after, height)
+def _nonfinite_markers(run: str, metric: str, x, y, step, finite) -> list[Marker]:
+    """NaN/inf values (nulls were removed before), each drawn at its finite neighbour's height."""
+    bad = np.flatnonzero(~finite)
+    height = _finite_neighbour(y, finite, bad)
     out = []
     for kind, sel in (("nan", np.isnan(y[bad])), ("inf", np.isposinf(y[bad])), ("-inf", np.isneginf(y[bad]))):
         if sel.any():
@@ -196,13 +221,13 @@ def _restart_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker
     if len(at) == 0:
         return None
     pos = np.clip(np.searchsorted(step, at), 0, len(step) - 1)
-    height = _prev_finite(y)
+    height = _finite_neighbour(y, np.isfinite(y), pos)
     text = [
         f"restart: attempt {r.get('attempt')} resumed at step {r.get('resumed_at_step')}"
         f" (previous attempt reached {r.get('previous_last_step')}, {r.get('superseded_steps')} steps superseded)"
         for r in restarts if r.get("resumed_at_step") is not None
     ]
-    return Marker(run, metric, "restart", x[pos], height[pos], step[pos], text)
+    return Marker(run, metric, "restart", x[pos], height, step[pos], text)
 
 
 def prepare_compare(
@@ -227,6 +252,9 @@ def prepare_compare(
     schemas = [steps_schema(r.steps_path) for r in runs]
     absent: dict[str, list[str]] = {}  # metric -> runs without a single value of it
     frames = pl.collect_all([_scan_run(r, metrics, s, x_axis=x_axis, alpha=alpha) for r, s in zip(runs, schemas)])
+    for i, (src, schema) in enumerate(zip(runs, schemas)):
+        if not frames[i]["step"].is_sorted():  # cheap check; the EMA needs step order
+            frames[i] = _scan_run(src, metrics, schema, x_axis=x_axis, alpha=alpha, sort=True).collect()
     for src, schema, df in zip(runs, schemas, frames):
         for m in metrics:
             if m not in schema:
@@ -234,29 +262,35 @@ def prepare_compare(
         if x_axis == "tokens" and (len(df) == 0 or df["__x"].null_count() == len(df)):
             data.notes.append(f"{src.name}: no token counts, so it has no tokens axis")
             continue
-        has_x = df["__x"].is_not_null().to_numpy()
-        x_all = df["__x"].to_numpy()
-        step_all = df["step"].to_numpy()
+        df = df.rechunk()  # one buffer per column, so to_numpy below is a view, not a copy
+        has_x = None if df["__x"].null_count() == 0 else df["__x"].is_not_null().to_numpy()
+        x_all, step_all = df["__x"].to_numpy(), df["step"].to_numpy()
         for m in metrics:
             if m not in schema:
                 continue
             col = df[m]
-            y_all = col.to_numpy().astype(np.float64, copy=False)  # null -> NaN here
-            is_null = col.is_null().to_numpy()
             # Nulls are "not reported", not NaN: they are neither drawn nor marked.
-            keep = has_x & ~is_null
-            if not keep.any():
+            keep = has_x
+            if col.null_count():
+                keep = col.is_not_null().to_numpy() if keep is None else keep & col.is_not_null().to_numpy()
+            if keep is not None and not keep.any():
                 absent.setdefault(m, []).append(src.name)
                 continue
-            x, y, step = x_all[keep], y_all[keep], step_all[keep]
-            kinds = [("raw", y)]
-            if alpha is not None:
-                kinds.append(("smoothed", df[f"{m}__smoothed"].to_numpy().astype(np.float64, copy=False)[keep]))
-            for kind, values in kinds:
-                idx = downsample_indices(values, max_points) if max_points else np.flatnonzero(np.isfinite(values))
-                data.series.append(Series(src.name, m, kind, x[idx], values[idx], step[idx], int(np.isfinite(values).sum())))
-            data.markers += _nonfinite_markers(src.name, m, x, y, step)
-            restart = _restart_markers(src.name, m, src.summary, x, y if alpha is None else kinds[1][1], step)
+            lines = [("raw", col.to_numpy())]
+            if alpha is not None and smoothed(m):
+                lines.append(("smoothed", df[f"{m}__smoothed"].to_numpy()))
+            x, step = (x_all, step_all) if keep is None else (x_all[keep], step_all[keep])
+            for kind, values in lines:
+                values = values.astype(np.float64, copy=False)
+                values = values if keep is None else values[keep]
+                finite = np.isfinite(values)
+                idx = downsample_indices(values, max_points, finite=finite)
+                data.series.append(Series(src.name, m, kind, x[idx], values[idx], step[idx],
+                                          int(np.count_nonzero(finite))))
+                if kind == "raw" and not finite.all():
+                    data.markers += _nonfinite_markers(src.name, m, x, values, step, finite)
+            # Restarts sit on the line the eye follows: the smoothed one when there is one.
+            restart = _restart_markers(src.name, m, src.summary, x, values, step)
             if restart is not None:
                 data.markers.append(restart)
     data.notes += [f"no {m} in {', '.join(names)}" for m, names in absent.items()]

@@ -238,3 +238,21 @@ def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_p
     if stale:
         assert status[stale] == "ingested"
     assert not any("until ingested" in w.value for w in at.warning)
+
+
+def test_damaged_steps_file_is_named_not_a_crash(root, tmp_path, monkeypatch):
+    copy = tmp_path / "runs"
+    shutil.copytree(root, copy)
+    name = sample_run_names()[0]
+    steps_file = copy / name / "ingested" / "steps.parquet"
+    steps_file.write_bytes(b"PAR1 damaged")
+    monkeypatch.setenv("KFORGE_DASH_ROOT", str(copy))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params["runs"] = [name]
+    at.run()
+    assert not at.exception
+    assert any(str(steps_file) in e.value for e in at.error)
+    at.query_params["run"] = name
+    at.switch_page("pages/run_detail.py").run()
+    assert not at.exception
+    assert any(str(steps_file) in e.value for e in at.error)

@@ -98,3 +98,20 @@ def test_export_csv_and_parquet_round_trip_full_resolution(tmp_path, run):
     r = csv.filter(pl.col("run") == "r")
     assert np.isnan(r.filter(pl.col("step") == 7)["loss"][0])
     assert csv.filter(pl.col("run") == "other")["eval/loss"].null_count() == 30  # missing, not 0
+
+
+def test_memory_bars_pick_the_first_sampled_column():
+    mem = pl.DataFrame({"rank": [0, 1], "max_mem_peak_bytes": pl.Series([None, None], dtype=pl.Int64),
+                        "max_mem_allocated_bytes": [5, 7]})
+    assert prep_ranks.memory_bars(mem) == ([0, 1], [5, 7], "mem_allocated_bytes")
+    assert prep_ranks.memory_bars(mem.drop("max_mem_allocated_bytes")) is None
+
+
+def test_run_detail_names_a_damaged_file_and_works_without_ranks(tmp_path, run):
+    steps = run / "ingested" / "steps.parquet"
+    d = prep_ranks.run_detail(steps, tmp_path / "absent.parquet", {"attempts": []})
+    assert d.heatmap is None and d.memory is None and not d.slowest.is_empty()
+    bad = tmp_path / "steps.parquet"
+    bad.write_bytes(steps.read_bytes()[: 2000])  # truncated
+    with pytest.raises(ValueError, match=f"{bad}: cannot be read"):
+        prep_ranks.run_detail(bad, tmp_path / "absent.parquet", {})

@@ -101,3 +101,7 @@ def test_load_summary_errors_name_the_file(tmp_path):
         prep_runs.load_summary(tmp_path / "missing.json")
     with pytest.raises(ValueError, match="is not a directory"):
         prep_runs.list_runs(tmp_path / "nope")
+
+
+def test_selectable_keeps_selected_runs_hidden_by_a_search():
+    assert prep_runs.selectable(["a"], ["b", "gone", "a"], ["a", "b", "c"]) == ["a", "b"]

@@ -180,3 +180,18 @@ def test_all_null_metric_draws_nothing_and_says_so(tmp_path):
     data = prepare_compare([src], ["loss", "mem_peak_bytes"])
     assert [s.metric for s in data.series] == ["loss"]
     assert data.notes == ["no mem_peak_bytes in r"]
+
+
+def test_unsorted_steps_file_is_smoothed_in_step_order(tmp_path):
+    path = tmp_path / "s.parquet"
+    pl.DataFrame({"step": [3, 1, 2], "time": [3.0, 1.0, 2.0], "loss": [30.0, 10.0, 20.0]}).write_parquet(path)
+    data = prepare_compare([RunSource("r", path, {})], ["loss"], smoothing=0.5)
+    smooth = next(s for s in data.series if s.kind == "smoothed")
+    assert smooth.step.tolist() == [1, 2, 3] and smooth.y.tolist() == _ema([10.0, 20.0, 30.0], 0.5)
+
+
+def test_lr_and_memory_are_not_smoothed(tmp_path):
+    src = _source(tmp_path, loss=np.arange(5.0), lr=np.arange(5.0), mem_peak_bytes=np.arange(5))
+    data = prepare_compare([src], ["loss", "lr", "mem_peak_bytes"], smoothing=0.5)
+    assert sorted((s.metric, s.kind) for s in data.series) == [
+        ("loss", "raw"), ("loss", "smoothed"), ("lr", "raw"), ("mem_peak_bytes", "raw")]

@@ -32,13 +32,13 @@ def load_runs(root) -> list[RunInfo]:
     return _list_runs(str(root))
 
 
-def fingerprint(run: RunInfo) -> tuple:
-    """Changes whenever the run is re-ingested, so cached preparations are not served stale."""
+def fingerprint(path) -> tuple:
+    """Changes whenever a run is re-ingested, so cached preparations are not served stale."""
     try:
-        st_ = os.stat(run.file("steps.parquet"))
-        return (run.name, st_.st_mtime_ns, st_.st_size)
+        st_ = os.stat(path)
+        return (str(path), st_.st_mtime_ns, st_.st_size)
     except OSError:
-        return (run.name, None, None)
+        return (str(path), None, None)
 
 
 @st.cache_resource(max_entries=8, show_spinner="Preparing series…")
@@ -46,10 +46,15 @@ def _compare(_sources, key, metrics, x_axis, smoothing):
     return prep_series.prepare_compare(list(_sources), list(metrics), x_axis=x_axis, smoothing=smoothing)
 
 
-def compare_data(runs: list[RunInfo], metrics, *, x_axis: str, smoothing: float):
-    sources = [prep_series.RunSource(r.name, r.file("steps.parquet"), r.summary) for r in runs]
-    key = tuple(fingerprint(r) for r in runs)
-    return _compare(sources, key, tuple(metrics), x_axis, smoothing)
+def compare_data(sources, metrics, *, x_axis: str, smoothing: float):
+    """prepare_compare, cached per (runs' files, metrics, x axis, smoothing): log-y and other
+    redraws do not prepare again. A damaged file stops the page with an error naming it."""
+    key = tuple(fingerprint(s.steps_path) for s in sources)
+    try:
+        return _compare(sources, key, tuple(metrics), x_axis, smoothing)
+    except ValueError as e:
+        st.error(str(e))
+        st.stop()
 
 
 def _ingest(root, names: list[str]) -> None:

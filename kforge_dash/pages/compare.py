@@ -20,44 +20,39 @@ with st.sidebar:
     all_tags = sorted({t for r in ingested.values() for t in r.tags})
     tags = st.multiselect("Only runs tagged", all_tags, key="tags") if all_tags else []
 matching = [r.name for r in prep_runs.filter_runs(list(ingested.values()), query=query, tags=tags)]
-# Keep already-selected runs selectable while a search hides them, so the selection survives.
-chosen_before = [n for n in st.session_state.get("runs", []) if n in ingested]
-options = matching + [n for n in chosen_before if n not in matching]
-selected = st.multiselect("Runs", options, key="runs", bind="query-params",
-                          placeholder="Pick runs to compare")
+options = prep_runs.selectable(matching, st.session_state.get("runs", []), list(ingested))
+# bind: the selection lives in the URL (?runs=a&runs=b); names that are not runs here are dropped.
+selected = st.multiselect("Runs", options, key="runs", bind="query-params", placeholder="Pick runs to compare")
 if not selected:
     st.info(f"{len(matching)} run(s) match. Pick runs to compare.")
     st.stop()
-sel_runs = [ingested[n] for n in selected]
+sources = [ingested[n].source() for n in selected]
 
-schemas = [prep_series.steps_schema(r.file("steps.parquet")) for r in sel_runs]
-metrics_all = prep_series.available_metrics(schemas)
-default_metrics = [m for m in ("loss", "grad_norm", "lr", "tokens_per_sec", "mfu", "step_time_s", "mem_peak_bytes")
-                   if m in metrics_all]
+try:
+    metrics_all = prep_series.available_metrics([prep_series.steps_schema(s.steps_path) for s in sources])
+except ValueError as e:  # a damaged steps.parquet: say which, keep the app up
+    st.error(str(e))
+    st.stop()
 c1, c2, c3, c4 = st.columns([5, 2, 3, 1])
-metrics = c1.multiselect("Metrics", metrics_all, default=default_metrics, key="metrics")
+metrics = c1.multiselect("Metrics", metrics_all, key="metrics",
+                         default=[m for m in prep_series.DEFAULT_CHARTS if m in metrics_all])
 x_axis = c2.selectbox("x axis", prep_series.X_AXES, key="x_axis")
 smoothing = c3.slider("Smoothing (EMA weight, before downsampling)", 0.0, 0.99, 0.6, 0.01, key="smoothing")
 log_y = c4.toggle("log y", key="log_y")
 
-data = common.compare_data(sel_runs, metrics, x_axis=x_axis, smoothing=smoothing)
+data = common.compare_data(sources, metrics, x_axis=x_axis, smoothing=smoothing)
 if data.notes:
     st.caption(" · ".join(data.notes))
-nonfinite = [f"- {m.run}: {m.metric} is {m.kind} at {len(m.step)} step(s), first at step {m.step[0]}"
-             for m in data.markers if m.kind != "restart"]
-if nonfinite:
-    st.warning("Non-finite values (marked on the charts):\n" + "\n".join(nonfinite))
-n_total = sum(s.n_total for s in data.series)
-st.caption(f"Drawing {data.points():,} of {n_total:,} points (MinMaxLTTB keeps every local extreme). "
+if data.nonfinite_lines():
+    st.warning("Non-finite values (marked on the charts):\n" + "\n".join(f"- {x}" for x in data.nonfinite_lines()))
+st.caption(f"Drawing {data.points():,} of {data.points_total():,} points (MinMaxLTTB keeps every local extreme). "
            "◆ restart · × NaN · ▲/▼ ±inf")
 
-drawn = [m for m in metrics if any(s.metric == m for s in data.series)]
 cols = st.columns(2)
-for i, metric in enumerate(drawn):
+for i, metric in enumerate(data.drawn_metrics()):
     fig = prep_figures.metric_figure(data, metric, colours, log_y=log_y)
     cols[i % 2].plotly_chart(fig, key=f"chart-{metric}", config={"displaylogo": False})
 
-sources = [prep_series.RunSource(r.name, r.file("steps.parquet"), r.summary) for r in sel_runs]
 d1, d2, _ = st.columns([1, 1, 4])
 d1.download_button("Download CSV", lambda: prep_export.to_csv_bytes(prep_export.selected_series(sources, metrics)),
                    file_name="kforge-series.csv", mime="text/csv", key="dl_csv")

@@ -14,7 +14,6 @@ if not runs:
 name = st.selectbox("Run", list(runs), key="run", bind="query-params")
 run = runs[name]
 s = run.summary
-steps_path, ranks_path = run.file("steps.parquet"), run.file("ranks.parquet")
 
 c = st.columns(5)
 c[0].metric("steps", s.get("steps"))
@@ -23,48 +22,46 @@ c[2].metric("restarts", len(s.get("restarts") or []))
 c[3].metric("final loss", None if s.get("final_loss") is None else f"{s['final_loss']:.5g}")
 c[4].metric("device", (s.get("device") or {}).get("name") or "unknown")
 
+relative = st.toggle("step time relative to the median rank of each window", value=True, key="relative")
+try:
+    d = prep_ranks.run_detail(run.file("steps.parquet"), run.file("ranks.parquet"), s, relative=relative)
+except ValueError as e:  # a damaged ingested file: name it, keep the app up
+    st.error(str(e))
+    st.stop()
+
 st.subheader("Step time per rank")
-if ranks_path.is_file():
-    relative = st.toggle("relative to the median rank of each window", value=True, key="relative")
-    heat = prep_ranks.rank_heatmap(ranks_path, relative=relative)
-    st.plotly_chart(prep_figures.heatmap_figure(heat), key="heatmap")
+if d.heatmap is None:
+    st.info(f"{run.file('ranks.parquet')} is missing: re-ingest the run for per-rank views.")
 else:
-    st.info(f"{ranks_path} is missing: re-ingest the run for per-rank views.")
+    st.plotly_chart(prep_figures.heatmap_figure(d.heatmap), key="heatmap")
 left, right = st.columns(2)
-slow = prep_ranks.slowest_rank_counts(steps_path)
-left.plotly_chart(prep_figures.bar_figure(slow["rank"].to_list(), slow["steps_slowest"].to_list(),
+left.plotly_chart(prep_figures.bar_figure(d.slowest["rank"].to_list(), d.slowest["steps_slowest"].to_list(),
                                           x_title="rank", y_title="steps", title="how often each rank was the slowest"),
                   key="slowest")
-if ranks_path.is_file():
-    mem = prep_ranks.memory_per_rank(ranks_path)
-    col = next((c for c in ("max_mem_peak_bytes", "max_mem_allocated_bytes") if c in mem.columns), None)
-    if col is None or mem[col].null_count() == len(mem):
-        right.info("No memory samples (CPU run, or memory sampling off).")
-    else:
-        right.plotly_chart(prep_figures.bar_figure(mem["rank"].to_list(), mem[col].to_list(), x_title="rank",
-                                                   y_title="bytes", title=f"{col.removeprefix('max_')} per rank"),
-                           key="memory")
+if d.memory is None:
+    right.info("No memory samples (CPU run, memory sampling off, or no ranks.parquet).")
+else:
+    ranks, values, label = d.memory
+    right.plotly_chart(prep_figures.bar_figure(ranks, values, x_title="rank", y_title="bytes",
+                                               title=f"max {label} per rank"), key="memory")
 
 st.subheader("Phase breakdown")
-phases = prep_ranks.phase_breakdown(steps_path)
-if phases.is_empty():
+if d.phases.is_empty():
     st.info("No phase timers recorded in this run.")
 else:
-    st.plotly_chart(prep_figures.phase_figure(phases), key="phases")
-    st.dataframe(prep_ranks.phase_totals(phases), hide_index=True, key="phase_totals",
+    st.plotly_chart(prep_figures.phase_figure(d.phases), key="phases")
+    st.dataframe(d.phase_totals, hide_index=True, key="phase_totals",
                  column_config={"share": st.column_config.NumberColumn(format="percent")})
 
 st.subheader("Restarts")
-timeline = prep_ranks.restart_timeline(s)
-st.plotly_chart(prep_figures.timeline_figure(timeline), key="timeline")
-st.dataframe(timeline, hide_index=True, key="restarts")
+st.plotly_chart(prep_figures.timeline_figure(d.timeline), key="timeline")
+st.dataframe(d.timeline, hide_index=True, key="restarts")
 
 st.subheader("Non-finite steps")
-bad = prep_ranks.nonfinite_steps(steps_path)
-if bad.is_empty():
+if d.nonfinite.is_empty():
     st.success("No NaN or inf in any metric.")
 else:
-    st.dataframe(bad, hide_index=True, key="nonfinite")
+    st.dataframe(d.nonfinite, hide_index=True, key="nonfinite")
 
 st.subheader("Warnings")
 warnings = s.get("warnings") or []
