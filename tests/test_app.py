@@ -256,3 +256,20 @@ def test_damaged_steps_file_is_named_not_a_crash(root, tmp_path, monkeypatch):
     at.switch_page("pages/run_detail.py").run()
     assert not at.exception
     assert any(str(steps_file) in e.value for e in at.error)
+
+
+def test_cli_refuses_a_missing_root_and_binds_localhost_by_default(tmp_path):
+    from click.testing import CliRunner
+
+    from kforge_dash import cli_dash
+    from kforge_dash.prep_runs import default_runs_root
+
+    result = CliRunner().invoke(cli_dash.main, [str(tmp_path / "nope")])
+    assert result.exit_code == 2 and f"{tmp_path / 'nope'} is not a directory" in result.output
+    assert default_runs_root() == SAMPLE_RUNS
+    args = cli_dash.streamlit_args(host="127.0.0.1", port=8501)
+    opts = dict(zip(args[2::2], args[3::2]))
+    assert args[:2] == ["run", str(APP)]
+    assert opts["--server.address"] == "127.0.0.1" and opts["--server.headless"] == "true"
+    assert opts["--browser.gatherUsageStats"] == "false"
+    assert "127.0.0.1" in CliRunner().invoke(cli_dash.main, ["--help"]).output

@@ -93,15 +93,16 @@ def test_compare_page_in_chromium(server, tmp_path):
                 runs.fill(name)
                 page.get_by_role("option", name=name, exact=True).click()
             page.keyboard.press("Escape")
-            # Charts drawn: every chart has an SVG line per selected run (raw and smoothed).
+            # Charts drawn: every chart has an SVG line per selected run (loss: raw and smoothed).
             page.wait_for_function(
                 "n => { const p = document.querySelectorAll('.js-plotly-plot');"
                 " return p.length >= 4 && [...p].every(e => e.querySelectorAll("
-                "'.scatterlayer .trace path.js-line').length >= n); }", arg=2 * len(pick))
+                "'.scatterlayer .trace path.js-line').length >= n); }", arg=len(pick))
             titles = page.locator(".js-plotly-plot .gtitle").all_text_contents()
             assert {"loss", "grad_norm", "lr", "step_time_s"} <= set(titles)
             loss = page.locator(".js-plotly-plot").filter(has=page.locator(".gtitle", has_text="loss")).first
             assert set(pick) <= set(loss.locator(".legendtext").all_text_contents())
+            assert loss.locator(".scatterlayer .trace path.js-line").count() >= 2 * len(pick)
             assert set(pick) <= set(page.url.split("?", 1)[1].replace("runs=", "").split("&"))
             time.sleep(1.0)  # let plotly finish its transitions before the picture
             shot.parent.mkdir(parents=True, exist_ok=True)
