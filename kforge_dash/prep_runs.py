@@ -96,19 +96,22 @@ def load_summary(path: str | os.PathLike) -> dict:
 
 
 def _newest_shard_mtime(path: Path) -> float | None:
-    """Newest mtime of any shard file (meta/part/end) of the run, or None without shards."""
+    """Newest mtime of the run's rank and attempt folders, or None without shards.
+
+    The recorder only ever adds files by renaming them into an attempt folder (and a new launch
+    adds an attempt folder), which updates that folder's mtime: so folders are enough, and a
+    run with thousands of part files costs one stat per rank and attempt, not per file.
+    """
     newest = None
     for rank in os.scandir(path):
         if not (rank.name.startswith(RANK_PREFIX) and rank.is_dir(follow_symlinks=False)):
             continue
+        m = rank.stat(follow_symlinks=False).st_mtime
+        newest = m if newest is None or m > newest else newest
         for attempt in os.scandir(rank.path):
-            if not attempt.is_dir(follow_symlinks=False):
-                continue
-            for f in os.scandir(attempt.path):
-                if f.name.startswith("."):  # temp files of a writer in progress
-                    continue
-                m = f.stat(follow_symlinks=False).st_mtime
-                newest = m if newest is None or m > newest else newest
+            if attempt.is_dir(follow_symlinks=False):
+                m = attempt.stat(follow_symlinks=False).st_mtime
+                newest = m if m > newest else newest
     return newest
 
 

@@ -105,3 +105,19 @@ def test_load_summary_errors_name_the_file(tmp_path):
 
 def test_selectable_keeps_selected_runs_hidden_by_a_search():
     assert prep_runs.selectable(["a"], ["b", "gone", "a"], ["a", "b", "c"]) == ["a", "b"]
+
+
+def test_a_new_part_file_makes_an_ingested_run_stale(tmp_path):
+    run = write_run(tmp_path, "r", n=10)
+    attempt = write_shards_only(tmp_path / "other", "r").parent  # a shard layout to move in
+    summary = run / "ingested" / "summary.json"
+    os.utime(summary, (time.time() - 100, time.time() - 100))
+    os.rename(attempt / "r" / "rank-00000", run / "rank-00000")
+    (rank_attempt,) = (run / "rank-00000").iterdir()
+    old = time.time() - 200
+    for p in (run / "rank-00000", rank_attempt, rank_attempt / "meta.json"):
+        os.utime(p, (old, old))
+    assert prep_runs.list_runs(tmp_path)[0].status == INGESTED
+    (rank_attempt / ".part-000000.parquet.tmp").write_bytes(b"x")  # written, then renamed in
+    os.rename(rank_attempt / ".part-000000.parquet.tmp", rank_attempt / "part-000000.parquet")
+    assert prep_runs.list_runs(tmp_path)[0].status == STALE
