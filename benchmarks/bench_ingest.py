@@ -11,8 +11,10 @@ recorder's Python hot path would take longer than the benchmark. Every rank also
 
 Each pipeline runs in its own subprocess (fresh interpreter) so its peak RSS is its own.
 The floor computes only max step time, summed tokens and tokens/s per step (scan -> group_by ->
-collect with the streaming engine); kforge-ingest does everything (restart plan, log coalescing,
-min/median/slowest rank, means of every scalar, MFU, EMAs, ranks.parquet + steps.parquet).
+collect with the streaming engine), reading 3 of the 15 columns; "read+write all" reads every
+column and writes it back once with polars' streaming sink (the I/O that ranks.parquet alone
+needs); kforge-ingest does everything (restart plan, log coalescing, min/median/slowest rank,
+means of every scalar, MFU, EMAs, ranks.parquet + steps.parquet + summary.json).
 """
 
 from __future__ import annotations
@@ -81,6 +83,15 @@ out = (pl.scan_parquet(files).group_by("step")
        .collect(engine="streaming"))
 print(out.height)
 """
+# Not the issue's floor, a second reference: read every column and write it back once (what
+# ranks.parquet alone costs), to show how much of ingest's time is I/O the contract requires.
+IO_FLOOR = """
+import glob, os, sys, polars as pl
+files = sorted(glob.glob(sys.argv[1] + "/rank-*/*/part-*.parquet"))
+out = os.path.join(sys.argv[1], "io-floor.parquet")
+pl.scan_parquet(files).sink_parquet(out, compression="zstd")
+os.remove(out)
+"""
 INGEST = """
 import sys
 from kforge_dash.ingest import ingest_run
@@ -106,7 +117,7 @@ def main():
     ap.add_argument("--dir", default=None, help="where to write shards (default: a temp dir, deleted after)")
     args = ap.parse_args()
     base = args.dir or tempfile.mkdtemp(prefix="kforge-bench-")
-    print(f"{'case':>12} {'rows':>12} {'pipeline':>14} {'wall s':>8} {'rows/s':>12} {'peak GiB':>9} {'speed vs floor':>15} {'mem vs floor':>13}")
+    print(f"{'case':>12} {'rows':>12} {'pipeline':>15} {'wall s':>8} {'rows/s':>12} {'peak GiB':>9} {'speed vs floor':>15} {'mem vs floor':>13}")
     try:
         for size in args.sizes.split(","):
             ranks, steps = map(int, size.lower().split("x"))
@@ -115,9 +126,11 @@ def main():
             rows = write_run(run, ranks, steps, args.steps_per_part)
             print(f"# {size}: wrote {rows:,} rows in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
             f_wall, f_mem = measure(FLOOR, run)
+            o_wall, o_mem = measure(IO_FLOOR, run)
             i_wall, i_mem = measure(INGEST, run)
-            for name, wall, mem in (("polars floor", f_wall, f_mem), ("kforge-ingest", i_wall, i_mem)):
-                print(f"{size:>12} {rows:>12,} {name:>14} {wall:>8.1f} {rows / wall:>12,.0f} {mem:>9.2f} "
+            for name, wall, mem in (("polars floor", f_wall, f_mem), ("read+write all", o_wall, o_mem),
+                                    ("kforge-ingest", i_wall, i_mem)):
+                print(f"{size:>12} {rows:>12,} {name:>15} {wall:>8.1f} {rows / wall:>12,.0f} {mem:>9.2f} "
                       f"{(f_wall / wall):>14.2f}x {(mem / f_mem):>12.2f}x", flush=True)
             shutil.rmtree(run)
     finally:
