@@ -34,6 +34,7 @@ _NOT_METRICS = {
     "step_time_min_s", "step_time_median_s",
 }
 DEFAULT_POINTS = 2000
+MAX_MARKERS = 500  # per run, metric and kind; the Run detail page lists every non-finite step
 DEFAULT_CHARTS = ("loss", "grad_norm", "lr", "tokens_per_sec", "mfu", "step_time_s", "mem_peak_bytes")
 # Drawn raw even when smoothing is on: a schedule and memory levels are not noisy, and an EMA
 # would only add lag (and cost a full-resolution pass per run).
@@ -137,6 +138,10 @@ class Marker:
     y: np.ndarray  # where to draw it: the last finite value before it (a NaN has no height)
     step: np.ndarray
     text: list[str]
+    count: int = 0  # how many steps it stands for (more than drawn when capped)
+
+    def __post_init__(self):
+        self.count = self.count or len(self.step)
 
 
 @dataclass
@@ -160,7 +165,7 @@ class CompareData:
 
     def nonfinite_lines(self) -> list[str]:
         """One line per (run, metric, kind) of NaN/inf values, for a warning above the charts."""
-        return [f"{m.run}: {m.metric} is {m.kind} at {len(m.step)} step(s), first at step {m.step[0]}"
+        return [f"{m.run}: {m.metric} is {m.kind} at {m.count} step(s), first at step {m.step[0]}"
                 for m in self.markers if m.kind != "restart"]
 
 
@@ -207,9 +212,12 @@ def _nonfinite_markers(run: str, metric: str, x, y, step, finite) -> list[Marker
     out = []
     for kind, sel in (("nan", np.isnan(y[bad])), ("inf", np.isposinf(y[bad])), ("-inf", np.isneginf(y[bad]))):
         if sel.any():
-            idx = bad[sel]
-            out.append(Marker(run, metric, kind, x[idx], height[sel], step[idx],
-                              [f"{metric} = {kind} at step {s}" for s in step[idx]]))
+            idx, h, count = bad[sel], height[sel], int(sel.sum())
+            if count > MAX_MARKERS:  # a diverged run: evenly spaced markers, the count stays exact
+                pick = np.linspace(0, count - 1, MAX_MARKERS).round().astype(np.int64)
+                idx, h = idx[pick], h[pick]
+            out.append(Marker(run, metric, kind, x[idx], h, step[idx],
+                              [f"{metric} = {kind} at step {s} ({count} such steps)" for s in step[idx]], count))
     return out
 
 

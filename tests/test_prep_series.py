@@ -195,3 +195,13 @@ def test_lr_and_memory_are_not_smoothed(tmp_path):
     data = prepare_compare([src], ["loss", "lr", "mem_peak_bytes"], smoothing=0.5)
     assert sorted((s.metric, s.kind) for s in data.series) == [
         ("loss", "raw"), ("loss", "smoothed"), ("lr", "raw"), ("mem_peak_bytes", "raw")]
+
+
+def test_a_diverged_run_draws_capped_markers_but_counts_every_nan(tmp_path):
+    loss = np.ones(10_000)
+    loss[3000:] = np.nan
+    data = prepare_compare([_source(tmp_path, loss=loss)], ["loss"])
+    (m,) = data.markers
+    assert m.count == 7000 and len(m.step) == prep_series.MAX_MARKERS
+    assert m.step[0] == 3001 and m.step[-1] == 10_000
+    assert data.nonfinite_lines() == ["r: loss is nan at 7000 step(s), first at step 3001"]
