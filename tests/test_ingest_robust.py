@@ -208,3 +208,19 @@ def test_copy_of_run_reads_back_with_pyarrow(tmp_path, monkeypatch):
     t = pq.read_table(os.path.join(copy, "ingested", "ranks.parquet"))
     assert t.schema.field("step").type == "int64" and t.schema.field("rank").type == "int64"
     assert t.num_rows == 40
+
+
+def test_a_foreign_part_with_an_all_null_column_is_read(tmp_path, monkeypatch):
+    """A part written by another tool, with an untyped (Arrow null) scalar column: rows are kept."""
+    import pyarrow as pa
+
+    run = make_run(tmp_path / "run", monkeypatch, world=1, steps=5)
+    attempt_dir = os.path.dirname(part_files(run)[0])
+    src = pq.read_table(part_files(run)[0])
+    extra = src.slice(0, 1).set_column(0, "step", pa.array([99], pa.int64()))
+    extra = extra.append_column("eval/acc", pa.nulls(1))  # type "null"
+    pq.write_table(extra.replace_schema_metadata(src.schema.metadata), os.path.join(attempt_dir, "part-000099.parquet"))
+    ingest_run(run)
+    steps, ranks, _ = read_outputs(run)
+    assert steps["step"].to_list() == [1, 2, 3, 4, 5, 99]
+    assert steps["eval/acc"].null_count() == 6 and steps.schema["eval/acc"] == pl.Float64
