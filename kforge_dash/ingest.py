@@ -263,16 +263,26 @@ def _ema(col: str, alpha: float) -> pl.Expr:
 
 
 def _chunks(files: list, chunk_rows: int) -> list[tuple[int, int]]:
-    """Step windows [lo, hi) of about chunk_rows rows each, aligned to the typical part-file span
-    so most part files are read once (rows are assumed spread evenly over steps)."""
-    lo = min(f[0].min_step for f in files)
-    hi = max(f[0].max_step for f in files) + 1
-    rows = sum(f[0].num_rows for f in files)
-    spans = sorted(f[0].max_step - f[0].min_step + 1 for f in files)
-    span = spans[len(spans) // 2]
-    width = max(1, math.ceil((hi - lo) * chunk_rows / max(rows, 1)))
-    width = max(span, width // span * span)
-    return [(s, min(s + width, hi)) for s in range(lo, hi, width)]
+    """Step windows [lo, hi) of about chunk_rows rows each, cut where part files start.
+
+    A window closes at the first part-file start after it holds chunk_rows rows (counting each
+    file where it starts), so windows follow the part files (each read once when ranks flush
+    in step, as the recorder does by default) and a stray far-away step cannot make one huge
+    window. A part that straddles a cut is read by both windows, each keeping its own steps.
+    """
+    starts: dict[int, int] = {}
+    for p, _, _ in files:
+        starts[p.min_step] = starts.get(p.min_step, 0) + p.num_rows
+    hi = max(p.max_step for p, _, _ in files) + 1
+    windows, acc = [], 0
+    lo = min(starts)
+    for step in sorted(starts):
+        if acc >= chunk_rows and step > lo:
+            windows.append((lo, step))
+            lo, acc = step, 0
+        acc += starts[step]
+    windows.append((lo, hi))
+    return windows
 
 
 class _RanksWriter:
@@ -486,8 +496,11 @@ def _read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts) -> 
     """All rows with lo <= step < hi, log rows coalesced. A part file that fails to decode is
     found, reported and left out (its footer was fine, so only a full read tells)."""
     scalars = cols[len(FIXED_NAMES) + 2:]  # phases and user scalars (what a log row can carry)
+    mins = np.fromiter((p.min_step for p, _, _ in files), np.int64, len(files))
+    maxs = np.fromiter((p.max_step for p, _, _ in files), np.int64, len(files))
+    overlap = np.flatnonzero((maxs >= lo) & (mins < hi))
     while True:
-        todo = [f for f in files if f[0].path not in bad and f[0].max_step >= lo and f[0].min_step < hi]
+        todo = [files[i] for i in overlap if files[i][0].path not in bad]
         if not todo:
             return pl.DataFrame(schema={c: (pl.Int64 if c in _INT_COLS | {"rank", "attempt"} else pl.Float64) for c in cols})
 

@@ -20,7 +20,7 @@ LLAMA7B = {"n_layers": 32, "dim": 4096, "n_heads": 32, "n_kv_heads": 32, "ffn_hi
 
 class FakeClock:
     def __init__(self, t: float = 1000.0):
-        self.t = t
+        self.t = t  # arbitrary origin: only differences are recorded
 
     def __call__(self) -> float:
         return self.t
@@ -29,14 +29,17 @@ class FakeClock:
 def open_ranks(run_dir, world_size, *, ranks=None, **kw):
     """One Recorder per rank (one attempt of the job). Flushes often so runs have several parts."""
     kw.setdefault("flush_every_steps", 7)
+    kw.setdefault("flush_every_s", 1e6)  # the fake clock must not trigger time-based flushes: parts stay 7 steps
     kw.setdefault("install_sigterm_handler", False)
     return {r: Recorder(run_dir, rank=r, world_size=world_size, **kw)
             for r in (range(world_size) if ranks is None else ranks)}
 
 
-def run_steps(monkeypatch, recs: dict, steps, *, step_time, values=None, clock=None):
+def run_steps(monkeypatch, recs: dict, steps, *, step_time, values=None, clock=None, flush_every=None):
     """Record ``steps`` on every rank. ``step_time(rank, step)`` seconds (exact, via the fake clock);
-    ``values(rank, step)`` -> kwargs for end_step (default: loss and tokens)."""
+    ``values(rank, step)`` -> kwargs for end_step (default: loss and tokens). ``flush_every``: flush
+    (and wait) every N steps, for part files of known size (the writer thread may otherwise merge
+    several hand-offs into one part)."""
     clock = clock or FakeClock()
     monkeypatch.setattr(recorder_mod, "perf_counter", clock)
     for s in steps:
@@ -45,6 +48,9 @@ def run_steps(monkeypatch, recs: dict, steps, *, step_time, values=None, clock=N
             clock.t += step_time(r, s)
             kw = values(r, s) if values else {"loss": 1.0 / s, "tokens": 1000}
             rec.end_step(s, **kw)
+        if flush_every and s % flush_every == 0:
+            for rec in recs.values():
+                rec.flush()
     return clock
 
 

@@ -228,3 +228,32 @@ def test_ragged_ranks_and_ranks_that_do_not_count_tokens(tmp_path, monkeypatch, 
         assert row["step_time_median_s"] == statistics.median(times[r] for r in reporting)
         assert row["tokens"] == 100 * len([r for r in reporting if r != 2])  # rank 2 does not count
         assert row["loss"] == pytest.approx(sum(10 * r + s for r in reporting) / len(reporting))
+
+
+def test_small_windows_give_the_same_result_as_one(tmp_path, monkeypatch):
+    """Memory is bounded by reading in step windows; windows cutting through part files, restarts
+    and log rows must not change a single value."""
+    run = str(tmp_path / "windows")
+    recs = {r: open_ranks(run, 3, ranks=[r], flush_every_steps=3 + 2 * r)[r] for r in range(3)}  # misaligned parts
+
+    def values(r, s):
+        return {"loss": float(s * (r + 1)), "tokens": 7 * (r + 1), "grad_norm": float(r), "lr": 0.1}
+
+    clock = run_steps(monkeypatch, recs, range(1, 40), step_time=lambda r, s: 0.1 * (1 + (s * r) % 4), values=values)
+    for r, rec in recs.items():
+        rec.log(20, **{"eval/loss": float(r)})
+    for rec in recs.values():
+        rec.flush()
+    again = {r: open_ranks(run, 3, ranks=[r], flush_every_steps=4)[r] for r in range(3)}
+    run_steps(monkeypatch, again, range(30, 61), step_time=lambda r, s: 0.2, values=values, clock=clock)
+    close_all(again)
+    close_all(recs)
+
+    ingest_run(run, chunk_rows=10**9)
+    one_steps, one_ranks, one_summary = read_outputs(run)
+    ingest_run(run, chunk_rows=4, force=True)
+    many_steps, many_ranks, many_summary = read_outputs(run)
+    assert one_steps.height == 60
+    assert many_steps.equals(one_steps)
+    assert many_ranks.sort("step", "rank").equals(one_ranks.sort("step", "rank"))
+    assert many_summary["restarts"] == one_summary["restarts"]

@@ -16,9 +16,10 @@ from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run
 
 
 def make_run(path, monkeypatch, *, world=2, steps=20):
-    recs = open_ranks(str(path), world)
+    """Part files of exactly 5 steps each."""
+    recs = open_ranks(str(path), world, flush_every_steps=1000)
     run_steps(monkeypatch, recs, range(1, steps + 1), step_time=lambda r, s: 1.0,
-              values=lambda r, s: {"loss": float(s), "tokens": 10})
+              values=lambda r, s: {"loss": float(s), "tokens": 10}, flush_every=5)
     close_all(recs)
     return str(path)
 
@@ -27,6 +28,7 @@ def test_truncated_and_garbage_parts_are_skipped_with_a_warning(tmp_path, monkey
     run = make_run(tmp_path / "run", monkeypatch)
     parts = [p for p in part_files(run) if "rank-00001" in p]
     lost = sum(pq.read_metadata(p).num_rows for p in parts[:2])
+    assert lost == 10
     with open(parts[0], "r+b") as f:  # truncated: the footer is gone
         f.truncate(os.path.getsize(parts[0]) // 2)
     with open(parts[1], "wb") as f:
@@ -46,6 +48,7 @@ def test_corrupt_page_with_a_valid_footer_is_found_at_read_time(tmp_path, monkey
     run = make_run(tmp_path / "run", monkeypatch)
     victim = part_files(run)[0]
     lost = pq.read_metadata(victim).num_rows
+    assert lost == 5
     data = bytearray(open(victim, "rb").read())
     for i in range(4, 200):  # scribble over the first data pages, keep the footer
         data[i] = 0xFF
