@@ -450,8 +450,8 @@ def main() -> None:
     print("traced peak: tracemalloc peak of Python allocations during the run, above the level before it. "
           "RSS growth:\npeak RSS minus RSS before the run (includes pyarrow's buffers and tracemalloc's own "
           f"bookkeeping). paced: the writer\nis at most {MEM_PACE_WINDOWS} flush windows behind, as steps of a millisecond "
-          f"or more keep it. back to back: end_step\nwith nothing between; the writer falls behind and the "
-          "queue of handed-over batches is unbounded.")
+          f"or more keep it. back to back: end_step\nwith nothing between; the writer falls behind, merges the windows queued meanwhile into one "
+          "part,\nand never holds more than max_backlog_rows (100,000) rows waiting: past that the oldest are dropped, counted.")
     print(f"\n# whole run: {(perf_counter() - t_start) / 60:.1f} min")
 
 

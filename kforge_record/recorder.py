@@ -26,7 +26,7 @@ from time import perf_counter
 from . import env
 from .model import ModelSpec
 from .schema import SCHEMA_VERSION, phase_column, rank_dir_name
-from .writer import ShardWriter, _Warner, rows_to_table
+from .writer import Held, ShardWriter, _Warner, rows_to_table
 
 _LIVE: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
 _PREVIOUS_SIGTERM = None
@@ -54,9 +54,11 @@ class _Phase:
 
 
 def _capture(v):
-    """Keep a value without forcing a sync: tensors are detached (so no autograd graph is held)."""
-    detach = getattr(v, "detach", None)
-    return detach() if detach is not None else v
+    """Keep a value without forcing a sync. Tensors are detached (no autograd graph is held) and
+    kept by reference with their version counter; numbers pass through."""
+    if getattr(v, "requires_grad", None) is None:  # not a tensor
+        return v
+    return Held(v.detach() if v.requires_grad else v)
 
 
 class Recorder:

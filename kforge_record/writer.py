@@ -99,25 +99,47 @@ def _to_host(rows: list[tuple], warn: _Warner) -> tuple[list[list], dict[str, li
                 col = extras.get(name)
                 if col is not None:
                     col[i] = v
-    columns = fixed + list(extras.values())
     torch = sys.modules.get("torch")
     if torch is not None:
-        _resolve_tensors(torch, columns, warn)
+        _resolve_tensors(torch, list(FIXED_NAMES) + list(extras), fixed + list(extras.values()), warn)
     return fixed, extras
 
 
-def _resolve_tensors(torch, columns: list[list], warn: _Warner) -> None:
+class Held:
+    """A tensor kept by reference at end_step, with its version counter at that moment.
+
+    Keeping a reference (not a copy) is what makes end_step free of syncs and kernel launches; the
+    version counter tells us at flush time if the loop changed the tensor in place since.
+    """
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self.version = tensor._version
+
+
+def _resolve_tensors(torch, names: list[str], columns: list[list], warn: _Warner) -> None:
     groups: dict[tuple, list[tuple[list, int]]] = {}
-    for col in columns:
+    for name, col in zip(names, columns):
+        if Held not in set(map(type, col)):  # C-level scan: most columns hold plain numbers
+            continue
         for i, v in enumerate(col):
-            if isinstance(v, torch.Tensor):
-                if v.numel() != 1:
-                    warn("shape", f"a tensor of shape {tuple(v.shape)} was logged; only 1-element tensors are recorded")
-                    col[i] = None
-                elif v.device.type == "cpu":
-                    col[i] = v.item()
-                else:
-                    groups.setdefault((v.device, v.dtype), []).append((col, i))
+            if type(v) is not Held:
+                continue
+            t = v.tensor
+            if t._version != v.version:
+                warn(f"inplace:{name}", f"the tensor logged as {name!r} was modified in place after end_step; "
+                     "those values are recorded as null (log a .clone() of tensors you update in place)")
+                col[i] = None
+            elif t.numel() != 1:
+                warn("shape", f"a tensor of shape {tuple(t.shape)} was logged as {name!r}; only 1-element tensors are recorded")
+                col[i] = None
+            elif t.device.type == "cpu":
+                col[i] = t.item()
+            else:
+                col[i] = t
+                groups.setdefault((t.device, t.dtype), []).append((col, i))
     for (device, dtype), places in groups.items():
         # One kernel and one device-to-host copy per (device, dtype), whatever the row count.
         host = torch.stack([col[i].reshape(()) for col, i in places]).cpu().tolist()
@@ -148,17 +170,20 @@ def _int_or_none(v, name: str, warn: _Warner):
         return None
 
 
+def _column(values: list, name: str, int64: bool, warn: _Warner) -> pa.Array:
+    typ = pa.int64() if int64 else pa.float64()
+    try:  # the common case, whole column in C: Python/numpy numbers and None
+        return pa.array(values, type=typ)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        conv = _int_or_none if int64 else _float_or_none
+        return pa.array([conv(v, name, warn) for v in values], type=typ)
+
+
 def rows_to_table(rows: list[tuple], warn: _Warner) -> pa.Table:
     fixed, extras = _to_host(rows, warn)
-    arrays, names = [], []
-    for (name, typ), values in zip(FIXED_COLUMNS, fixed):
-        conv = _int_or_none if typ == "int64" else _float_or_none
-        arrays.append(pa.array([conv(v, name, warn) for v in values], type=pa.int64() if typ == "int64" else pa.float64()))
-        names.append(name)
-    for name, values in extras.items():
-        arrays.append(pa.array([_float_or_none(v, name, warn) for v in values], type=pa.float64()))
-        names.append(name)
-    return pa.Table.from_arrays(arrays, names=names)
+    arrays = [_column(values, name, typ == "int64", warn) for (name, typ), values in zip(FIXED_COLUMNS, fixed)]
+    arrays += [_column(values, name, False, warn) for name, values in extras.items()]
+    return pa.Table.from_arrays(arrays, names=list(FIXED_NAMES) + list(extras))
 
 
 class ShardWriter:
@@ -207,35 +232,71 @@ class ShardWriter:
 
     def _run(self) -> None:
         while True:
-            kind, payload = self._queue.get()
-            try:
+            # Take everything queued: while a slow write ran, the loop may have handed over several
+            # windows; they go out as one part file, so a slow disk means bigger files, not a queue
+            # that grows without bound.
+            messages = [self._queue.get()]
+            while True:
+                try:
+                    messages.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            pending: list[tuple] = []
+            for kind, payload in messages:
                 if kind == "rows":
-                    if payload:
-                        self._take(payload)
-                        self._write_backlog()
-                elif kind == "meta":
-                    self.meta = payload
-                    self._guarded("meta", self.write_meta)
-                elif kind == "sync":
-                    payload.set()
-                elif kind == "close":
-                    reason, done = payload
-                    self._write_backlog()
-                    if self._backlog:  # the last try failed too: these rows are lost, and counted
-                        self.dropped_rows += sum(t.num_rows for t in self._backlog)
-                        self._backlog.clear()
-                    self._guarded("end", lambda: self._write_end(reason))
-                    if self.dropped_rows:
-                        self.warn("dropped-final", f"{self.dropped_rows} rows were dropped in all (disk errors)")
-                    done.set()
+                    pending += payload
+                    continue
+                if pending:
+                    self._handle("rows", pending)
+                    pending = []
+                if self._handle(kind, payload) == "stop":
                     return
-            except Exception as e:  # never let the thread die: later flushes must still run
-                self.warn(f"internal:{type(e).__name__}", f"unexpected error while recording: {e!r}")
-                if kind in ("sync",):
-                    payload.set()
-                elif kind == "close":
-                    payload[1].set()
-                    return
+            if pending:
+                self._handle("rows", pending)
+
+    def _bound(self, rows: list[tuple]) -> list[tuple]:
+        """Rows waiting to be written never exceed max_backlog_rows: the oldest go first, counted."""
+        waiting = len(rows) + sum(t.num_rows for t in self._backlog)
+        excess = waiting - self.max_backlog_rows
+        if excess <= 0:
+            return rows
+        self.warn("behind", f"more than {self.max_backlog_rows} rows waiting for the disk: dropping the oldest (counted)")
+        self._trim_backlog(extra=len(rows))
+        excess = len(rows) + sum(t.num_rows for t in self._backlog) - self.max_backlog_rows
+        if excess > 0:
+            self.dropped_rows += excess
+            rows = rows[excess:]
+        return rows
+
+    def _handle(self, kind: str, payload):
+        try:
+            if kind == "rows":
+                self._take(self._bound(payload))
+                self._write_backlog()
+            elif kind == "meta":
+                self.meta = payload
+                self._guarded("meta", self.write_meta)
+            elif kind == "sync":
+                payload.set()
+            elif kind == "close":
+                reason, done = payload
+                self._write_backlog()
+                if self._backlog:  # the last try failed too: these rows are lost, and counted
+                    self.dropped_rows += sum(t.num_rows for t in self._backlog)
+                    self._backlog.clear()
+                self._guarded("end", lambda: self._write_end(reason))
+                if self.dropped_rows:
+                    self.warn("dropped-final", f"{self.dropped_rows} rows were dropped in all (disk errors)")
+                done.set()
+                return "stop"
+        except Exception as e:  # never let the thread die: later flushes must still run
+            self.warn(f"internal:{type(e).__name__}", f"unexpected error while recording: {e!r}")
+            if kind == "sync":
+                payload.set()
+            elif kind == "close":
+                payload[1].set()
+                return "stop"
+        return None
 
     def _take(self, rows: list[tuple]) -> None:
         table = rows_to_table(rows, self.warn)
@@ -243,9 +304,9 @@ class ShardWriter:
             self.last_step = table.column("step")[-1].as_py()
         self._backlog.append(table)
 
-    def _trim_backlog(self) -> None:
-        """After a failed write: keep at most max_backlog_rows, dropping (and counting) the oldest."""
-        excess = sum(t.num_rows for t in self._backlog) - self.max_backlog_rows
+    def _trim_backlog(self, *, extra: int = 0) -> None:
+        """Keep at most max_backlog_rows (with `extra` newer rows to come), dropping and counting the oldest."""
+        excess = sum(t.num_rows for t in self._backlog) + extra - self.max_backlog_rows
         while excess > 0 and self._backlog:
             head = self._backlog[0]
             if head.num_rows <= excess:

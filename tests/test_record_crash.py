@@ -92,21 +92,22 @@ def test_sigterm_chains_the_previous_handler(tmp_path):
 
 def test_disk_full_keeps_the_loop_running_and_counts_dropped_rows(tmp_path):
     run = tmp_path / "run"
-    # Writes fail for steps 1..100 (flushes at 10, 20, ..., 100); the backlog holds 50 rows, so the
-    # oldest 50 (steps 1..50) are dropped; from step 101 the disk "has space" again.
+    # Writes fail for steps 1..100 (flushes at 10, 20, ..., 100). At most 50 rows ever wait for the
+    # disk, so steps 1..50 are dropped while it is full; from step 101 it "has space" again, and the
+    # window of steps 101..110 arriving on top of the 50 waiting pushes out 51..60 too.
     proc = _start(run, "disk-full", steps=150, flush_every_steps=10, max_backlog_rows=50, heal_at=101, sleep=0)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "done" in out and "step 150" in out  # the training loop never saw an exception
-    assert _steps_on_disk(run) == list(range(51, 151))
-    assert "dropped 50" in out
+    assert _steps_on_disk(run) == list(range(61, 151))
+    assert "dropped 60" in out
     assert err.count("could not write part file") == 1  # warned once, not once per flush
     (end,) = run.glob("rank-*/*/end.json")
-    assert json.loads(end.read_text())["dropped_rows_total"] == 50
+    assert json.loads(end.read_text())["dropped_rows_total"] == 60
     # Every part file also carries the running count, for a job that never reaches close().
     last_part = sorted(run.glob("rank-*/*/part-*.parquet"))[-1]
     kv = json.loads(pq.read_schema(last_part).metadata[b"kforge"])
-    assert kv["dropped_rows_total"] == 50
+    assert kv["dropped_rows_total"] == 60
 
 
 def test_vanished_directory_is_recreated_and_backlog_written(tmp_path):
