@@ -212,10 +212,9 @@ def _scan(part, rank: int, attempt: int, cols: list[str], rename: dict, lo: int,
     return pl.scan_parquet(part.path).filter(cond).select(exprs)
 
 
-def _key(df: pl.DataFrame) -> pl.Series:
-    """(rank, step) as one hashable value: an int64 when it fits (fast), else a struct."""
-    lo, hi = df["step"].min(), df["step"].max()
-    if 0 <= lo and hi < 1 << 40 and df["rank"].max() < 1 << 22:
+def _key(df: pl.DataFrame, as_int: bool) -> pl.Series:
+    """(rank, step) as one hashable value: an int64 when the values allow (fast), else a struct."""
+    if as_int:
         return df.select((pl.col("rank") * (1 << 40) + pl.col("step")).alias("k"))["k"]
     return df.select(pl.struct("rank", "step").alias("k"))["k"]
 
@@ -231,9 +230,9 @@ def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str]) -
     agg = logs.group_by(["rank", "step"], maintain_order=True).agg(
         pl.all().exclude("rank", "step", *scalars).last(), *[pl.col(c).drop_nulls().last() for c in scalars]
     )
-    both = pl.concat([ends.select("rank", "step"), agg.select("rank", "step")])
-    keys = _key(both)
-    hit = keys.head(ends.height).is_in(keys.tail(agg.height).implode()).arg_true()
+    as_int = ends["step"].min() >= 0 and ends["step"].max() < 1 << 40 and ends["rank"].max() < 1 << 22
+    as_int = as_int and agg["step"].min() >= 0 and agg["step"].max() < 1 << 40
+    hit = _key(ends, as_int).is_in(_key(agg, as_int).implode()).arg_true()
     at = ends.select("rank", "step")[hit].with_row_index("_j").join(agg, on=["rank", "step"], how="inner").sort("_j")
     updates = []
     for c in scalars:
@@ -300,7 +299,8 @@ class _RanksWriter:
     def _write(self, table: pa.Table) -> None:
         if self.writer is None:
             # Dictionary encoding pays off only for the repetitive key columns; floats rarely repeat.
-            self.writer = pq.ParquetWriter(self.path, table.schema, compression="zstd",
+            # lz4: a third faster to write than zstd here, for files ~20% larger.
+            self.writer = pq.ParquetWriter(self.path, table.schema, compression="lz4",
                                            use_dictionary=["step", "rank", "attempt"])
         self.writer.write_table(table.cast(self.writer.schema))
 
@@ -464,10 +464,11 @@ def _scan_together(todo, cols, rename, lo, hi, cutoff, counts) -> pl.DataFrame:
         for name in p.columns:
             schema.setdefault(name, pl.Int64 if rename.get(name, name) in _INT_COLS else pl.Float64)
     paths = [p.path for p, _, _ in todo]
+    lf = pl.scan_parquet(paths, schema=schema, missing_columns="insert", include_file_paths="_path")
+    if not all(lo <= p.min_step and p.max_step < hi for p, _, _ in todo):  # no filter when whole files fit
+        lf = lf.filter((pl.col("step") >= lo) & (pl.col("step") < hi))
     df = (
-        pl.scan_parquet(paths, schema=schema, missing_columns="insert", include_file_paths="_path")
-        .filter((pl.col("step") >= lo) & (pl.col("step") < hi))
-        .with_columns(pl.col("_path").replace_strict({q: i for i, q in enumerate(paths)}, return_dtype=pl.UInt32))
+        lf.with_columns(pl.col("_path").replace_strict({q: i for i, q in enumerate(paths)}, return_dtype=pl.UInt32))
         .collect()
     )
     f = df["_path"].to_numpy()
