@@ -141,7 +141,7 @@ def ingest_run(run_dir, *, alpha: float = 0.1, peak_tflops: float | None = None,
 
     run_dir = os.path.abspath(os.fspath(run_dir))
     if not os.path.isdir(run_dir):
-        raise IngestError(f"{run_dir}: no such directory")
+        raise IngestError(f"{run_dir}: {'not a directory' if os.path.exists(run_dir) else 'no such directory'}")
     if not _shards.is_run_dir(run_dir):
         raise IngestError(f"{run_dir}: not a kforge run (no rank-NNNNN/ folders inside)")
     out_dir = os.path.join(run_dir, INGESTED_DIR)

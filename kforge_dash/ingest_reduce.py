@@ -77,12 +77,14 @@ def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool) -> pl.DataFrame 
     out: dict[str, pa.Array] = {"step": pa.array(step[0])}
 
     def grid(c, fill):
+        """(values, has) as (ranks x steps); has is None when every value is there (no copies)."""
         s = df[c]
-        mask = s.is_not_null().to_numpy().reshape(R, m)
-        return s.fill_null(fill).to_numpy().reshape(R, m), mask
+        if s.null_count() == 0:
+            return s.to_numpy().reshape(R, m), None
+        return s.fill_null(fill).to_numpy().reshape(R, m), s.is_not_null().to_numpy().reshape(R, m)
 
     def masked(values, has):
-        return pa.array(values, mask=~has)
+        return pa.array(values) if has is None else pa.array(values, mask=~has)
 
     t = df["time"].fill_null(-np.inf).to_numpy().reshape(R, m).max(axis=0)
     out["time"] = masked(t, np.isfinite(t))
@@ -95,24 +97,35 @@ def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool) -> pl.DataFrame 
     out["attempt"] = pa.array(df["attempt"].to_numpy().reshape(R, m).max(axis=0).astype(np.int64))
     v, has = grid("tokens", 0)
     if counts_col:
-        has = has & df["_counts"].fill_null(False).to_numpy().reshape(R, m)
-    out["tokens"] = masked(np.where(has, v, 0).sum(axis=0), has.any(axis=0))
+        counted = df["_counts"].fill_null(False).to_numpy().reshape(R, m)
+        has = counted if has is None else has & counted
+    if has is None:
+        out["tokens"] = pa.array(v.sum(axis=0))
+    else:
+        out["tokens"] = masked(np.where(has, v, 0).sum(axis=0), has.any(axis=0))
     out["loss"] = _mean(*grid("loss", 0.0))
     for c in ("grad_norm", "lr"):
         v, has = grid(c, 0.0)
-        first = has.argmax(axis=0)
-        out[c] = masked(v[first, idx], has.any(axis=0))
+        if has is None:
+            out[c] = pa.array(v[0])  # the lowest rank reported it
+        else:
+            out[c] = masked(v[has.argmax(axis=0), idx], has.any(axis=0))
     for c in MEM:
         v, has = grid(c, 0)
-        out[c] = masked(np.where(has, v, np.iinfo(np.int64).min).max(axis=0), has.any(axis=0))
+        if has is None:
+            out[c] = pa.array(v.max(axis=0))
+        else:
+            out[c] = masked(np.where(has, v, np.iinfo(np.int64).min).max(axis=0), has.any(axis=0))
     for c in cols:
         if c not in _NOT_MEAN:
             out[c] = _mean(*grid(c, 0.0))
     return pl.from_arrow(pa.table(out))
 
 
-def _mean(v: np.ndarray, has: np.ndarray) -> pa.Array:
+def _mean(v: np.ndarray, has: np.ndarray | None) -> pa.Array:
     """Mean over the ranks that reported a value; a NaN/inf reported stays in (it is news)."""
+    if has is None:
+        return pa.array(v.sum(axis=0) / v.shape[0])
     count = has.sum(axis=0)
     total = np.where(has, v, 0.0).sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):

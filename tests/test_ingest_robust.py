@@ -112,6 +112,8 @@ def test_empty_run_and_non_run_directory(tmp_path, monkeypatch):
         ingest_path(str(plain), tensorboard=False, wandb=False)
     with pytest.raises(IngestError, match="no such"):
         ingest_run(str(tmp_path / "nope"))
+    with pytest.raises(IngestError, match=f"{plain / 'notes.txt'}: not a directory"):
+        ingest_run(str(plain / "notes.txt"))
 
 
 def test_failed_ingest_keeps_the_previous_outputs(tmp_path, monkeypatch):
