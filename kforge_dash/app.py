@@ -7,8 +7,8 @@ import streamlit as st
 
 st.set_page_config(page_title="kforge", page_icon="📈", layout="wide")
 page = st.navigation([
-    st.Page("pages/compare.py", title="Compare runs", url_path="compare", default=True),
-    st.Page("pages/runs.py", title="Runs table", url_path="runs"),
-    st.Page("pages/run_detail.py", title="Run detail", url_path="detail"),
+    st.Page("views/compare.py", title="Compare runs", url_path="compare", default=True),
+    st.Page("views/runs.py", title="Runs table", url_path="runs"),
+    st.Page("views/run_detail.py", title="Run detail", url_path="detail"),
 ])
 page.run()

@@ -35,14 +35,10 @@ def main(runs_root: Path | None, host: str, port: int) -> None:
     # The root travels in the environment, never through a shell or the script's argv parsing.
     os.environ[ROOT_ENV] = str(root)
     click.echo(f"kforge-dash: runs root {root}, serving on http://{host}:{port}", err=True)
-    from streamlit.runtime.pages_manager import PagesManager
     from streamlit.web import cli as streamlit_cli
 
-    # app.py declares its pages with st.navigation. Streamlit would otherwise treat the pages/
-    # folder next to it (its name is fixed by pyproject's package-data) as legacy multipage
-    # auto-discovery until the first run of app.py, so a deep link like /compare opened first
-    # would run the page script without app.py. This flag is what st.navigation itself sets.
-    PagesManager.uses_pages_directory = False
+    # The page scripts live in views/, not pages/: a pages/ folder beside app.py would switch
+    # Streamlit to its legacy file-based multipage mode instead of app.py's st.navigation.
     # In-process rather than a child process: signals sent to kforge-dash reach the server.
     streamlit_cli.main(args=streamlit_args(host=host, port=port), prog_name="streamlit")
 

@@ -150,7 +150,7 @@ def test_compare_marks_nonfinite_steps(app, root):
 def test_runs_table_and_config_diff(app, root):
     names = sample_run_names()
     at = app.run()
-    at.switch_page("pages/runs.py").run()
+    at.switch_page("views/runs.py").run()
     assert not at.exception and at.title[0].value == "Runs"
     table = at.dataframe[0].value
     assert table["run"].tolist() == names
@@ -179,7 +179,7 @@ def test_run_detail_page(app, root):
     pick = next((n for n in names if summary(root, n)["restarts"]), names[0])
     app.query_params["run"] = pick
     at = app.run()
-    at.switch_page("pages/run_detail.py").run()
+    at.switch_page("views/run_detail.py").run()
     assert not at.exception and at.title[0].value == "Run detail"
     assert at.selectbox(key="run").value == pick
     s = summary(root, pick)
@@ -203,7 +203,7 @@ def test_run_detail_page(app, root):
     app2 = AppTest.from_file(str(APP), default_timeout=60)
     app2.query_params["run"] = "../../etc"
     at2 = app2.run()
-    at2.switch_page("pages/run_detail.py").run()
+    at2.switch_page("views/run_detail.py").run()
     assert not at2.exception and at2.selectbox(key="run").value == names[0]
 
 
@@ -224,7 +224,7 @@ def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_p
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
     at = AppTest.from_file(str(APP), default_timeout=120)
     at.run()
-    at.switch_page("pages/runs.py").run()
+    at.switch_page("views/runs.py").run()
     status = dict(zip(*at.dataframe[0].value[["run", "status"]].T.values))
     assert status[fresh] == "not ingested"
     if stale:
@@ -253,7 +253,7 @@ def test_damaged_steps_file_is_named_not_a_crash(root, tmp_path, monkeypatch):
     assert not at.exception
     assert any(str(steps_file) in e.value for e in at.error)
     at.query_params["run"] = name
-    at.switch_page("pages/run_detail.py").run()
+    at.switch_page("views/run_detail.py").run()
     assert not at.exception
     assert any(str(steps_file) in e.value for e in at.error)
 

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from kforge_dash import prep_export, prep_figures, prep_runs, prep_series
-from kforge_dash.pages import common
+from kforge_dash.views import common
 
 st.title("Compare runs")
 root = common.runs_root()

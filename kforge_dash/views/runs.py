@@ -3,7 +3,7 @@
 import streamlit as st
 
 from kforge_dash import prep_runs
-from kforge_dash.pages import common
+from kforge_dash.views import common
 
 st.title("Runs")
 root = common.runs_root()

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from kforge_dash import prep_figures, prep_ranks
-from kforge_dash.pages import common
+from kforge_dash.views import common
 
 st.title("Run detail")
 root = common.runs_root()
