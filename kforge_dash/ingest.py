@@ -87,24 +87,6 @@ class IngestFailure:
     error: str
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def _ema(col: str, alpha: float) -> pl.Expr:
     """EMA where the first finite value starts it and non-finite/missing values hold the last value.
 
@@ -118,10 +100,6 @@ def _ema(col: str, alpha: float) -> pl.Expr:
         .ewm_mean(alpha=alpha, adjust=False, ignore_nulls=True, min_samples=1)
         .forward_fill().alias(f"{col}_ema")
     )
-
-
-
-
 
 
 def ingest_run(run_dir, *, alpha: float = 0.1, peak_tflops: float | None = None,
@@ -193,7 +171,9 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     launches = group_launches(attempts, warnings)
     files = []  # (PartInfo, rank, launch index)
     for L in launches:
-        for a in L.attempts:
+        # Rank by rank within a launch (not in start-time order): the reductions take "the lowest
+        # reporting rank" as the first row of a step, and the matrix path needs ascending ranks.
+        for a in sorted(L.attempts, key=lambda a: (a.rank, a.start_time)):
             files += [(p, a.rank, L.index) for p in a.parts if p.num_rows and p.min_step is not None]
     if not files:
         problems = "; ".join(warnings[:5]) or "every part file is empty"
@@ -253,10 +233,6 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     return IngestResult(run_dir, summary, False)
 
 
-
-
-
-
 def _derive(steps: pl.DataFrame, launches, opts: IngestOptions, warnings: list[str]) -> pl.DataFrame:
     """tokens/s, MFU (per launch: its world size, FLOPs and peak) and the EMAs."""
     scale = {}
@@ -275,7 +251,6 @@ def _derive(steps: pl.DataFrame, launches, opts: IngestOptions, warnings: list[s
     emas = [f"{m}_ema" for m in EMA_METRICS]
     rest = [c for c in steps.columns if c not in head and c not in emas]
     return steps.select(head + rest + emas)
-
 
 
 def ingest_path(path, *, tensorboard: bool = True, wandb: bool = True, wandb_project: str | None = None,

@@ -95,4 +95,3 @@ def launch_flops(L: Launch, opts: IngestOptions, warnings: list[str]) -> dict:
                 "MFU is null (pass --peak-tflops)"
             )
     return out
-

@@ -225,4 +225,3 @@ def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts) -> p
                     warnings.append(f"{p.path}: corrupt part file ({type(e).__name__}: {e}); skipped")
             if not found:
                 raise
-

@@ -257,3 +257,16 @@ def test_small_windows_give_the_same_result_as_one(tmp_path, monkeypatch):
     assert many_steps.equals(one_steps)
     assert many_ranks.sort("step", "rank").equals(one_ranks.sort("step", "rank"))
     assert many_summary["restarts"] == one_summary["restarts"]
+
+
+def test_lowest_rank_wins_whatever_order_ranks_started_in(tmp_path, monkeypatch):
+    run = str(tmp_path / "order")
+    recs = open_ranks(run, 3, ranks=[2, 0, 1])  # rank 2 launched first: its attempt sorts first by start time
+    run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 1.0,
+              values=lambda r, s: {"loss": 1.0, "grad_norm": 10.0 + r, "lr": 0.1 * (r + 1), "tokens": 1})
+    close_all(recs)
+    ingest_run(run)
+    steps, _, _ = read_outputs(run)
+    assert steps["grad_norm"].to_list() == [10.0] * 5
+    assert steps["lr"].to_list() == [0.1] * 5
+    assert steps["slowest_rank"].to_list() == [0] * 5  # all equal: the lowest rank
