@@ -58,9 +58,10 @@ class _Progress:
         self.task = None
         if not quiet and sys.stderr.isatty():
             try:
+                from rich.console import Console
                 from rich.progress import Progress
 
-                self.bar = Progress(transient=True)
+                self.bar = Progress(transient=True, console=Console(stderr=True))  # stdout stays for results
             except ImportError:
                 self.bar = None
 
