@@ -137,12 +137,13 @@ def test_idempotent_and_incremental(tmp_path, monkeypatch):
         rec.flush()
     first = ingest_run(run)
     steps1 = pl.read_parquet(os.path.join(run, "ingested", "steps.parquet"))
+    ranks1 = pl.read_parquet(os.path.join(run, "ingested", "ranks.parquet"))
     again = ingest_run(run)
     assert again.skipped and not first.skipped  # unchanged shards: no work
     forced = ingest_run(run, force=True)
     assert not forced.skipped
     steps2, ranks2, _ = read_outputs(run)
-    assert steps2.equals(steps1)  # same shards, same data (NaN-aware, column order and types too)
+    assert steps2.equals(steps1) and ranks2.equals(ranks1)  # same shards, same data, same row order
     # the job goes on: new part files are picked up on the next ingest
     run_steps(monkeypatch, recs, range(15, 22), step_time=lambda r, s: 1.0, clock=clock)
     close_all(recs)
