@@ -287,12 +287,12 @@ def ingest_path(path, *, tensorboard: bool = True, wandb: bool = True, wandb_pro
 
 def _export(res: IngestResult, *, tensorboard, wandb, **kw) -> dict | None:
     """Run kforge_dash.export on a fresh ingest; its failure is recorded, never raised."""
-    wanted = [k for k, on in (("tensorboard", tensorboard), ("wandb", wandb)) if on]
+    wanted = [k for k, on in (("tensorboard", tensorboard), ("wandb", wandb or kw.get("upload"))) if on]
     if not wanted:
         return None
     prev = res.summary.get("exports") or {}
-    if res.skipped and all((prev.get(k) or {}).get("ok") for k in wanted):
-        return None  # nothing changed and the last export of each target worked
+    if res.skipped and not kw.get("upload") and all((prev.get(k) or {}).get("ok") for k in wanted):
+        return None  # nothing changed and the last export of each target worked (an upload is always tried)
     try:
         from .export import export_run
     except ImportError as e:
@@ -301,17 +301,7 @@ def _export(res: IngestResult, *, tensorboard, wandb, **kw) -> dict | None:
         got = export_run(res.run_dir, tensorboard=tensorboard, wandb=wandb, **kw)
     except Exception as e:  # an export must never cost the Parquet outputs
         return {k: {"ok": False, "path": None, "error": f"{type(e).__name__}: {e}"} for k in wanted}
-    return _as_dict(got)
-
-
-def _as_dict(obj):
-    import dataclasses
-
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    return dict(obj) if isinstance(obj, dict) else {"result": str(obj)}
+    return got.to_dict()
 
 
 def _record_exports(res: IngestResult, exports: dict) -> dict:

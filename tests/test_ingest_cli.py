@@ -111,9 +111,13 @@ def test_export_called_with_the_cli_flags_and_result_recorded(tmp_path, monkeypa
     calls = []
     fake = types.ModuleType("kforge_dash.export")
 
+    class Result:  # stands in for kforge_dash.export.ExportResult
+        def to_dict(self):
+            return {"tensorboard": {"ok": True, "path": "tb", "error": None}, "wandb": {"ok": True, "path": "wb", "error": None}}
+
     def export_run(run_dir, **kw):
         calls.append((run_dir, kw))
-        return {"tensorboard": {"ok": True, "path": "tb", "error": None}, "wandb": {"ok": True, "path": "wb", "error": None}}
+        return Result()
 
     fake.export_run = export_run
     monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
@@ -121,9 +125,12 @@ def test_export_called_with_the_cli_flags_and_result_recorded(tmp_path, monkeypa
     assert runner().invoke(main, args).exit_code == 0
     assert calls == [(run, {"tensorboard": True, "wandb": True, "wandb_project": "proj", "wandb_entity": "team", "upload": True})]
     assert read_outputs(run)[2]["exports"]["wandb"]["ok"] is True
-    # unchanged shards and exports that worked: neither is redone
-    assert runner().invoke(main, args).exit_code == 0
+    # unchanged shards and exports that worked: neither is redone ...
+    assert runner().invoke(main, args[:-1]).exit_code == 0
     assert len(calls) == 1
+    # ... but an asked-for upload always runs (the last one may have had no network)
+    assert runner().invoke(main, args).exit_code == 0
+    assert len(calls) == 2 and calls[1][1]["upload"] is True
 
 
 def test_watch_picks_up_new_parts_until_interrupted(tmp_path, monkeypatch):
