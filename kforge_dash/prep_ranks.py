@@ -33,23 +33,27 @@ def _step_span(lf: pl.LazyFrame) -> tuple[int, int] | None:
     return int(span["a"][0]), int(span["b"][0])
 
 
-def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool = False) -> Heatmap:
-    """Mean step time of each rank in each of about `windows` equal step windows.
+def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool = False,
+                 metric: str = "step_time_s") -> Heatmap:
+    """Mean `metric` (step time, or a phase timer) of each rank in each of about `windows` equal step windows.
 
     relative=True divides by the median over ranks of the same window, so a straggler reads as
-    e.g. 1.5 whatever the run's speed.
+    e.g. 1.5 whatever the run's speed. Under data parallelism every rank's step time is the same
+    (they wait for each other in the all-reduce), so the straggler shows in its phase timers:
+    pick metric="time/data_s" or "time/fwd_bwd_s".
     """
     lf = pl.scan_parquet(ranks_path)
     span = _step_span(lf)
+    label = "step time" if metric == "step_time_s" else phase_name(metric) if metric.startswith(PHASE_PREFIX) else metric
     if span is None:
-        return Heatmap([], [], [], [], "step time (s)")
+        return Heatmap([], [], [], [], f"{label} (s)")
     first, last = span
     width = _window_width(first, last, windows)
     cell = (
-        lf.select("rank", "step", "step_time_s")
+        lf.select("rank", "step", pl.col(metric).alias("x"))
         .with_columns(((pl.col("step") - first) // width).alias("w"))
         .group_by("rank", "w")
-        .agg(pl.col("step_time_s").mean().alias("v"))
+        .agg(pl.col("x").mean().alias("v"))
     )
     if relative:
         cell = cell.with_columns(pl.col("v") / pl.col("v").median().over("w"))
@@ -63,7 +67,33 @@ def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool =
     z_list = [[None if math.isnan(v) else float(v) for v in r] for r in z]
     starts = [first + i * width for i in range(n_w)]
     return Heatmap(ranks, starts, [min(s + width - 1, last) for s in starts], z_list,
-                   "step time / median of ranks" if relative else "mean step time (s)")
+                   f"{label} / median of ranks" if relative else f"mean {label} (s)")
+
+
+def rank_metrics(ranks_path: str | Path) -> list[str]:
+    """What the per-rank heatmap can show: step time, then every phase timer of the run."""
+    path = Path(ranks_path)
+    if not path.is_file():
+        return ["step_time_s"]
+    return ["step_time_s"] + phase_columns(pl.scan_parquet(path).collect_schema())
+
+
+def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
+    """Mean seconds of each phase timer per rank (rows: ranks; columns: phases), slowest data first.
+
+    The straggler is the rank whose own work (data, fwd_bwd) is longest; the others' fwd_bwd
+    includes the time they wait for it in the gradient all-reduce.
+    """
+    lf = pl.scan_parquet(ranks_path)
+    phases = phase_columns(lf.collect_schema())
+    if not phases:
+        return pl.DataFrame(schema={"rank": pl.Int64})
+    return (
+        lf.group_by("rank")
+        .agg([pl.col(c).mean().alias(phase_name(c)) for c in phases] + [pl.col("step_time_s").mean().alias("step")])
+        .sort("rank")
+        .collect()
+    )
 
 
 def slowest_rank_counts(steps_path: str | Path) -> pl.DataFrame:
@@ -193,6 +223,7 @@ def restart_timeline(summary: dict) -> pl.DataFrame:
 class RunDetail:
     """Everything the run detail page draws; ranks-based parts are None without ranks.parquet."""
     heatmap: Heatmap | None
+    phase_by_rank: pl.DataFrame | None
     slowest: pl.DataFrame
     memory: tuple[list[int], list[int], str] | None
     phases: pl.DataFrame
@@ -209,12 +240,14 @@ def _reading(path: Path, fn, *args, **kwargs):
         raise ValueError(f"{path}: cannot be read ({e}); re-ingest the run") from None
 
 
-def run_detail(steps_path: str | Path, ranks_path: str | Path, summary: dict, *, relative: bool = True) -> RunDetail:
+def run_detail(steps_path: str | Path, ranks_path: str | Path, summary: dict, *, relative: bool = True,
+               metric: str = "step_time_s") -> RunDetail:
     steps_path, ranks_path = Path(steps_path), Path(ranks_path)
     has_ranks = ranks_path.is_file()
     phases = _reading(steps_path, phase_breakdown)
     return RunDetail(
-        heatmap=_reading(ranks_path, rank_heatmap, relative=relative) if has_ranks else None,
+        heatmap=_reading(ranks_path, rank_heatmap, relative=relative, metric=metric) if has_ranks else None,
+        phase_by_rank=_reading(ranks_path, phase_per_rank) if has_ranks else None,
         slowest=_reading(steps_path, slowest_rank_counts),
         memory=memory_bars(_reading(ranks_path, memory_per_rank)) if has_ranks else None,
         phases=phases,

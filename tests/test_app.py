@@ -185,7 +185,7 @@ def test_run_detail_page(app, root):
     s = summary(root, pick)
     heat = next(spec for spec in charts(at).values() if spec["data"][0]["type"] == "heatmap")
     assert decode(heat["data"][0]["y"]).tolist() == s["ranks"]
-    assert {h.value for h in at.subheader} >= {"Step time per rank", "Phase breakdown", "Restarts",
+    assert {h.value for h in at.subheader} >= {"Per rank", "Phase breakdown", "Restarts",
                                                "Non-finite steps", "Warnings"}
     slow = next(spec for t, spec in charts(at).items() if t.startswith("how often"))
     st = steps(root, pick)
@@ -205,6 +205,31 @@ def test_run_detail_page(app, root):
     at2 = app2.run()
     at2.switch_page("views/run_detail.py").run()
     assert not at2.exception and at2.selectbox(key="run").value == names[0]
+
+
+def test_run_detail_finds_the_straggler_in_its_phase_timers(app, root):
+    """sample_runs/straggler: rank 1 sleeps 40 ms in its data phase (examples/make_sample_runs.py).
+    Both ranks share one step time (DDP waits), so the page must show it through the phase timers."""
+    if "straggler" not in sample_run_names():
+        pytest.skip("no straggler run in sample_runs/")
+    app.query_params["run"] = "straggler"
+    at = app.run()
+    at.switch_page("views/run_detail.py").run()
+    at.selectbox(key="metric").set_value("time/data_s").run()
+    assert not at.exception
+    heat = next(spec for spec in charts(at).values() if spec["data"][0]["type"] == "heatmap")
+    z = np.array(heat["data"][0]["z"], dtype=float)
+    ranks = decode(heat["data"][0]["y"]).tolist()
+    # Expected independently: each rank's mean data time, from ranks.parquet via pyarrow.
+    table = pq.read_table(root / "straggler" / "ingested" / "ranks.parquet").to_pydict()
+    per_rank = {r: np.nanmean([v for rr, v in zip(table["rank"], table["time/data_s"]) if rr == r and v is not None])
+                for r in set(table["rank"])}
+    slow = max(per_rank, key=per_rank.get)
+    assert slow == 1 and per_rank[1] >= 0.04 > per_rank[0]
+    rows = {r: z[i] for i, r in enumerate(ranks)}
+    assert np.nanmean(rows[1]) > np.nanmean(rows[0])  # the heatmap lights up rank 1
+    by_rank = frame_with(at, "data")
+    assert by_rank.set_index("rank")["data"].idxmax() == 1
 
 
 def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_path, monkeypatch):

@@ -22,18 +22,25 @@ c[2].metric("restarts", len(s.get("restarts") or []))
 c[3].metric("final loss", None if s.get("final_loss") is None else f"{s['final_loss']:.5g}")
 c[4].metric("device", (s.get("device") or {}).get("name") or "unknown")
 
-relative = st.toggle("step time relative to the median rank of each window", value=True, key="relative")
+left, right = st.columns([1, 2])
+metric = left.selectbox("per-rank metric", prep_ranks.rank_metrics(run.file("ranks.parquet")), key="metric",
+                        format_func=lambda m: "step time" if m == "step_time_s" else prep_ranks.phase_name(m) + " phase")
+relative = right.toggle("relative to the median rank of each window", value=True, key="relative")
 try:
-    d = prep_ranks.run_detail(run.file("steps.parquet"), run.file("ranks.parquet"), s, relative=relative)
+    d = prep_ranks.run_detail(run.file("steps.parquet"), run.file("ranks.parquet"), s, relative=relative, metric=metric)
 except ValueError as e:  # a damaged ingested file: name it, keep the app up
     st.error(str(e))
     st.stop()
 
-st.subheader("Step time per rank")
+st.subheader("Per rank")
 if d.heatmap is None:
     st.info(f"{run.file('ranks.parquet')} is missing: re-ingest the run for per-rank views.")
 else:
     st.plotly_chart(prep_figures.heatmap_figure(d.heatmap), key="heatmap")
+if d.phase_by_rank is not None and d.phase_by_rank.width > 1:
+    st.caption("Mean seconds per phase and rank. Under data parallelism all ranks share one step time; "
+               "a straggler shows as the rank with the longest own work (data, fwd_bwd) while the others wait.")
+    st.dataframe(d.phase_by_rank, hide_index=True, key="phase_by_rank")
 left, right = st.columns(2)
 left.plotly_chart(prep_figures.bar_figure(d.slowest["rank"].to_list(), d.slowest["steps_slowest"].to_list(),
                                           x_title="rank", y_title="steps", title="how often each rank was the slowest"),
