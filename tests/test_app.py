@@ -16,6 +16,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, sample_run_names
+from reference_math import ema_loop as ema
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "app.py"
 pytestmark = pytest.mark.skipif(not sample_run_names(), reason="sample_runs/ holds no runs")
@@ -60,14 +61,6 @@ def frame_with(at, column):
     """The page's dataframe (as pandas) that has `column`."""
     return next(d.value for d in at.dataframe if column in d.value.columns)
 
-
-def ema(values, alpha):
-    out, e = [], None
-    for v in values:
-        if v is not None and np.isfinite(v):
-            e = v if e is None else alpha * v + (1 - alpha) * e
-        out.append(e)
-    return out
 
 
 def test_compare_page_lists_runs_and_draws_selected_ones(app, root):

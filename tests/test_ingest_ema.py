@@ -7,15 +7,8 @@ import pytest
 from kforge_dash.ingest import ingest_run
 
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
+from reference_math import ema_loop
 
-
-def ema_loop(xs, alpha):
-    out, ema = [], None
-    for x in xs:
-        if x is not None and math.isfinite(x):
-            ema = x if ema is None else alpha * x + (1 - alpha) * ema
-        out.append(ema)
-    return out
 
 
 LOSSES = {1: 5.0, 2: 4.0, 3: float("nan"), 4: 3.5, 5: float("inf"), 6: 3.0, 7: None, 8: 2.0, 9: 2.5, 10: float("nan")}

@@ -10,6 +10,7 @@ import pytest
 
 from kforge_dash import prep_figures, prep_series
 from kforge_dash.prep_series import RunSource, downsample_indices, prepare_compare
+from reference_math import ema_loop as _ema
 
 N_BIG = 1_000_000
 
@@ -24,15 +25,6 @@ def _write_steps(path, **cols):
 def _source(tmp_path, name="r", summary=None, **cols):
     return RunSource(name, _write_steps(tmp_path / f"{name}.parquet", **cols), summary or {})
 
-
-def _ema(values, alpha):
-    """Reference EMA per the contract, written as a plain loop."""
-    out, ema = [], None
-    for v in values:
-        if v is not None and math.isfinite(v):
-            ema = v if ema is None else alpha * v + (1 - alpha) * ema
-        out.append(ema)
-    return out
 
 
 @pytest.mark.parametrize("pos", [0, 1, 123_457, 500_000, N_BIG - 2, N_BIG - 1])
