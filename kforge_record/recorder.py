@@ -258,7 +258,9 @@ class Recorder:
             self._meta = {**self._meta, "device": env.device_info()}
             self._writer.update_meta(self._meta)  # CUDA came up after construction: record the device
         cuda = sys.modules["torch"].cuda
-        # Host-side allocator counters: no device synchronisation.
+        # Host-side allocator counters: no device synchronisation. Resetting the peak is what makes
+        # mem_peak_bytes "peak since the previous sample"; it also resets what your own
+        # torch.cuda.max_memory_allocated() reports (memory_every_steps=0 turns sampling off).
         stats = cuda.memory_stats_as_nested_dict()
         cuda.reset_peak_memory_stats()
         return (

@@ -157,16 +157,19 @@ def _float_or_none(v, name: str, warn: _Warner):
         return None
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _int_or_none(v, name: str, warn: _Warner):
-    if v is None or type(v) is int:
+    if v is None:
         return v
     try:
-        f = float(v)
-        if not math.isfinite(f):
-            raise ValueError
-        return int(f)
+        i = v if type(v) is int else int(float(v))
+        if not _INT64_MIN <= i <= _INT64_MAX:
+            raise OverflowError
+        return i
     except (TypeError, ValueError, OverflowError):
-        warn(f"value:{name}", f"value {v!r} for {name!r} is not a finite integer; recorded as null")
+        warn(f"value:{name}", f"value {v!r} for {name!r} is not a finite 64-bit integer; recorded as null")
         return None
 
 
@@ -271,7 +274,12 @@ class ShardWriter:
     def _handle(self, kind: str, payload):
         try:
             if kind == "rows":
-                self._take(self._bound(payload))
+                rows = self._bound(payload)
+                try:
+                    self._take(rows)
+                except Exception as e:  # rows that cannot become a table are lost: count them
+                    self.dropped_rows += len(rows)
+                    self.warn(f"convert:{type(e).__name__}", f"{len(rows)} rows could not be converted and were dropped (counted): {e!r}")
                 self._write_backlog()
             elif kind == "meta":
                 self.meta = payload

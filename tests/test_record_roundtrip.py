@@ -169,3 +169,15 @@ def test_time_based_flush(tmp_path):
     on_disk = _read_polars(run)["step"].to_list()
     assert len(on_disk) >= 3, "a slow loop is flushed by time, not only by step count"
     rec.close()
+
+
+def test_out_of_range_integer_is_null_and_the_window_is_kept(tmp_path):
+    run = tmp_path / "run-o"
+    with pytest.warns(RuntimeWarning, match="64-bit integer"):
+        with Recorder(run, rank=0, world_size=1, flush_every_steps=10) as rec:
+            for step in range(1, 11):
+                rec.end_step(step, loss=1.0, tokens=2**64 if step == 3 else 8)
+    df = _read_polars(run).sort("step")
+    assert df["step"].to_list() == list(range(1, 11))
+    assert df["tokens"].to_list() == [8, 8, None] + [8] * 7
+    assert rec.dropped_rows == 0
