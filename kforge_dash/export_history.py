@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from .ingest_reduce import EMA_COLUMNS
+
 STEPS_FILE = "steps.parquet"
 RANKS_FILE = "ranks.parquet"
 SUMMARY_FILE = "summary.json"
@@ -38,7 +40,7 @@ GIB = float(2**30)
 
 _TRAIN = ("loss", "grad_norm", "lr", "tokens", "tokens_per_sec", "mfu",
           "step_time_s", "step_time_min_s", "step_time_median_s")
-_EMA = ("loss_ema", "tokens_per_sec_ema", "mfu_ema", "step_time_s_ema")
+_EMA = EMA_COLUMNS
 _MEM = {"mem_allocated_bytes": "gpu/mem_allocated_gib", "mem_peak_bytes": "gpu/mem_peak_gib",
         "mem_reserved_bytes": "gpu/mem_reserved_gib"}
 _OTHER = {"slowest_rank": "ranks/slowest_rank", "n_ranks": "ranks/n_ranks", "attempt": "run/attempt"}

@@ -12,6 +12,8 @@ import polars as pl
 
 from kforge_record.schema import PHASE_PREFIX, PHASE_SUFFIX
 
+from .ingest_reduce import EMA_COLUMNS
+
 
 @dataclass
 class Heatmap:
@@ -79,7 +81,7 @@ def rank_metrics(ranks_path: str | Path) -> list[str]:
 
 
 def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
-    """Mean seconds of each phase timer per rank (rows: ranks; columns: phases), slowest data first.
+    """Mean seconds of each phase timer (columns named as recorded, time/NAME_s) and of the whole step per rank.
 
     The straggler is the rank whose own work (data, fwd_bwd) is longest; the others' fwd_bwd
     includes the time they wait for it in the gradient all-reduce.
@@ -90,7 +92,7 @@ def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
         return pl.DataFrame(schema={"rank": pl.Int64})
     return (
         lf.group_by("rank")
-        .agg([pl.col(c).mean().alias(phase_name(c)) for c in phases] + [pl.col("step_time_s").mean().alias("step")])
+        .agg([pl.col(c).mean() for c in phases] + [pl.col("step_time_s").mean()])
         .sort("rank")
         .collect()
     )
@@ -188,7 +190,7 @@ _FLOATS = (pl.Float32, pl.Float64)
 def nonfinite_steps(steps_path: str | Path) -> pl.DataFrame:
     """Every (step, metric) whose value is NaN or ±inf, with the value as text ('nan', 'inf')."""
     lf = pl.scan_parquet(steps_path)
-    cols = [c for c, t in lf.collect_schema().items() if t in _FLOATS and not c.endswith("_ema")]
+    cols = [c for c, t in lf.collect_schema().items() if t in _FLOATS and c not in EMA_COLUMNS]
     if not cols:
         return pl.DataFrame(schema={"step": pl.Int64, "metric": pl.String, "value": pl.String})
     parts = [

@@ -57,6 +57,15 @@ def run_dir(root: str | os.PathLike, name: str) -> Path:
     return target
 
 
+def ingested_file(run_path: Path, name: str) -> Path:
+    """RUN/ingested/NAME, resolved; refused (RunPathError) when a symlink takes it out of the run."""
+    run_real = Path(os.path.realpath(run_path))
+    target = Path(os.path.realpath(run_real / INGESTED_DIR / name))
+    if not target.is_relative_to(run_real):
+        raise RunPathError(f"{run_path / INGESTED_DIR / name}: resolves to {target}, outside the run directory")
+    return target
+
+
 @dataclass
 class RunInfo:
     name: str
@@ -72,7 +81,7 @@ class RunInfo:
         return self.summary is not None
 
     def file(self, name: str) -> Path:
-        return self.path / INGESTED_DIR / name
+        return ingested_file(self.path, name)
 
     def source(self):
         """What the compare view and the export read from this run."""
@@ -132,7 +141,10 @@ def list_runs(root: str | os.PathLike) -> list[RunInfo]:
             path = run_dir(root, entry.name)
         except RunPathError:
             continue  # a symlink leaving the root is not a run of this root
-        summary_path = path / INGESTED_DIR / "summary.json"
+        try:
+            summary_path = ingested_file(path, "summary.json")
+        except RunPathError:
+            continue  # ingested/ leads outside the run: nothing there is read
         has_summary = summary_path.is_file()
         if not has_summary and not _has_shards(path):
             continue  # not a run directory

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from tsdownsample import MinMaxLTTBDownsampler
+from .ingest_reduce import EMA_COLUMNS
 
 X_AXES = ("step", "tokens", "wall time", "time since start")
 X_LABELS = {
@@ -50,7 +51,7 @@ def available_metrics(schemas: list[pl.Schema]) -> list[str]:
     names = set()
     for schema in schemas:
         for name, dtype in schema.items():
-            if name in _NOT_METRICS or name.endswith("_ema") or not dtype.is_numeric():
+            if name in _NOT_METRICS or name in EMA_COLUMNS or not dtype.is_numeric():
                 continue
             names.add(name)
     core = [m for m in CORE_METRICS if m in names]

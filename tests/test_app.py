@@ -221,8 +221,8 @@ def test_run_detail_finds_the_straggler_in_its_phase_timers(app, root):
     assert slow == 1 and per_rank[1] >= 0.04 > per_rank[0]
     rows = {r: z[i] for i, r in enumerate(ranks)}
     assert np.nanmean(rows[1]) > np.nanmean(rows[0])  # the heatmap lights up rank 1
-    by_rank = frame_with(at, "data")
-    assert by_rank.set_index("rank")["data"].idxmax() == 1
+    by_rank = frame_with(at, "time/data_s")
+    assert by_rank.set_index("rank")["time/data_s"].idxmax() == 1
 
 
 def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_path, monkeypatch):

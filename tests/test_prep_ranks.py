@@ -115,3 +115,16 @@ def test_run_detail_names_a_damaged_file_and_works_without_ranks(tmp_path, run):
     bad.write_bytes(steps.read_bytes()[: 2000])  # truncated
     with pytest.raises(ValueError, match=f"{bad}: cannot be read"):
         prep_ranks.run_detail(bad, tmp_path / "absent.parquet", {})
+
+
+def test_phase_per_rank_with_a_phase_named_like_a_column(tmp_path):
+    path = tmp_path / "ranks.parquet"
+    pl.DataFrame({"step": [1, 1, 2, 2], "rank": [0, 1, 0, 1], "step_time_s": [1.0, 1.0, 3.0, 3.0],
+                  "time/step_s": [0.5, 0.25, 0.5, 0.75], "time/data_s": [0.1, 0.4, 0.1, 0.6]}).write_parquet(path)
+    got = prep_ranks.phase_per_rank(path)
+    assert got["rank"].to_list() == [0, 1]
+    assert got["time/step_s"].to_list() == [0.5, 0.5]
+    assert got["time/data_s"].to_list() == pytest.approx([0.1, 0.5])
+    assert got["step_time_s"].to_list() == [2.0, 2.0]
+    metrics = prep_ranks.rank_metrics(path)
+    assert metrics[0] == "step_time_s" and set(metrics) == {"step_time_s", "time/data_s", "time/step_s"}

@@ -28,6 +28,17 @@ def test_symlink_out_of_the_root_is_refused_and_not_listed(tmp_path):
     assert [r.name for r in prep_runs.list_runs(root)] == ["ok"]
 
 
+def test_symlinked_ingested_folder_leading_out_of_the_run_is_not_read(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    write_run(root, "ok", n=10)
+    secret = write_run(outside, "secret", n=10)
+    (root / "sneaky").mkdir()
+    os.symlink(secret / "ingested", root / "sneaky" / "ingested")
+    assert [r.name for r in prep_runs.list_runs(root)] == ["ok"]
+    with pytest.raises(RunPathError, match="outside the run directory"):
+        prep_runs.ingested_file(root / "sneaky", "steps.parquet")
+
+
 def test_list_runs_statuses(tmp_path):
     write_run(tmp_path, "done", n=10)
     stale = write_run(tmp_path, "stale", n=10)

@@ -197,3 +197,9 @@ def test_a_diverged_run_draws_capped_markers_but_counts_every_nan(tmp_path):
     assert m.count == 7000 and len(m.step) == prep_series.MAX_MARKERS
     assert m.step[0] == 3001 and m.step[-1] == 10_000
     assert data.nonfinite_lines() == ["r: loss is nan at 7000 step(s), first at step 3001"]
+
+
+def test_user_scalars_ending_in_ema_are_metrics_but_derived_emas_are_not():
+    schema = pl.Schema({"step": pl.Int64, "loss": pl.Float64, "loss_ema": pl.Float64, "weights_ema": pl.Float64})
+    got = prep_series.available_metrics([schema])
+    assert "weights_ema" in got and "loss_ema" not in got and "loss" in got
