@@ -71,7 +71,7 @@ def peak_for_device(name: str | None) -> Peak | None:
 
 
 def n_moe_layers(spec: ModelSpec) -> int:
-    """Layers that carry experts: every ``moe_frequency``-th layer (1 = all), counted from the first."""
+    """Layers that carry experts: every ``moe_frequency``-th layer (the freq-th, 2·freq-th, …; 1 = all), n_layers // freq."""
     if spec.moe_num_experts is None:
         return 0
     freq = spec.moe_frequency or 1
