@@ -133,13 +133,6 @@ def _remove_stale_temps(parent: str, *, older_than_s: float = 3600.0) -> None:
                 pass
 
 
-def offline_run_dir(run_dir: str | os.PathLike) -> str | None:
-    """The run's one offline W&B run dir, or None when there is none yet."""
-    d = os.path.join(ingested_dir(run_dir), WANDB_DIR)
-    runs = sorted(x for x in os.listdir(d) if x.startswith("offline-run-")) if os.path.isdir(d) else []
-    return os.path.join(d, runs[-1]) if runs else None
-
-
 @dataclass(frozen=True)
 class SyncOutcome:
     ok: bool

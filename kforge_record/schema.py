@@ -18,7 +18,6 @@ INGESTED_DIR = "ingested"
 PARQUET_META_KEY = b"kforge"
 
 # Fixed columns of every part file, in order, with their Arrow type names.
-INT_COLUMNS = ("step", "tokens", "mem_allocated_bytes", "mem_peak_bytes", "mem_reserved_bytes")
 FIXED_COLUMNS = (
     ("step", "int64"),
     ("time", "float64"),
