@@ -21,7 +21,6 @@ try:
     import polars as pl
 except ImportError as e:  # optional dependency: say how to get it
     raise ImportError("kforge-ingest needs polars: pip install 'kforge[ingest]'") from e
-import pyarrow as pa
 
 from kforge_record.schema import INGESTED_DIR
 from kforge_record.writer import write_json_atomic
@@ -274,7 +273,7 @@ def ingest_path(path, *, tensorboard: bool = True, wandb: bool = True, wandb_pro
         except IngestError as e:
             out.append(IngestFailure(run, str(e)))
             continue
-        except (OSError, pl.exceptions.PolarsError, pa.ArrowException) as e:  # one bad run must not stop the others
+        except Exception as e:  # any failure (even a bug of ours) is this run's: the other runs still ingest
             out.append(IngestFailure(run, f"{run}: {type(e).__name__}: {e}"))
             continue
         exports = _export(res, tensorboard=tensorboard, wandb=wandb, wandb_project=wandb_project,

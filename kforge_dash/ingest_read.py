@@ -76,6 +76,8 @@ def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str]) -
     agg = logs.group_by(["rank", "step"], maintain_order=True).agg(
         pl.all().exclude("rank", "step", *scalars).last(), *[pl.col(c).drop_nulls().last() for c in scalars]
     )
+    if ends.height == 0:  # a window of log rows only (e.g. an eval logged past the last ended step)
+        return agg.select(ends.columns)
     as_int = ends["step"].min() >= 0 and ends["step"].max() < 1 << 40 and ends["rank"].max() < 1 << 22
     as_int = as_int and agg["step"].min() >= 0 and agg["step"].max() < 1 << 40
     hit = _key(ends, as_int).is_in(_key(agg, as_int).implode()).arg_true()
