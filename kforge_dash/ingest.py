@@ -35,7 +35,7 @@ __all__ = ["ingest_run", "ingest_path", "IngestResult", "IngestFailure", "Ingest
            "IngestOptions", "OUTPUT_SCHEMA_VERSION"]
 
 # Bump when the outputs' meaning changes: a new version re-ingests unchanged shards.
-INGEST_VERSION = "1"
+INGEST_VERSION = "2"
 STEPS_FILE, RANKS_FILE, SUMMARY_FILE, LOCK_FILE = "steps.parquet", "ranks.parquet", "summary.json", ".ingest.lock"
 
 
@@ -178,9 +178,13 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
         problems = "; ".join(warnings[:5]) or "every part file is empty"
         raise IngestError(f"{run_dir}: no readable rows ({problems})")
 
-    # Restarts: rows of a launch at or past a later launch's first step are superseded.
-    first = {L.index: min((p.min_step for p in L.parts() if p.min_step is not None), default=None) for L in launches}
-    last = {L.index: max((p.max_step for p in L.parts() if p.max_step is not None), default=None) for L in launches}
+    # Restarts: rows of a launch at or past a later launch's first ended step are superseded.
+    # Ended steps only: a Recorder.log row (an eval of the resumed checkpoint, a startup scalar
+    # at step 0) is not where a launch resumed training, and must not supersede earlier rows.
+    first = {L.index: min((p.min_ended_step for p in L.parts() if p.min_ended_step is not None), default=None)
+             for L in launches}
+    last = {L.index: max((p.max_ended_step for p in L.parts() if p.max_ended_step is not None), default=None)
+            for L in launches}
     cutoff = {}
     for L in launches:
         later = [first[M.index] for M in launches[L.index + 1:] if first[M.index] is not None]

@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kforge_record.schema import (
@@ -54,6 +55,10 @@ class PartInfo:
     max_step: int | None
     has_log_rows: bool  # rows from Recorder.log (step_time_s null) that need coalescing
     dropped_rows_total: int | None
+    # Step range of the rows from end_step (step_time_s set), None when the part holds log rows
+    # only: a launch's resume point is where it ended its first step, not where it first logged.
+    min_ended_step: int | None = None
+    max_ended_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -236,16 +241,21 @@ def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
         lo = s.min if lo is None else min(lo, s.min)
         hi = s.max if hi is None else max(hi, s.max)
         nulls += t.null_count
-    if not stats_ok:  # a writer without statistics: read the two small columns instead
+    ended = (lo, hi) if stats_ok and nulls == 0 else (None, None)
+    if not stats_ok or 0 < nulls < md.num_rows:
+        # No statistics, or end_step and Recorder.log rows mixed: read the two small columns.
         try:
             tbl = pq.read_table(path, columns=["step", "step_time_s"])
         except Exception as e:
             warnings.append(f"{path}: corrupt part file ({type(e).__name__}: {e}); skipped")
             return None
-        steps = tbl.column("step").to_pylist()
-        lo, hi = (min(steps), max(steps)) if steps else (None, None)
+        step, is_end = tbl.column("step"), pc.is_valid(tbl.column("step_time_s"))
+        mm = pc.min_max(step)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
         nulls = tbl.column("step_time_s").null_count
-    return PartInfo(path, md.num_rows, columns, lo, hi, nulls > 0, kv.get("dropped_rows_total"))
+        mm = pc.min_max(pc.filter(step, is_end))
+        ended = (mm["min"].as_py(), mm["max"].as_py())
+    return PartInfo(path, md.num_rows, columns, lo, hi, nulls > 0, kv.get("dropped_rows_total"), *ended)
 
 
 def read_attempt(af: AttemptFiles, warnings: list[str]) -> Attempt | None:
