@@ -202,23 +202,20 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     steps_tmp = os.path.join(out_dir, f".{STEPS_FILE}.{os.getpid()}.tmp")
     writer = RanksWriter(ranks_tmp)
     step_parts, rank_ids, bad = [], set(), set()
+    repeats: dict[tuple[int, int], int] = {}  # (rank, attempt) -> steps recorded more than once
     try:
         for i, (lo, hi) in enumerate(windows):
             df = read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts if need_counts else None)
             if df.height:
-                # Rows come rank by rank, steps ascending: a repeated (rank, step) is adjacent.
-                dup = (pl.col("step") == pl.col("step").shift(1)) & (pl.col("rank") == pl.col("rank").shift(1))
-                n_dup = df.select(dup.sum()).item()
-                if n_dup:
-                    warnings.append(f"{n_dup} row(s) in steps [{lo}, {hi}) repeat a (rank, step) "
-                                    "(end_step called twice for one step?); the last one is kept")
-                    df = df.unique(["rank", "step"], keep="last", maintain_order=True)
+                df = _dedup(df, repeats)
                 step_parts.append(reduce_steps(df, cols, need_counts))
                 rank_ids.update(df["rank"].unique().to_list())
                 writer.put(df.drop("_counts", strict=False).to_arrow())
             if progress:
                 progress("chunk", run_dir, i + 1, len(windows))
         writer.close()
+        for (rank, att), n in sorted(repeats.items()):
+            warnings.append(f"rank {rank}: {n} steps recorded more than once in attempt {att}; the last kept")
         if not step_parts:
             raise IngestError(f"{run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
         steps = _derive(pl.concat(step_parts).sort("step"), launches, opts, warnings)
@@ -234,6 +231,29 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     summary = build_summary(run_dir, steps, launches, first, last, sorted(rank_ids), attempts, opts, warnings, fp)
     write_json_atomic(summary_path, summary)
     return IngestResult(run_dir, summary, False)
+
+
+def _dedup(df: pl.DataFrame, repeats: dict) -> pl.DataFrame:
+    """One row per (rank, step): the last one written wins, wherever the repeat is (end_step
+    called twice for a step, or an in-process rollback: steps 1..10 then 6..12). The steps
+    recorded more than once are counted per (rank, attempt) into ``repeats``.
+
+    Rows come attempt by attempt, rank by rank, in write order (log rows of steps never ended
+    last), and restarts across attempts are already cut off, so a (rank, step) can repeat only
+    within one such block: when every block's steps strictly increase (the usual case, one cheap
+    pass) there is nothing to do. Otherwise each block is put back in step order.
+    """
+    log = pl.col("step_time_s").is_null()
+    same = ((pl.col("rank") == pl.col("rank").shift(1)) & (pl.col("attempt") == pl.col("attempt").shift(1))
+            & (log == log.shift(1))).fill_null(False)
+    if not df.select((same & (pl.col("step") <= pl.col("step").shift(1))).any()).item():
+        return df
+    n = df.group_by("rank", "attempt", "step").len().filter(pl.col("len") > 1).group_by("rank", "attempt").len()
+    for rank, att, k in n.iter_rows():
+        repeats[(rank, att)] = repeats.get((rank, att), 0) + k
+    return (df.with_columns((~same).cum_sum().alias("_block"))
+            .unique(["rank", "step"], keep="last", maintain_order=True)
+            .sort("_block", "step", maintain_order=True).drop("_block"))
 
 
 def _derive(steps: pl.DataFrame, launches, opts: IngestOptions, warnings: list[str]) -> pl.DataFrame:

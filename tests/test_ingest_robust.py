@@ -201,7 +201,7 @@ def test_duplicate_end_step_keeps_the_last_with_a_warning(tmp_path, monkeypatch)
     run_steps(monkeypatch, recs, [1, 2, 2, 3], step_time=lambda r, s: 1.0,
               values=lambda r, s: {"loss": float(s), "tokens": 10})
     close_all(recs)
-    with pytest.warns(UserWarning, match="repeat"):
+    with pytest.warns(UserWarning, match="recorded more than once"):
         ingest_run(run)
     steps, ranks, _ = read_outputs(run)
     assert ranks.height == 3 and steps["tokens"].to_list() == [10, 10, 10]
