@@ -172,7 +172,7 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     for L in launches:
         # Rank by rank within a launch (not in start-time order): the reductions take "the lowest
         # reporting rank" as the first row of a step, and the matrix path needs ascending ranks.
-        for a in sorted(L.attempts, key=lambda a: (a.rank, a.start_time)):
+        for a in sorted(L.attempts, key=lambda a: a.rank):  # a rank is in a launch once
             files += [(p, a.rank, L.index) for p in a.parts if p.num_rows and p.min_step is not None]
     if not files:
         problems = "; ".join(warnings[:5]) or "every part file is empty"

@@ -31,11 +31,12 @@ def group_launches(attempts: list, warnings: list[str]) -> list[Launch]:
     """Cluster per-rank attempts into launches, in start-time order.
 
     Attempt ids differ per rank (they carry the pid), so a launch is recognised by time: walking
-    attempts by start time, a new launch begins when a rank already seen in the current one
+    attempts by start time (unknown starts last, by attempt id), a new launch begins when a rank already seen in the current one
     appears again, or when world size or the Slurm/torchelastic launch counters change.
     """
     launches: list[Launch] = []
-    for a in sorted(attempts, key=lambda a: (a.start_time, a.attempt_id)):
+    # An unknown start (None) sorts after every known one, those by attempt id.
+    for a in sorted(attempts, key=lambda a: (a.start_time is None, a.start_time or 0.0, a.attempt_id)):
         cur = launches[-1] if launches else None
         new = cur is None or a.rank in cur.ranks
         if not new and a.meta_ok:
@@ -50,6 +51,11 @@ def group_launches(attempts: list, warnings: list[str]) -> list[Launch]:
         if len(sizes) > 1:
             warnings.append(f"attempt {L.index}: ranks disagree on world size {sizes}; using {sizes[-1]}")
     return launches
+
+
+def start_of(L: Launch) -> float | None:
+    """The launch's start: its earliest known attempt start, None when no start is known."""
+    return min((a.start_time for a in L.attempts if a.start_time is not None), default=None)
 
 
 def world_size_of(L: Launch) -> int:

@@ -7,7 +7,7 @@ import os
 
 import polars as pl
 
-from .ingest_launches import lead_meta, world_size_of
+from .ingest_launches import lead_meta, start_of, world_size_of
 from .ingest_reduce import EMA_METRICS
 
 OUTPUT_SCHEMA_VERSION = "1.0"
@@ -60,7 +60,7 @@ def build_summary(run_dir, steps: pl.DataFrame, launches, first, last, ranks, at
                 "previous_last_step": prev_last,
                 # step numbers the earlier attempt(s) had reached and this one redid
                 "superseded_steps": max(0, prev_last - first[L.index] + 1),
-                "time": min(a.start_time for a in L.attempts),
+                "time": start_of(L),
             })
         if last[L.index] is not None:
             prev_last = last[L.index] if prev_last is None else max(prev_last, last[L.index])
@@ -76,7 +76,7 @@ def build_summary(run_dir, steps: pl.DataFrame, launches, first, last, ranks, at
         "attempts": [{
             "attempt": L.index,
             "attempt_ids": sorted({a.attempt_id for a in L.attempts}),
-            "start_time": min(a.start_time for a in L.attempts),
+            "start_time": start_of(L),
             "first_step": first[L.index],
             "last_step": last[L.index],
             "world_size": world_size_of(L),

@@ -70,7 +70,7 @@ class Attempt:
     dir: str
     meta: dict
     meta_ok: bool  # False: meta.json missing/unreadable, the fields below were inferred
-    start_time: float
+    start_time: float | None  # None: unknown (no meta.json, no time in the attempt id, no file times)
     end: dict | None
     parts: tuple[PartInfo, ...] = field(default=())
 
@@ -121,9 +121,13 @@ def list_attempts(run_dir: str, warnings: list[str]) -> list[AttemptFiles]:
             if not att.is_dir() or att.name.startswith("."):
                 continue
             try:
-                names = sorted(n for n in os.listdir(att.path) if is_part_file(n))
+                listed = os.listdir(att.path)
             except OSError as e:
                 warnings.append(f"{att.path}: cannot list the attempt folder ({e.strerror or e}); skipped")
+                continue
+            names = sorted(n for n in listed if is_part_file(n))
+            if not names and META_FILE not in listed:  # a stray folder (a copy, a backup): no attempt
+                warnings.append(f"{att.path}: neither {META_FILE} nor part files; not an attempt folder, skipped")
                 continue
             out.append(AttemptFiles(rank, att.name, att.path, tuple(os.path.join(att.path, n) for n in names)))
     return out
@@ -177,11 +181,18 @@ def read_meta(af: AttemptFiles, warnings: list[str]) -> tuple[dict, bool] | None
         problem = f"unreadable ({e})"
     start = _time_from_attempt_id(af.attempt_id)
     if start is None:  # last resort: the oldest part file's mtime
-        mtimes = [os.stat(p).st_mtime for p in af.parts if os.path.exists(p)]
-        start = min(mtimes) if mtimes else 0.0
+        mtimes = []
+        for p in af.parts:
+            try:
+                mtimes.append(os.stat(p).st_mtime)
+            except OSError:
+                pass
+        start = min(mtimes) if mtimes else None
+    when = ("start time taken from the attempt id or file times" if start is not None
+            else "start time unknown: ordered after the attempts with a known start, by attempt id")
     warnings.append(
         f"{path}: {problem}; rows kept with world size, device and model unknown for this attempt "
-        f"(start time taken from the attempt id or file times)"
+        f"({when}; assumed counts_tokens=True)"
     )
     return {"rank": af.rank, "attempt_id": af.attempt_id, "start_time": start, "counts_tokens": True}, False
 
@@ -266,4 +277,5 @@ def read_attempt(af: AttemptFiles, warnings: list[str]) -> Attempt | None:
     if ok and meta.get("rank") not in (None, af.rank):
         warnings.append(f"{os.path.join(af.dir, META_FILE)}: says rank {meta.get('rank')} but lies under rank {af.rank}; counted as rank {af.rank}")
     parts = tuple(p for p in (read_part(path, af.rank, warnings) for path in af.parts) if p is not None)
-    return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, float(meta["start_time"]), read_end(af, warnings), parts)
+    start = None if meta["start_time"] is None else float(meta["start_time"])
+    return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, start, read_end(af, warnings), parts)

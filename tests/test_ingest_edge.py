@@ -156,3 +156,57 @@ def test_a_rollback_that_redoes_only_some_steps_is_put_back_in_step_order(tmp_pa
     assert steps["loss"].to_list() == want and ranks["loss"].to_list() == want
     assert ranks["step"].to_list() == list(range(1, 11)) and summary["tokens"] == 100
     assert "rank 0: 3 steps recorded more than once in attempt 0; the last kept" in summary["warnings"]
+
+
+def _small_run(run, monkeypatch, world=2):
+    recs = open_ranks(run, world)
+    run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 1.0,
+              values=lambda r, s: {"loss": float(s), "tokens": 10})
+    close_all(recs)
+    return run
+
+
+def test_a_stray_folder_under_a_rank_is_not_an_attempt(tmp_path, monkeypatch):
+    run = _small_run(str(tmp_path / "stray"), monkeypatch)
+    ids = sorted(os.listdir(os.path.join(run, "rank-00000")) + os.listdir(os.path.join(run, "rank-00001")))
+    empty = os.path.join(run, "rank-00000", "old-copy")
+    os.makedirs(empty)
+    junk = os.path.join(run, "rank-00001", "notes")
+    os.makedirs(junk)
+    open(os.path.join(junk, "readme.txt"), "w").write("not a shard")
+    ingest_run(run)
+    steps, ranks, summary = read_outputs(run)
+    assert [a["attempt_ids"] for a in summary["attempts"]] == [ids] and summary["restarts"] == []
+    assert steps["step"].to_list() == [1, 2, 3, 4, 5] and ranks.height == 10 and summary["tokens"] == 100
+    for folder in (empty, junk):
+        assert sum(folder in w and "neither meta.json nor part files" in w for w in summary["warnings"]) == 1
+
+
+def test_an_unknown_start_is_none_and_ordered_last_by_attempt_id(tmp_path, monkeypatch):
+    import dataclasses
+
+    from kforge_dash import shards
+    from kforge_dash.ingest_launches import group_launches
+
+    run = str(tmp_path / "starts")
+    for _ in range(3):  # three launches of one rank
+        _small_run(run, monkeypatch, world=1)
+    w = []
+    got = [shards.read_attempt(af, w) for af in shards.list_attempts(run, w)]
+    assert all(a.start_time is not None for a in got) and not w
+    # the two later launches lose their start: they follow the known one, by attempt id
+    unknown = [dataclasses.replace(a, start_time=None) for a in got[1:]]
+    launches = group_launches([unknown[1], got[0], unknown[0]], w)
+    assert [[a.attempt_id for a in L.attempts] for L in launches] == [[a.attempt_id] for a in got]
+
+
+def test_a_missing_meta_says_tokens_are_assumed_counted(tmp_path, monkeypatch):
+    run = _small_run(str(tmp_path / "nometa"), monkeypatch)
+    d = os.path.join(run, "rank-00001")
+    meta = os.path.join(d, os.listdir(d)[0], "meta.json")
+    os.remove(meta)
+    ingest_run(run)
+    steps, _, summary = read_outputs(run)
+    assert steps["tokens"].to_list() == [20] * 5  # rank 1's tokens still counted
+    said = [w for w in summary["warnings"] if meta in w]
+    assert len(said) == 1 and "missing" in said[0] and "assumed counts_tokens=True" in said[0]
