@@ -316,14 +316,21 @@ def _export(res: IngestResult, *, tensorboard, wandb, **kw) -> dict | None:
     prev = res.summary.get("exports") or {}
     if res.skipped and not kw.get("upload") and all((prev.get(k) or {}).get("ok") for k in wanted):
         return None  # nothing changed and the last export of each target worked (an upload is always tried)
+    asked = [*wanted, *(["upload"] if kw.get("upload") else [])]
+
+    def failed(error: str) -> dict:
+        """Every asked-for exporter failed with ``error``: the shape of ExportResult.to_dict()."""
+        return {k: ({"ok": False, "path": None, "error": error, "points": None, "run_id": None, "seconds": None}
+                    if k in asked else None) for k in ("tensorboard", "wandb", "upload")}
+
     try:
         from .export import export_run
     except ImportError as e:
-        return {k: {"ok": False, "path": None, "error": f"export unavailable: {e}"} for k in wanted}
+        return failed(f"export unavailable: {e}")
     try:
         got = export_run(res.run_dir, tensorboard=tensorboard, wandb=wandb, **kw)
     except Exception as e:  # an export must never cost the Parquet outputs
-        return {k: {"ok": False, "path": None, "error": f"{type(e).__name__}: {e}"} for k in wanted}
+        return failed(f"{type(e).__name__}: {e}")
     return got.to_dict()
 
 

@@ -102,8 +102,9 @@ def test_export_failure_is_recorded_and_parquet_kept(tmp_path, monkeypatch):
     assert "export tensorboard: FAILED: RuntimeError: disk full" in r.stdout
     steps, ranks, summary = read_outputs(run)
     assert steps.height == 10 and ranks.height == 20
-    assert summary["exports"]["tensorboard"] == {"ok": False, "path": None, "error": "RuntimeError: disk full while writing events"}
-    assert "wandb" not in summary["exports"]
+    assert summary["exports"]["tensorboard"] == {"ok": False, "path": None, "error": "RuntimeError: disk full while writing events",
+                                                 "points": None, "run_id": None, "seconds": None}
+    assert summary["exports"]["wandb"] is None and summary["exports"]["upload"] is None  # not asked for
 
 
 def test_export_called_with_the_cli_flags_and_result_recorded(tmp_path, monkeypatch):

@@ -210,3 +210,42 @@ def test_a_missing_meta_says_tokens_are_assumed_counted(tmp_path, monkeypatch):
     assert steps["tokens"].to_list() == [20] * 5  # rank 1's tokens still counted
     said = [w for w in summary["warnings"] if meta in w]
     assert len(said) == 1 and "missing" in said[0] and "assumed counts_tokens=True" in said[0]
+
+
+@pytest.mark.parametrize("how", ["raises", "unavailable"])
+@pytest.mark.parametrize("asked", [{"tensorboard": True, "wandb": False, "upload": False},
+                                   {"tensorboard": False, "wandb": False, "upload": True}])
+def test_export_fallbacks_have_the_shape_of_export_result(tmp_path, monkeypatch, how, asked):
+    import sys
+    import types
+
+    from kforge_dash.export import ExporterOutcome, ExportResult
+
+    run = _small_run(str(tmp_path / "run"), monkeypatch)
+    if how == "raises":
+        fake = types.ModuleType("kforge_dash.export")
+
+        def export_run(run_dir, **kw):
+            raise RuntimeError("boom")
+
+        fake.export_run = export_run
+        monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
+        error = "RuntimeError: boom"
+    else:
+        monkeypatch.setitem(sys.modules, "kforge_dash.export", None)  # import fails
+        error = None
+    out = ingest_path(run, **asked)[0]
+    # what ExportResult.to_dict gives when every asked-for exporter failed
+    bad = ExporterOutcome(ok=False, error="x")
+    wandb = asked["wandb"] or asked["upload"]
+    want = ExportResult(run_dir=run, tensorboard=bad if asked["tensorboard"] else None, wandb=bad if wandb else None,
+                        upload=bad if asked["upload"] else None).to_dict()
+    got = read_outputs(run)[2]["exports"]
+    assert got == out.summary["exports"]
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        if v is None:
+            assert got[k] is None
+        else:
+            assert got[k].keys() == v.keys() and got[k]["ok"] is False and got[k]["path"] is None
+            assert got[k]["error"] == error if error else got[k]["error"].startswith("export unavailable:")
