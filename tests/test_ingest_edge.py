@@ -249,3 +249,20 @@ def test_export_fallbacks_have_the_shape_of_export_result(tmp_path, monkeypatch,
         else:
             assert got[k].keys() == v.keys() and got[k]["ok"] is False and got[k]["path"] is None
             assert got[k]["error"] == error if error else got[k]["error"].startswith("export unavailable:")
+
+
+def test_ranks_parquet_order_is_as_documented(tmp_path, monkeypatch):
+    """docs/CONTRACT.md: by window, then attempt, then rank, then step (here: one window)."""
+    run = str(tmp_path / "order")
+    a0 = open_ranks(run, 2)
+    clock = run_steps(monkeypatch, a0, range(1, 31), step_time=lambda r, s: 1.0)
+    for rec in a0.values():
+        rec.flush()
+    a1 = open_ranks(run, 2)  # resumes at 21
+    run_steps(monkeypatch, a1, range(21, 41), step_time=lambda r, s: 1.0, clock=clock)
+    close_all(a1)
+    close_all(a0)
+    ingest_run(run)
+    _, ranks, _ = read_outputs(run)
+    want = [(0, r, s) for r in (0, 1) for s in range(1, 21)] + [(1, r, s) for r in (0, 1) for s in range(21, 41)]
+    assert list(zip(ranks["attempt"], ranks["rank"], ranks["step"])) == want
