@@ -181,10 +181,8 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     # Restarts: rows of a launch at or past a later launch's first ended step are superseded.
     # Ended steps only: a Recorder.log row (an eval of the resumed checkpoint, a startup scalar
     # at step 0) is not where a launch resumed training, and must not supersede earlier rows.
-    first = {L.index: min((p.min_ended_step for p in L.parts() if p.min_ended_step is not None), default=None)
-             for L in launches}
-    last = {L.index: max((p.max_ended_step for p in L.parts() if p.max_ended_step is not None), default=None)
-            for L in launches}
+    first = {L.index: _ended_bound(L.parts(), lowest=True) for L in launches}
+    last = {L.index: _ended_bound(L.parts(), lowest=False) for L in launches}
     cutoff = {}
     for L in launches:
         later = [first[M.index] for M in launches[L.index + 1:] if first[M.index] is not None]
@@ -231,6 +229,26 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     summary = build_summary(run_dir, steps, launches, first, last, sorted(rank_ids), attempts, opts, warnings, fp)
     write_json_atomic(summary_path, summary)
     return IngestResult(run_dir, summary, False)
+
+
+def _ended_bound(parts, *, lowest: bool) -> int | None:
+    """The smallest (lowest) or largest ended step over ``parts``, None when none ended a step.
+
+    A part's ended range lies within its footer's [min_step, max_step], so parts are visited from
+    the most promising footer bound and the walk stops once no later part can beat the best:
+    only a few parts that mix end_step and log rows are read, however many there are.
+    """
+    cand = sorted((p for p in parts if p.has_end_rows and p.min_step is not None),
+                  key=lambda p: p.min_step if lowest else -p.max_step)
+    best = None
+    for p in cand:
+        if best is not None and (p.min_step >= best if lowest else p.max_step <= best):
+            break
+        lo, hi = _shards.ended_steps(p)
+        v = lo if lowest else hi
+        if v is not None and (best is None or (v < best if lowest else v > best)):
+            best = v
+    return best
 
 
 def _dedup(df: pl.DataFrame, repeats: dict) -> pl.DataFrame:

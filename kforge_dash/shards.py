@@ -55,10 +55,7 @@ class PartInfo:
     max_step: int | None
     has_log_rows: bool  # rows from Recorder.log (step_time_s null) that need coalescing
     dropped_rows_total: int | None
-    # Step range of the rows from end_step (step_time_s set), None when the part holds log rows
-    # only: a launch's resume point is where it ended its first step, not where it first logged.
-    min_ended_step: int | None = None
-    max_ended_step: int | None = None
+    has_end_rows: bool = True  # rows from end_step (step_time_s set); see ended_steps()
 
 
 @dataclass(frozen=True)
@@ -252,21 +249,35 @@ def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
         lo = s.min if lo is None else min(lo, s.min)
         hi = s.max if hi is None else max(hi, s.max)
         nulls += t.null_count
-    ended = (lo, hi) if stats_ok and nulls == 0 else (None, None)
-    if not stats_ok or 0 < nulls < md.num_rows:
-        # No statistics, or end_step and Recorder.log rows mixed: read the two small columns.
+    if not stats_ok:  # a writer without statistics: read the two small columns instead
         try:
             tbl = pq.read_table(path, columns=["step", "step_time_s"])
         except Exception as e:
             warnings.append(f"{path}: corrupt part file ({type(e).__name__}: {e}); skipped")
             return None
-        step, is_end = tbl.column("step"), pc.is_valid(tbl.column("step_time_s"))
-        mm = pc.min_max(step)
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        steps = tbl.column("step").to_pylist()
+        lo, hi = (min(steps), max(steps)) if steps else (None, None)
         nulls = tbl.column("step_time_s").null_count
-        mm = pc.min_max(pc.filter(step, is_end))
-        ended = (mm["min"].as_py(), mm["max"].as_py())
-    return PartInfo(path, md.num_rows, columns, lo, hi, nulls > 0, kv.get("dropped_rows_total"), *ended)
+    return PartInfo(path, md.num_rows, columns, lo, hi, nulls > 0, kv.get("dropped_rows_total"), nulls < md.num_rows)
+
+
+def ended_steps(part: PartInfo) -> tuple[int | None, int | None]:
+    """(min, max) step of the part's rows from end_step (step_time_s set); (None, None) if none.
+
+    From the footer when the part has no log rows or only log rows; a part that mixes both is
+    read (two small columns), so callers ask only for the parts they need. A part that cannot be
+    read gives (None, None): read_window finds it again, reports it and leaves its rows out.
+    """
+    if not part.has_end_rows or part.min_step is None:
+        return None, None
+    if not part.has_log_rows:
+        return part.min_step, part.max_step
+    try:
+        tbl = pq.read_table(part.path, columns=["step", "step_time_s"])
+    except Exception:
+        return None, None
+    mm = pc.min_max(pc.filter(tbl.column("step"), pc.is_valid(tbl.column("step_time_s"))))
+    return mm["min"].as_py(), mm["max"].as_py()
 
 
 def read_attempt(af: AttemptFiles, warnings: list[str]) -> Attempt | None:
