@@ -47,6 +47,8 @@ def launch_info() -> dict:
     """What identifies this launch across ranks, where the environment says it."""
     info = {
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_step_id": os.environ.get("SLURM_STEP_ID"),
+        "slurm_job_start_time": _env_int("SLURM_JOB_START_TIME"),
         "slurm_restart_count": _env_int("SLURM_RESTART_COUNT"),
         "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         "torchelastic_restart_count": _env_int("TORCHELASTIC_RESTART_COUNT"),
@@ -54,19 +56,34 @@ def launch_info() -> dict:
     return {k: v for k, v in info.items() if v is not None}
 
 
-def make_attempt_id(now: _dt.datetime, launch: dict) -> str:
-    """Unique per process launch, sorting by launch time.
+def _stamp(t: _dt.datetime) -> str:
+    return t.strftime("%Y%m%dT%H%M%S.%fZ")
 
-    A UTC timestamp (microseconds) leads so the id sorts by time and never collides with an
-    earlier launch of the same rank (torchrun's default rendezvous id is the same on every
-    launch); the Slurm job / restart counters follow so the ranks of one launch are easy to
-    line up by eye. Ingest orders attempts by the recorded start time, not by this string.
+
+def make_attempt_id(now: _dt.datetime, launch: dict) -> str:
+    """Unique per process launch, sorting by launch time; shared by all ranks of a Slurm launch.
+
+    Under Slurm (with SLURM_JOB_START_TIME, Slurm >= 22.05) every rank of one launch computes
+    the same id from the job's start time, job/step ids and the Slurm-requeue and torchelastic
+    restart counters, so a launch's folders line up across ranks. Elsewhere nothing shared is
+    known without a collective, so the id is this process's own start time (microseconds) and
+    pid: unique even when a launcher reuses its ids (torchrun's default rendezvous id is the
+    same on every launch). Either way it leads with a UTC timestamp; ingest orders attempts by
+    meta.json's start time and groups launches itself, so it never depends on ids matching.
     """
-    parts = [now.strftime("%Y%m%dT%H%M%S.%fZ")]
+    te = launch.get("torchelastic_restart_count")
+    if "slurm_job_id" in launch and "slurm_job_start_time" in launch:
+        start = _dt.datetime.fromtimestamp(launch["slurm_job_start_time"], _dt.timezone.utc)
+        step = f".{launch['slurm_step_id']}" if "slurm_step_id" in launch else ""
+        parts = [_stamp(start), f"slurm{launch['slurm_job_id']}{step}", f"r{launch.get('slurm_restart_count', 0):03d}"]
+        if te is not None:
+            parts.append(f"te{te:03d}")
+        return "-".join(parts)
+    parts = [_stamp(now)]
     if "slurm_job_id" in launch:
-        parts.append(f"slurm{launch['slurm_job_id']}-r{launch.get('slurm_restart_count', 0)}")
-    if "torchelastic_restart_count" in launch:
-        parts.append(f"te{launch['torchelastic_restart_count']}")
+        parts.append(f"slurm{launch['slurm_job_id']}-r{launch.get('slurm_restart_count', 0):03d}")
+    if te is not None:
+        parts.append(f"te{te:03d}")
     parts.append(f"p{os.getpid()}")
     return "-".join(parts)
 

@@ -129,8 +129,14 @@ class Recorder:
         now = _dt.datetime.now(_dt.timezone.utc)
         launch = env.launch_info()
         self.run_dir = run_dir
-        self.attempt_id = env.make_attempt_id(now, launch)
-        self.attempt_dir = os.path.join(run_dir, rank_dir_name(self.rank), self.attempt_id)
+        attempt_id = env.make_attempt_id(now, launch)
+        rank_dir = os.path.join(run_dir, rank_dir_name(self.rank))
+        if os.path.exists(os.path.join(rank_dir, attempt_id)):
+            # The same launch id met twice for one rank (a second Recorder in this process, or a
+            # launcher that reused its counters): never write into another attempt's folder.
+            attempt_id = f"{attempt_id}-p{self._pid}-{now.strftime('%H%M%S%f')}"
+        self.attempt_id = attempt_id
+        self.attempt_dir = os.path.join(rank_dir, attempt_id)
         self._cuda = env.cuda_in_use()
         meta = {
             "schema_version": SCHEMA_VERSION,

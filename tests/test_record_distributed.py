@@ -62,3 +62,25 @@ def test_environment_variables_give_rank_when_not_initialised(tmp_path, monkeypa
     monkeypatch.setenv("WORLD_SIZE", "2")
     with Recorder(tmp_path / "run2") as rec:
         assert (rec.rank, rec.world_size) == (1, 2)
+
+
+def test_ranks_of_one_slurm_launch_share_the_attempt_id(tmp_path, monkeypatch):
+    for k, v in {"SLURM_JOB_ID": "777", "SLURM_STEP_ID": "0", "SLURM_JOB_START_TIME": "1796080000",
+                 "SLURM_RESTART_COUNT": "1", "SLURM_NTASKS": "2"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ids = []
+    for rank in (0, 1):
+        monkeypatch.setenv("SLURM_PROCID", str(rank))
+        with Recorder(tmp_path / "run") as rec:
+            rec.end_step(1, loss=1.0)
+            ids.append(rec.attempt_id)
+    assert ids[0] == ids[1] and "slurm777.0" in ids[0] and "r001" in ids[0]
+    assert ids[0].startswith("20261130T")  # the job's start time (1796080000 s), so ids sort by launch
+    # The same rank meeting the same id again writes a folder of its own, never into the first one.
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    with Recorder(tmp_path / "run") as rec:
+        rec.end_step(1, loss=2.0)
+        assert rec.attempt_id != ids[0]
+    assert len(list((tmp_path / "run" / "rank-00000").iterdir())) == 2
