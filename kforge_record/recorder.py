@@ -180,7 +180,8 @@ class Recorder:
         rows_to_table([(0, 0.0, None, None, None, None, None, None, None, None, None)], self._warn)
         self._closed = False
         _LIVE.add(self)
-        atexit.register(_close_at_exit, weakref.ref(self))
+        # A strong reference: a recorder the loop dropped without close() still flushes at exit.
+        atexit.register(self._close_at_exit)
         if install_sigterm_handler:
             _install_sigterm_handler()
 
@@ -245,16 +246,22 @@ class Recorder:
                 if v is not None and v.__class__ is not float:
                     scalars[k] = _capture(v)
             self._rows.append((step, time.time(), None, None, None, None, None, None, None, None, scalars))
+            t = perf_counter()
+            if len(self._rows) >= self._flush_every_steps or t - self._last_flush >= self._flush_every_s:
+                self._handoff(t)
         except Exception as e:
             self._warn(f"log:{type(e).__name__}", f"log failed: {e!r}")
 
     def _handoff(self, t: float) -> None:
-        rows, self._rows = self._rows, []
         self._last_flush = t
         if self._closed:
             self._warn("after-close", "end_step after close(): these steps are not recorded")
+            self._rows = []
         elif os.getpid() == self._pid:
-            self._writer.submit(rows)
+            # Submit, then empty the buffer: a signal handler flushing in between submits the same
+            # list again, which the writer ignores, so no window is lost or written twice.
+            self._writer.submit(self._rows)
+            self._rows = []
 
     def _memory(self):
         if not self._cuda:
@@ -286,9 +293,10 @@ class Recorder:
         if self._closed or os.getpid() != self._pid:
             return
         try:
-            rows, self._rows = self._rows, []
+            self._writer.submit(self._rows)
+            self._rows = []
             self._last_flush = perf_counter()
-            if not self._writer.flush(rows, self._close_timeout_s):
+            if not self._writer.flush([], self._close_timeout_s):
                 self._warn("flush-timeout", f"flush did not finish within {self._close_timeout_s}s; continuing")
         except Exception as e:
             self._warn(f"flush:{type(e).__name__}", f"flush failed: {e!r}")
@@ -298,13 +306,26 @@ class Recorder:
         if self._closed or os.getpid() != self._pid:  # a forked child (DataLoader worker) writes nothing
             return
         self._closed = True
-        _LIVE.discard(self)
         try:
-            rows, self._rows = self._rows, []
-            if not self._writer.close(rows, reason=reason, timeout=self._close_timeout_s):
+            self._finish(reason)
+        finally:
+            _LIVE.discard(self)
+            atexit.unregister(self._close_at_exit)
+
+    def _finish(self, reason: str) -> None:
+        """Hand over what is buffered and have the writer write end.json and stop. Safe to re-enter
+        from a signal handler that interrupted a close(): the writer takes the first close and
+        answers the second at once."""
+        try:
+            self._writer.submit(self._rows)
+            self._rows = []
+            if not self._writer.close([], reason=reason, timeout=self._close_timeout_s):
                 self._warn("close-timeout", f"close did not finish within {self._close_timeout_s}s; rows may be lost")
         except Exception as e:
             self._warn(f"close:{type(e).__name__}", f"close failed: {e!r}")
+
+    def _close_at_exit(self) -> None:
+        self.close(reason="exit")
 
     def __enter__(self) -> "Recorder":
         return self
@@ -327,23 +348,23 @@ def _validate_model(model) -> ModelSpec | None:
     raise TypeError(f"model: must be a dict or ModelSpec, got {type(model).__name__}")
 
 
-def _close_at_exit(ref) -> None:
-    rec = ref()
-    if rec is not None:
-        rec.close(reason="exit")
-
-
 def _on_sigterm(signum, frame) -> None:
-    for rec in list(_LIVE):
-        rec.close(reason="sigterm")
     prev = _PREVIOUS_SIGTERM
-    if callable(prev):
-        prev(signum, frame)
-    elif prev == signal.SIG_DFL or prev is None:
-        # Die of SIGTERM as the job would have without us (exit status and all).
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-    # SIG_IGN: the process chose to ignore SIGTERM; we flushed and carry on.
+    if callable(prev) or prev == signal.SIG_IGN:
+        # The job handles SIGTERM itself (often: finish the step, checkpoint, exit): flush what we
+        # have and keep recording; exit or close() will close.
+        for rec in list(_LIVE):
+            rec.flush()
+        if callable(prev):
+            prev(signum, frame)
+        return
+    # Default action: the process dies of SIGTERM. Close every recorder first (also one whose
+    # close() this signal interrupted), then die as the job would have, exit status and all.
+    for rec in list(_LIVE):
+        rec._closed = True
+        rec._finish("sigterm")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _install_sigterm_handler() -> None:

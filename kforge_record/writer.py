@@ -17,6 +17,7 @@ import threading
 import time
 import warnings
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -151,8 +152,10 @@ def _float_or_none(v, name: str, warn: _Warner):
     if v is None or type(v) is float:
         return v
     try:
+        if isinstance(v, (str, bytes)):  # float("1.5") would parse it: a string is not a metric
+            raise TypeError
         return float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         warn(f"value:{name}", f"value {v!r} for {name!r} is not a number; recorded as null")
         return None
 
@@ -164,22 +167,38 @@ def _int_or_none(v, name: str, warn: _Warner):
     if v is None:
         return v
     try:
-        i = v if type(v) is int else int(float(v))
+        if isinstance(v, (str, bytes)):
+            raise TypeError
+        if type(v) is int or isinstance(v, np.integer):
+            i = int(v)
+        else:
+            f = float(v)
+            if not f.is_integer():  # tokens=7.9 is a bug upstream, not 7 tokens
+                raise ValueError
+            i = int(f)
         if not _INT64_MIN <= i <= _INT64_MAX:
             raise OverflowError
         return i
     except (TypeError, ValueError, OverflowError):
-        warn(f"value:{name}", f"value {v!r} for {name!r} is not a finite 64-bit integer; recorded as null")
+        warn(f"value:{name}", f"value {v!r} for {name!r} is not a 64-bit integer; recorded as null")
         return None
+
+
+# Types pyarrow converts exactly as we want, a whole column at a time in C; anything else
+# (strings, tensors that could not be resolved, floats in an integer column) goes value by value.
+_INTS = frozenset({type(None), int, np.int64, np.int32, np.int16, np.int8, np.uint8, np.uint16, np.uint32})
+_FLOATS = _INTS | {float, bool, np.float64, np.float32, np.float16, np.bool_}
 
 
 def _column(values: list, name: str, int64: bool, warn: _Warner) -> pa.Array:
     typ = pa.int64() if int64 else pa.float64()
-    try:  # the common case, whole column in C: Python/numpy numbers and None
-        return pa.array(values, type=typ)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        conv = _int_or_none if int64 else _float_or_none
-        return pa.array([conv(v, name, warn) for v in values], type=typ)
+    if set(map(type, values)) <= (_INTS if int64 else _FLOATS):
+        try:
+            return pa.array(values, type=typ)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            pass  # a value out of range: sorted out one by one below
+    conv = _int_or_none if int64 else _float_or_none
+    return pa.array([conv(v, name, warn) for v in values], type=typ)
 
 
 def rows_to_table(rows: list[tuple], warn: _Warner) -> pa.Table:
@@ -197,65 +216,96 @@ class ShardWriter:
         self.meta = meta
         self.max_backlog_rows = max_backlog_rows
         self.warn = _Warner(where)
-        self.dropped_rows = 0
+        self._dropped_in_writer = 0
+        self._dropped_in_inbox = 0  # updated under _inbox_lock by the training thread
         self.rows_written = 0
         self.parts_written = 0
         self.last_step: int | None = None
         self._backlog: list[pa.Table] = []
         self._next_part = 0
+        # Rows travel through the inbox (a list of row lists, bounded by max_backlog_rows: a hung
+        # write cannot make it grow); the queue only carries wake-ups and control messages.
+        self._inbox: list[list[tuple]] = []
+        self._inbox_rows = 0
+        self._inbox_lock = threading.Lock()
+        self._last_submitted: list[tuple] | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()  # one write at a time (thread vs. a close() that outlived it)
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()  # one write at a time
         self._thread = threading.Thread(target=self._run, name="kforge-record-writer", daemon=True)
         self._thread.start()
 
-    # -- called from the training thread -----------------------------------------------------
+    @property
+    def dropped_rows(self) -> int:
+        return self._dropped_in_writer + self._dropped_in_inbox
+
+    # -- called from the training thread (or a signal handler on it) ---------------------------
     def submit(self, rows: list[tuple]) -> None:
-        self._queue.put(("rows", rows))
+        """Hand over a list of rows. Handing the same list twice (a signal handler that flushed
+        while a hand-over was under way) is a no-op, so no row is ever written twice."""
+        if not rows or rows is self._last_submitted or self._stopped.is_set():
+            return
+        self._last_submitted = rows
+        with self._inbox_lock:
+            self._inbox.append(rows)
+            self._inbox_rows += len(rows)
+            while self._inbox_rows > self.max_backlog_rows and len(self._inbox) > 1:
+                old = self._inbox.pop(0)  # the writer is stuck: drop the oldest window, counted
+                self._inbox_rows -= len(old)
+                self._dropped_in_inbox += len(old)
+        self._queue.put(("rows", None))
 
     def update_meta(self, meta: dict) -> None:
         self._queue.put(("meta", meta))
 
     def flush(self, rows: list[tuple], timeout: float | None) -> bool:
         """Hand over ``rows`` and wait until they are written (or have failed). True when done in time."""
-        done = threading.Event()
-        self._queue.put(("rows", rows))
-        self._queue.put(("sync", done))
-        return done.wait(timeout)
+        return self._request(rows, "sync", None, timeout)
 
     def close(self, rows: list[tuple], *, reason: str, timeout: float | None) -> bool:
+        return self._request(rows, "close", reason, timeout)
+
+    def _request(self, rows, kind, reason, timeout) -> bool:
         done = threading.Event()
-        self._queue.put(("rows", rows))
-        self._queue.put(("close", (reason, done)))
-        return done.wait(timeout)
+        self.submit(rows)
+        self._queue.put((kind, (reason, done)))
+        # Wait, but give up at once if the writer has stopped (a close() won the race).
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done.wait(0.05):
+            if self._stopped.is_set() or (deadline is not None and time.monotonic() > deadline):
+                return done.is_set() or self._stopped.is_set()
+        return True
+
+    def wait_closed(self, timeout: float | None) -> bool:
+        return self._stopped.wait(timeout)
 
     # -- writer thread -----------------------------------------------------------------------
     def write_meta(self) -> None:
         os.makedirs(self.attempt_dir, exist_ok=True)
         write_json_atomic(os.path.join(self.attempt_dir, META_FILE), self.meta)
 
+    def _drain_inbox(self) -> list[tuple]:
+        with self._inbox_lock:
+            batches, self._inbox, self._inbox_rows = self._inbox, [], 0
+        return [row for batch in batches for row in batch]
+
     def _run(self) -> None:
         while True:
-            # Take everything queued: while a slow write ran, the loop may have handed over several
-            # windows; they go out as one part file, so a slow disk means bigger files, not a queue
-            # that grows without bound.
             messages = [self._queue.get()]
             while True:
                 try:
                     messages.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            pending: list[tuple] = []
+            # Everything handed over so far goes out as one part file: while a slow write ran,
+            # several windows may have arrived, and a slow disk then means bigger files.
+            rows = self._drain_inbox()
+            if rows:
+                self._handle("rows", rows)
             for kind, payload in messages:
-                if kind == "rows":
-                    pending += payload
-                    continue
-                if pending:
-                    self._handle("rows", pending)
-                    pending = []
-                if self._handle(kind, payload) == "stop":
+                if kind != "rows" and self._handle(kind, payload) == "stop":
+                    self._stopped.set()
                     return
-            if pending:
-                self._handle("rows", pending)
 
     def _bound(self, rows: list[tuple]) -> list[tuple]:
         """Rows waiting to be written never exceed max_backlog_rows: the oldest go first, counted."""
@@ -267,7 +317,7 @@ class ShardWriter:
         self._trim_backlog(extra=len(rows))
         excess = len(rows) + sum(t.num_rows for t in self._backlog) - self.max_backlog_rows
         if excess > 0:
-            self.dropped_rows += excess
+            self._dropped_in_writer += excess
             rows = rows[excess:]
         return rows
 
@@ -278,31 +328,30 @@ class ShardWriter:
                 try:
                     self._take(rows)
                 except Exception as e:  # rows that cannot become a table are lost: count them
-                    self.dropped_rows += len(rows)
+                    self._dropped_in_writer += len(rows)
                     self.warn(f"convert:{type(e).__name__}", f"{len(rows)} rows could not be converted and were dropped (counted): {e!r}")
                 self._write_backlog()
             elif kind == "meta":
                 self.meta = payload
                 self._guarded("meta", self.write_meta)
             elif kind == "sync":
-                payload.set()
+                payload[1].set()
             elif kind == "close":
                 reason, done = payload
                 self._write_backlog()
                 if self._backlog:  # the last try failed too: these rows are lost, and counted
-                    self.dropped_rows += sum(t.num_rows for t in self._backlog)
+                    self._dropped_in_writer += sum(t.num_rows for t in self._backlog)
                     self._backlog.clear()
                 self._guarded("end", lambda: self._write_end(reason))
                 if self.dropped_rows:
-                    self.warn("dropped-final", f"{self.dropped_rows} rows were dropped in all (disk errors)")
+                    self.warn("dropped-final", f"{self.dropped_rows} rows were dropped in all (write errors, a stuck disk or unconvertible values)")
                 done.set()
                 return "stop"
         except Exception as e:  # never let the thread die: later flushes must still run
             self.warn(f"internal:{type(e).__name__}", f"unexpected error while recording: {e!r}")
-            if kind == "sync":
-                payload.set()
-            elif kind == "close":
+            if kind in ("sync", "close"):
                 payload[1].set()
+            if kind == "close":
                 return "stop"
         return None
 
@@ -319,11 +368,11 @@ class ShardWriter:
             head = self._backlog[0]
             if head.num_rows <= excess:
                 self._backlog.pop(0)
-                self.dropped_rows += head.num_rows
+                self._dropped_in_writer += head.num_rows
                 excess -= head.num_rows
             else:
                 self._backlog[0] = head.slice(excess)
-                self.dropped_rows += excess
+                self._dropped_in_writer += excess
                 excess = 0
         if self.dropped_rows:
             self.warn("dropped", f"backlog over {self.max_backlog_rows} rows: dropping the oldest (counted, reported at close)")

@@ -17,6 +17,11 @@ opts = dict(a.split("=", 1) for a in sys.argv[3:])
 steps = int(opts.get("steps", 1_000_000))
 sleep_s = float(opts.get("sleep", 0.002))
 
+stop = []
+if mode == "flag-handler":
+    # The usual pattern: the job's handler only asks the loop to stop after the current step.
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+
 if mode == "prev-handler":
     # A handler the job installed before the recorder: it must still run after our flush.
     def _prev(signum, frame):
@@ -36,6 +41,7 @@ if mode == "disk-full":
     resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
 
 heal_at = int(opts.get("heal_at", 0))
+stop_after = 0
 for step in range(1, steps + 1):
     if heal_at and step == heal_at:
         rec.flush()  # let the writer meet the full disk for every window so far, then free space
@@ -44,6 +50,10 @@ for step in range(1, steps + 1):
     time.sleep(sleep_s)
     rec.end_step(step, loss=1.0 / step, lr=1e-3, tokens=128)
     print(f"step {step}", flush=True)
+    if stop:
+        stop_after = stop_after or step
+        if step >= stop_after + 10:
+            break  # ten more steps after the signal, then a clean exit
 print(f"dropped {rec.dropped_rows}", flush=True)
 rec.close()
 print("done", flush=True)

@@ -90,6 +90,36 @@ def test_sigterm_chains_the_previous_handler(tmp_path):
     assert len(steps) >= 25 and steps == list(range(1, len(steps) + 1))
 
 
+def test_sigterm_with_a_handler_that_lets_training_finish_keeps_every_step(tmp_path):
+    run = tmp_path / "run"
+    proc = _start(run, "flag-handler", flush_every_steps=1_000_000, sleep=0.002)
+    _wait_for_step(proc, 25)
+    proc.send_signal(signal.SIGTERM)
+    last = _drain_last_step(proc, 25)
+    assert proc.wait(timeout=30) == 0
+    assert last >= 35  # the loop went on after the signal
+    assert _steps_on_disk(run) == list(range(1, last + 1))  # flushed at the signal, and every step after it
+    (end,) = run.glob("rank-*/*/end.json")
+    assert json.loads(end.read_text())["reason"] == "close"
+
+
+def test_recorder_dropped_without_close_is_flushed_at_exit(tmp_path):
+    run = tmp_path / "run"
+    code = f"""
+from kforge_record import Recorder
+def train():
+    rec = Recorder({str(run)!r}, rank=0, world_size=1, flush_every_steps=1000)
+    for s in range(1, 51):
+        rec.end_step(s, loss=1.0)
+train()  # the recorder is no longer referenced by the program
+import gc; gc.collect()
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert _steps_on_disk(run) == list(range(1, 51))
+    (end,) = run.glob("rank-*/*/end.json")
+    assert json.loads(end.read_text())["reason"] == "exit"
+
+
 def test_disk_full_keeps_the_loop_running_and_counts_dropped_rows(tmp_path):
     run = tmp_path / "run"
     # Writes fail for steps 1..100 (flushes at 10, 20, ..., 100). At most 50 rows ever wait for the

@@ -181,3 +181,16 @@ def test_out_of_range_integer_is_null_and_the_window_is_kept(tmp_path):
     assert df["step"].to_list() == list(range(1, 11))
     assert df["tokens"].to_list() == [8, 8, None] + [8] * 7
     assert rec.dropped_rows == 0
+
+
+def test_strings_non_integral_tokens_and_huge_floats_are_null_not_guessed(tmp_path):
+    run = tmp_path / "run-v"
+    with pytest.warns(RuntimeWarning, match="not a"):
+        with Recorder(run, rank=0, world_size=1, flush_every_steps=100) as rec:
+            rec.end_step(1, loss="1.5", tokens=7.9, big=10**400)
+            rec.end_step(2, loss=0.5, tokens=8, big=2.0)
+    df = _read_polars(run).sort("step")
+    assert df["loss"].to_list() == [None, 0.5]
+    assert df["tokens"].to_list() == [None, 8]
+    assert df["big"].to_list() == [None, 2.0]
+    assert rec.dropped_rows == 0
