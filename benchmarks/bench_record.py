@@ -307,15 +307,15 @@ def mem_child(mode: str, checkpoints: list[int], tmp: str) -> None:
                 if n % (MEM_PACE_WINDOWS * FLUSH_EVERY_STEPS) == 0:
                     rec.flush()
             else:
-                # Diagnostic only (a private attribute): batches handed over, not yet taken.
-                max_queued = max(max_queued, rec._writer._queue.qsize())
+                # Diagnostic only (a private attribute): rows handed over, not yet taken by the writer.
+                max_queued = max(max_queued, rec._writer._inbox_rows)
         if n == todo[0]:
             todo.pop(0)
             if hwm_ok:
                 max_rss = max(max_rss, _peak_rss_bytes())
             print(json.dumps({
                 "steps": n, "traced_peak": tracemalloc.get_traced_memory()[1] - traced0,
-                "rss_growth": max(0, max_rss - rss0), "max_queued_rows": max_queued * FLUSH_EVERY_STEPS,
+                "rss_growth": max(0, max_rss - rss0), "max_queued_rows": max_queued,
             }), flush=True)
     if mode == "paced":
         rec.close()
