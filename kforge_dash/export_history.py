@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -128,12 +129,19 @@ def load_history(run_dir: str | os.PathLike, *, max_rank_tags: int = 64) -> Hist
         if key not in schema:
             raise ExportInputError(f"{steps_path}: missing column {key!r} (see docs/CONTRACT.md)")
     exprs, tags = [pl.col("step").cast(pl.Int64), pl.col("time").cast(pl.Float64)], []
+    # kforge's own tags come first; a user scalar already named like one of them ("train/loss",
+    # a common W&B-style name) is exported as user/<name> instead of failing the whole export.
+    ours = {tag_for_column(n) for n in schema if tag_for_column(n) != n}
     for name, dtype in schema.items():
         if name in _KEYS:
             continue
         if not (dtype.is_numeric() or dtype == pl.Boolean):
             continue  # a text column is not a scalar: nothing to plot
         tag = tag_for_column(name)
+        if tag == name and name in ours:
+            tag = f"user/{name}"
+            warnings.warn(f"{steps_path}: user scalar {name!r} is named like a kforge tag; exported as {tag!r}",
+                          RuntimeWarning, stacklevel=2)
         if tag in tags or tag in _KEYS:
             raise ExportInputError(f"{steps_path}: column {name!r} maps to tag {tag!r}, which another column already uses")
         x = pl.col(name).cast(pl.Float64)

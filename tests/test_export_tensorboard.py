@@ -202,3 +202,19 @@ def test_missing_optional_packages_are_reported_with_an_install_hint(tmp_path):
         "assert all(\"pip install 'kforge[ingest]'\" in o.error for o in (r.tensorboard, r.wandb)), r"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_user_scalar_named_like_a_kforge_tag_is_exported_under_user(tmp_path):
+    import polars as pl
+
+    run = make_ingested_run(tmp_path, n_steps=20, world_size=2)
+    path = os.path.join(run, "ingested", "steps.parquet")
+    steps = pl.read_parquet(path)
+    steps.with_columns((pl.col("step") * 10.0).alias("train/loss")).write_parquet(path)
+    with pytest.warns(RuntimeWarning, match="named like a kforge tag"):
+        res = export_run(run, wandb=False)
+    assert res.tensorboard.ok, res.tensorboard.error
+    got = read_back(res.tensorboard.path)
+    assert [v for _, _, v in got["user/train/loss"]] == [float(s * 10) for s in steps["step"].to_list()]
+    expected_loss = [float(np.float32(v)) for v in steps["loss"].to_list() if v is not None]
+    assert [v for _, _, v in got["train/loss"] if not math.isnan(v)] == [v for v in expected_loss if not math.isnan(v)]
