@@ -4,8 +4,9 @@ Where a GPU synchronisation can happen, exactly:
 
 * never in ``start_step``, ``phase``, ``end_step`` or ``log``: tensors are kept as (detached)
   references, and CUDA memory counters are the caching allocator's host-side statistics;
-* on the writer thread at each flush, where ``torch.stack(values).cpu()`` waits for the kernels
-  that produced the buffered values (one copy per device and dtype, blocking only that thread);
+* on the writer thread at each flush, where ``torch.cuda.synchronize(device)`` then one
+  ``torch.stack(values).cpu()`` per device and dtype wait for the kernels that produced the
+  buffered values, on whatever stream (blocking only that thread);
 * in ``flush()`` and ``close()`` (also at exit and on SIGTERM), which wait for the writer, and so
   for that copy, on the calling thread.
 """

@@ -141,7 +141,13 @@ def _resolve_tensors(torch, names: list[str], columns: list[list], warn: _Warner
             else:
                 col[i] = t
                 groups.setdefault((t.device, t.dtype), []).append((col, i))
+    synced = set()
     for (device, dtype), places in groups.items():
+        if device not in synced:
+            # The values may come from any CUDA stream of the loop; this thread's stream would not
+            # wait for those. Waiting for the whole device here blocks only this writer thread.
+            torch.cuda.synchronize(device)
+            synced.add(device)
         # One kernel and one device-to-host copy per (device, dtype), whatever the row count.
         host = torch.stack([col[i].reshape(()) for col, i in places]).cpu().tolist()
         for (col, i), value in zip(places, host):
