@@ -65,6 +65,22 @@ def _key(df: pl.DataFrame, as_int: bool) -> pl.Series:
     return df.select(pl.struct("rank", "step").alias("k"))["k"]
 
 
+def _match_sorted(ends: pl.DataFrame, agg: pl.DataFrame):
+    """(positions in ``ends`` of the matched ``agg`` rows, which ``agg`` rows matched), or None
+    when ``ends``' (rank, step) keys are not strictly increasing (two launches in the window, a
+    repeated step): then the caller hashes. ``agg``'s ranks and steps must fit the int key."""
+    key = ends["rank"].to_numpy().astype(np.int64)
+    key <<= 40
+    key += ends["step"].to_numpy()
+    if key.size > 1 and not (key[1:] > key[:-1]).all():
+        return None
+    want = (agg["rank"].to_numpy().astype(np.int64) << 40) + agg["step"].to_numpy()
+    pos = np.searchsorted(key, want)
+    got = pos < key.size
+    got[got] = key[pos[got]] == want[got]
+    return pl.Series(pos[got], dtype=pl.UInt32), pl.Series(got)
+
+
 def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str]) -> pl.DataFrame:
     """Fold Recorder.log rows (step_time_s null) into the end_step row of the same (rank, step).
 
@@ -80,8 +96,14 @@ def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str]) -
         return agg.select(ends.columns)
     as_int = ends["step"].min() >= 0 and ends["step"].max() < 1 << 40 and ends["rank"].max() < 1 << 22
     as_int = as_int and agg["step"].min() >= 0 and agg["step"].max() < 1 << 40
-    hit = _key(ends, as_int).is_in(_key(agg, as_int).implode()).arg_true()
-    at = ends.select("rank", "step")[hit].with_row_index("_j").join(agg, on=["rank", "step"], how="inner").sort("_j")
+    found = _match_sorted(ends, agg) if as_int else None
+    if found is not None:  # the usual case: no hash of the big frame, a binary search per log row
+        hit, got = found
+        at, only = agg.filter(got), agg.filter(~got)
+    else:
+        hit = _key(ends, as_int).is_in(_key(agg, as_int).implode()).arg_true()
+        at = ends.select("rank", "step")[hit].with_row_index("_j").join(agg, on=["rank", "step"], how="inner").sort("_j")
+        only = None
     updates = []
     for c in scalars:
         if agg[c].null_count() == agg.height:
@@ -90,7 +112,8 @@ def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str]) -
         col.scatter(hit, pl.select(pl.coalesce(col.gather(hit), at[c])).to_series())
         updates.append(col)
     merged = ends.with_columns(updates) if updates else ends
-    only = agg.join(at.select("rank", "step"), on=["rank", "step"], how="anti")
+    if only is None:
+        only = agg.join(at.select("rank", "step"), on=["rank", "step"], how="anti")
     return pl.concat([merged, only.select(ends.columns)], how="vertical", rechunk=False) if only.height else merged
 
 
@@ -164,16 +187,27 @@ def _scan_together(todo, cols, rename, lo, hi, cutoff, counts) -> pl.DataFrame:
         for name in p.columns:
             schema.setdefault(name, pl.Int64 if rename.get(name, name) in INT_COLS else pl.Float64)
     paths = [p.path for p, _, _ in todo]
-    # The row index counts rows before the filter, across the files in order: with each file's
-    # row count from its footer, a binary search tells every row's file (cheaper than file paths).
-    lf = pl.scan_parquet(paths, schema=schema, missing_columns="insert", row_index_name="_row")
-    if not all(lo <= p.min_step and p.max_step < hi for p, _, _ in todo):  # no filter when whole files fit
-        lf = lf.filter((pl.col("step") >= lo) & (pl.col("step") < hi))
-    df = lf.collect()
-    first_row = np.cumsum([0] + [p.num_rows for p, _, _ in todo])
-    f = np.searchsorted(first_row, df["_row"].to_numpy(), side="right") - 1
-    rank = np.array([r for _, r, _ in todo], np.int64)[f]
-    att = np.array([a for _, _, a in todo], np.int64)[f]
+    num_rows = np.array([p.num_rows for p, _, _ in todo], np.int64)
+    whole = all(lo <= p.min_step and p.max_step < hi for p, _, _ in todo)  # no filter when whole files fit
+    if whole:
+        df = pl.scan_parquet(paths, schema=schema, missing_columns="insert").collect()
+    if whole and df.height == num_rows.sum():
+        # Every file read whole, in order: each file's rows are its footer's row count.
+        f = None
+        rank = np.repeat(np.array([r for _, r, _ in todo], np.int64), num_rows)
+        att = np.repeat(np.array([a for _, _, a in todo], np.int64), num_rows)
+    else:
+        # The row index counts rows before the filter, across the files in order: with each file's
+        # row count from its footer, a binary search tells every row's file (cheaper than file paths).
+        lf = pl.scan_parquet(paths, schema=schema, missing_columns="insert", row_index_name="_row")
+        if not whole:
+            lf = lf.filter((pl.col("step") >= lo) & (pl.col("step") < hi))
+        df = lf.collect()
+        f = np.searchsorted(np.cumsum(np.r_[0, num_rows]), df["_row"].to_numpy(), side="right") - 1
+        rank = np.array([r for _, r, _ in todo], np.int64)[f]
+        att = np.array([a for _, _, a in todo], np.int64)[f]
+    if f is None and (counts is not None or any(cutoff[a] is not None for _, _, a in todo)):
+        f = np.repeat(np.arange(len(todo)), num_rows)
     out = []
     for c in cols:
         if c == "rank":
@@ -188,7 +222,7 @@ def _scan_together(todo, cols, rename, lo, hi, cutoff, counts) -> pl.DataFrame:
         out.append(pl.Series("_counts", np.array([counts[(r, a)] for _, r, a in todo])[f]))
     df = pl.DataFrame(out)
     cuts = np.array([np.inf if cutoff[a] is None else cutoff[a] for _, _, a in todo])
-    if np.isfinite(cuts).any():  # an earlier launch's rows past a later launch's first step
+    if f is not None and np.isfinite(cuts).any():  # an earlier launch's rows past a later launch's first step
         df = df.filter(pl.Series(df["step"].to_numpy() < cuts[f]))
     return df
 
