@@ -206,9 +206,9 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
             df = read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts if need_counts else None)
             if df.height:
                 df = _dedup(df, repeats)
+                writer.put(df.drop("_counts", strict=False).to_arrow())  # written while the window is reduced
                 step_parts.append(reduce_steps(df, cols, need_counts))
                 rank_ids.update(df["rank"].unique().to_list())
-                writer.put(df.drop("_counts", strict=False).to_arrow())
             if progress:
                 progress("chunk", run_dir, i + 1, len(windows))
         writer.close()
