@@ -203,12 +203,14 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     repeats: dict[tuple[int, int], int] = {}  # (rank, attempt) -> steps recorded more than once
     try:
         for i, (lo, hi) in enumerate(windows):
+            writer.wait()  # the last window is written and freed: this one reuses its memory (no page faults)
             df = read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts if need_counts else None)
             if df.height:
                 df = _dedup(df, repeats)
                 writer.put(df.drop("_counts", strict=False).to_arrow())  # written while the window is reduced
                 step_parts.append(reduce_steps(df, cols, need_counts))
                 rank_ids.update(df["rank"].unique().to_list())
+            df = None
             if progress:
                 progress("chunk", run_dir, i + 1, len(windows))
         writer.close()

@@ -163,9 +163,14 @@ class RanksWriter:
                                            write_statistics=keys, write_batch_size=1 << 16)
         self.writer.write_table(table.cast(self.writer.schema))
 
-    def put(self, table: pa.Table) -> None:
+    def wait(self) -> None:
+        """Until the pending window is written (re-raises a write error here)."""
         if self.pending is not None:
-            self.pending.result()  # re-raises a write error here
+            self.pending.result()
+            self.pending = None
+
+    def put(self, table: pa.Table) -> None:
+        self.wait()
         self.pending = self.pool.submit(self._write, table)
 
     def close(self) -> None:
