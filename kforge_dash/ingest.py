@@ -28,7 +28,7 @@ from kforge_record.writer import write_json_atomic
 from . import shards as _shards
 from .ingest_launches import group_launches, launch_flops, world_size_of
 from .ingest_read import RanksWriter, output_columns, plan_windows, read_window
-from .ingest_reduce import EMA_METRICS, MEM, reduce_steps
+from .ingest_reduce import EMA_METRICS, MEM, Buffers, reduce_steps
 from .ingest_summary import OUTPUT_SCHEMA_VERSION, build_summary
 
 __all__ = ["ingest_run", "ingest_path", "IngestResult", "IngestFailure", "IngestError", "IngestWarning",
@@ -200,6 +200,7 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     steps_tmp = os.path.join(out_dir, f".{STEPS_FILE}.{os.getpid()}.tmp")
     writer = RanksWriter(ranks_tmp)
     step_parts, rank_ids, bad = [], set(), set()
+    buffers = Buffers()  # numpy work space of the reductions, reused window after window
     repeats: dict[tuple[int, int], int] = {}  # (rank, attempt) -> steps recorded more than once
     try:
         for i, (lo, hi) in enumerate(windows):
@@ -208,7 +209,7 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
             if df.height:
                 df = _dedup(df, repeats)
                 writer.put(df.drop("_counts", strict=False).to_arrow())  # written while the window is reduced
-                step_parts.append(reduce_steps(df, cols, need_counts))
+                step_parts.append(reduce_steps(df, cols, need_counts, buffers))
                 rank_ids.update(df["rank"].unique().to_list())
             df = None
             if progress:
