@@ -205,7 +205,7 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     try:
         for i, (lo, hi) in enumerate(windows):
             writer.wait()  # the last window is written and freed: this one reuses its memory (no page faults)
-            df = read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts if need_counts else None)
+            df = read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts if need_counts else None, buffers)
             if df.height:
                 df = _dedup(df, repeats)
                 writer.put(df.drop("_counts", strict=False).to_arrow())  # written while the window is reduced

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from kforge_record.schema import FIXED_NAMES, PHASE_PREFIX
 
-from .ingest_reduce import EMA_METRICS, MEM
+from .ingest_reduce import EMA_METRICS, MEM, Buffers
 
 INT_COLS = {"step", "tokens", *MEM}
 # Column names ingest derives in steps.parquet: a user scalar with one of these names is renamed.
@@ -65,13 +65,13 @@ def _key(df: pl.DataFrame, as_int: bool) -> pl.Series:
     return df.select(pl.struct("rank", "step").alias("k"))["k"]
 
 
-def _match_sorted(ends: pl.DataFrame, agg: pl.DataFrame):
+def _match_sorted(ends: pl.DataFrame, agg: pl.DataFrame, buffers: Buffers):
     """(positions in ``ends`` of the matched ``agg`` rows, which ``agg`` rows matched), or None
     when ``ends``' (rank, step) keys are not strictly increasing (two launches in the window, a
     repeated step): then the caller hashes. ``agg``'s ranks and steps must fit the int key."""
-    key = ends["rank"].to_numpy().astype(np.int64)
+    key = buffers.column("key", ends["rank"])[0]  # a reused buffer: no fresh pages per window
     key <<= 40
-    key += ends["step"].to_numpy()
+    key += buffers.column("v", ends["step"])[0]
     if key.size > 1 and not (key[1:] > key[:-1]).all():
         return None
     want = (agg["rank"].to_numpy().astype(np.int64) << 40) + agg["step"].to_numpy()
@@ -81,7 +81,7 @@ def _match_sorted(ends: pl.DataFrame, agg: pl.DataFrame):
     return pl.Series(pos[got], dtype=pl.UInt32), pl.Series(got)
 
 
-def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str]) -> pl.DataFrame:
+def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str], buffers: Buffers | None = None) -> pl.DataFrame:
     """Fold Recorder.log rows (step_time_s null) into the end_step row of the same (rank, step).
 
     The end_step row's values win; log rows fill the columns it left null (the last logged value
@@ -96,7 +96,7 @@ def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str]) -
         return agg.select(ends.columns)
     as_int = ends["step"].min() >= 0 and ends["step"].max() < 1 << 40 and ends["rank"].max() < 1 << 22
     as_int = as_int and agg["step"].min() >= 0 and agg["step"].max() < 1 << 40
-    found = _match_sorted(ends, agg) if as_int else None
+    found = _match_sorted(ends, agg, buffers or Buffers()) if as_int else None
     if found is not None:  # the usual case: no hash of the big frame, a binary search per log row
         hit, got = found
         at, only = agg.filter(got), agg.filter(~got)
@@ -235,7 +235,7 @@ def _scan_together(todo, cols, rename, lo, hi, cutoff, counts) -> pl.DataFrame:
     return df
 
 
-def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts) -> pl.DataFrame:
+def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts, buffers=None) -> pl.DataFrame:
     """All rows with lo <= step < hi, log rows coalesced. A part file that fails to decode is
     found, reported and left out (its footer was fine, so only a full read tells)."""
     scalars = cols[len(FIXED_NAMES) + 2:]  # phases and user scalars (what a log row can carry)
@@ -257,7 +257,7 @@ def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts) -> p
             if not any(p.has_log_rows for p, _, _ in todo):
                 return df
             is_log = df["step_time_s"].is_null()
-            return _coalesce_logs(df.filter(~is_log), df.filter(is_log), scalars) if is_log.any() else df
+            return _coalesce_logs(df.filter(~is_log), df.filter(is_log), scalars, buffers) if is_log.any() else df
         except Exception:
             found = False
             for p, _, _ in todo:
