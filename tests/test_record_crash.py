@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import time
 import warnings
 
 import polars as pl
@@ -181,3 +182,28 @@ rec.close()
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     assert _steps_on_disk(run) == [1, 2, 3, 4, 5]
     assert len(list(run.glob("rank-*/*"))) == 1
+
+
+def test_a_hung_write_bounds_waiting_rows_and_the_loop_goes_on(tmp_path):
+    run = tmp_path / "run"
+    rec = Recorder(run, rank=0, world_size=1, flush_every_steps=10, flush_every_s=3600, max_backlog_rows=50)
+    (attempt,) = run.glob("rank-*/*")
+    fifo = attempt / ".part-000000.parquet.tmp"
+    os.mkfifo(fifo)  # opening it for writing blocks until a reader comes: the first part write hangs
+    for step in range(1, 11):
+        rec.end_step(step, loss=1.0)
+    time.sleep(1.0)  # the writer has taken steps 1..10 and is stuck in open()
+    for step in range(11, 201):
+        rec.end_step(step, loss=1.0)  # never blocks, never raises
+    # 19 windows arrived while the writer hung; only 50 rows may wait: the 14 oldest windows are dropped.
+    assert rec.dropped_rows == 140
+    fd = os.open(fifo, os.O_RDONLY)  # now unblock the writer, and make its retries go to a real file
+    fifo.unlink()
+    while os.read(fd, 1 << 16):
+        pass
+    os.close(fd)
+    rec.close()
+    # The hung write of steps 1..10 went into the pipe and failed (fsync of a FIFO), so they waited
+    # again, on top of the 50 newest: the bound pushed them out too. Nothing beyond 50 ever waited.
+    assert _steps_on_disk(run) == list(range(151, 201))
+    assert json.loads((attempt / "end.json").read_text())["dropped_rows_total"] == 150
