@@ -27,7 +27,7 @@ from kforge_record.writer import write_json_atomic
 
 from . import shards as _shards
 from .ingest_launches import group_launches, launch_flops, world_size_of
-from .ingest_read import RanksWriter, output_columns, plan_windows, read_window
+from .ingest_read import RanksWriter, arrow_table, output_columns, plan_windows, read_window
 from .ingest_reduce import EMA_METRICS, MEM, Buffers, reduce_steps
 from .ingest_summary import OUTPUT_SCHEMA_VERSION, build_summary
 
@@ -208,7 +208,7 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
             df = read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts if need_counts else None, buffers)
             if df.height:
                 df = _dedup(df, repeats)
-                writer.put(df.drop("_counts", strict=False).to_arrow())  # written while the window is reduced
+                writer.put(arrow_table(df.drop("_counts", strict=False)))  # written while the window is reduced
                 step_parts.append(reduce_steps(df, cols, need_counts, buffers))
                 rank_ids.update(df["rank"].unique().to_list())
             df = None

@@ -140,6 +140,17 @@ def plan_windows(files: list, chunk_rows: int) -> list[tuple[int, int]]:
     return windows
 
 
+def arrow_table(df: pl.DataFrame) -> pa.Table:
+    """``df`` as an Arrow table without copying: each column keeps its own chunks. (DataFrame.
+    to_arrow first gives every column the same chunks, which here means a copy of the whole
+    window: the scanned columns come in one chunk per file, rank and attempt in one.)"""
+    cols = {}
+    for c in df.columns:
+        chunks = [ch.to_arrow() for ch in df[c].get_chunks()]
+        cols[c] = pa.chunked_array(chunks) if chunks else df[c].to_arrow()
+    return pa.table(cols)
+
+
 class RanksWriter:
     """Appends each window's rows to ranks.parquet on a background thread (pyarrow releases the
     GIL while encoding), so writing overlaps reading the next window. At most one window waits."""
