@@ -60,6 +60,11 @@ class Buffers:
         if s.null_count():
             has = self.get(role + "/has", np.bool_, len(s))
             _join(s.is_not_null(), has)
+            if dtype is not None and dtype is not np.bool_:
+                v = self.get(role, dtype, len(s))
+                if _join_values(s, v):  # the values under nulls are arbitrary: overwrite them
+                    np.copyto(v, fill, where=~has)
+                    return v, has
             s = s.fill_null(fill)
         if dtype is None:  # not a type ingest makes; no reuse
             return s.to_numpy(), has
@@ -78,6 +83,23 @@ def _join(s: pl.Series, out: np.ndarray) -> None:
         out[:] = chunks[0].to_numpy()
     else:
         np.concatenate([c.to_numpy() for c in chunks], out=out)
+
+
+def _join_values(s: pl.Series, out: np.ndarray) -> bool:
+    """Copy the value buffers of ``s``'s chunks (nulls included, as whatever lies under them) into
+    ``out``, with no copy of the chunks first; False (nothing done) when a chunk has no buffer."""
+    views = []
+    for ch in s.get_chunks():
+        a = ch.to_arrow()
+        buf = a.buffers()[1] if len(a.buffers()) == 2 else None
+        if buf is None:
+            return False
+        views.append(np.frombuffer(buf, out.dtype, len(a), a.offset * out.dtype.itemsize))
+    if len(views) == 1:
+        out[:] = views[0]
+    else:
+        np.concatenate(views, out=out)
+    return True
 
 
 def _aggs(cols: list[str], counts_col: bool) -> list[pl.Expr]:
