@@ -1,0 +1,56 @@
+"""Many full (ranks x steps) windows in one ingest: the matrix path reuses its numpy buffers from
+window to window, so every window's numbers must be its own (same as one big window, and as a
+plain polars group-by over ranks.parquet)."""
+
+import polars as pl
+import pytest
+
+from kforge_dash.ingest import ingest_run
+
+from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
+
+
+def test_many_matrix_windows_match_one_window_and_a_plain_group_by(tmp_path, monkeypatch):
+    run = str(tmp_path / "grid")
+    recs = open_ranks(run, 4, flush_every_steps=5)
+
+    def values(r, s):
+        v = {"loss": float(s + r), "tokens": 10 * (r + 1), "grad_norm": float(r + s), "lr": 0.1}
+        if (s + r) % 3:
+            v["aux"] = float(10 * s + r)  # a scalar with holes: null for some (rank, step)
+        return v
+
+    # 42 steps in parts of 5: windows of 5 steps (chunk_rows=20 below), the last one of 2 steps
+    run_steps(monkeypatch, recs, range(1, 43), step_time=lambda r, s: 0.1 * (1 + (s * (r + 1)) % 5),
+              values=values, flush_every=5)
+    for r, rec in recs.items():
+        rec.log(10, **{"eval/loss": float(r)})  # coalesced into the end_step row of step 10
+    close_all(recs)
+
+    ingest_run(run, chunk_rows=10**9)
+    one_steps, one_ranks, _ = read_outputs(run)
+    ingest_run(run, chunk_rows=20, force=True)
+    many_steps, many_ranks, _ = read_outputs(run)
+
+    assert many_steps.height == 42
+    assert many_steps.equals(one_steps)
+    assert many_ranks.sort("step", "rank").equals(one_ranks.sort("step", "rank"))
+
+    ref = (many_ranks.sort("rank").group_by("step", maintain_order=False)
+           .agg(pl.col("step_time_s").max().alias("max"), pl.col("step_time_s").min().alias("min"),
+                pl.col("step_time_s").median().alias("median"), pl.col("tokens").sum(),
+                pl.col("loss").mean(), pl.col("aux").mean(), pl.col("eval/loss").mean(),
+                pl.col("grad_norm").drop_nulls().first(), pl.len().alias("n"))
+           .sort("step"))
+    got = many_steps.sort("step")
+    assert got["step"].to_list() == ref["step"].to_list() == list(range(1, 43))
+    assert got["step_time_s"].to_list() == ref["max"].to_list()
+    assert got["step_time_min_s"].to_list() == ref["min"].to_list()
+    assert got["step_time_median_s"].to_list() == pytest.approx(ref["median"].to_list())
+    assert got["tokens"].to_list() == ref["tokens"].to_list() == [100] * 42
+    assert got["n_ranks"].to_list() == ref["n"].to_list() == [4] * 42
+    assert got["loss"].to_list() == pytest.approx(ref["loss"].to_list())
+    assert got["aux"].to_list() == pytest.approx(ref["aux"].to_list())
+    assert got["grad_norm"].to_list() == ref["grad_norm"].to_list() == [float(s) for s in range(1, 43)]
+    ev = got["eval/loss"].to_list()
+    assert ev[9] == pytest.approx(1.5) and all(x is None for i, x in enumerate(ev) if i != 9)
