@@ -145,6 +145,16 @@ def _check_recorder(rec, steps):
 # out, not factored into a helper, so that no extra call sits in the timed path.
 
 
+def _close_and_measure(rec, d, steps, p0, m0):
+    """close() time, and the CPU the recorder's other threads used since (p0, m0)."""
+    t1 = perf_counter()
+    rec.close()
+    w2, p2, m2 = _clocks()
+    _check_recorder(rec, steps)
+    shutil.rmtree(d)
+    return w2 - t1, max(0.0, (p2 - p0) - (m2 - m0))
+
+
 def run_kforge(pool, steps, tmp, paced=True):
     d, rec = _new_recorder(tmp)
     gc.collect()
@@ -163,12 +173,7 @@ def run_kforge(pool, steps, tmp, paced=True):
             m = pool[step & (POOL - 1)]
             rec.end_step(step, **m)
         loop_s = perf_counter() - w0
-    t1 = perf_counter()
-    rec.close()
-    w2, p2, m2 = _clocks()
-    _check_recorder(rec, steps)
-    shutil.rmtree(d)
-    return loop_s, w2 - t1, max(0.0, (p2 - p0) - (m2 - m0))
+    return (loop_s, *_close_and_measure(rec, d, steps, p0, m0))
 
 
 def run_kforge_back_to_back(pool, steps, tmp):
@@ -197,12 +202,7 @@ def run_kforge_phases(pool, steps, tmp):
             rec.end_step(step, **m)
         loop_s += perf_counter() - t0
         rec.flush()
-    t1 = perf_counter()
-    rec.close()
-    w2, p2, m2 = _clocks()
-    _check_recorder(rec, steps)
-    shutil.rmtree(d)
-    return loop_s, w2 - t1, max(0.0, (p2 - p0) - (m2 - m0))
+    return (loop_s, *_close_and_measure(rec, d, steps, p0, m0))
 
 
 def run_wandb(pool, steps, tmp):
