@@ -31,12 +31,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from kforge_record.schema import INGESTED_DIR, RANKS_FILE, STEPS_FILE, SUMMARY_FILE
+
 from .ingest_reduce import EMA_COLUMNS
 
-STEPS_FILE = "steps.parquet"
-RANKS_FILE = "ranks.parquet"
-SUMMARY_FILE = "summary.json"
-INGESTED_DIR = "ingested"
 GIB = float(2**30)
 
 _TRAIN = ("loss", "grad_norm", "lr", "tokens", "tokens_per_sec", "mfu",

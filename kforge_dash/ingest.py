@@ -22,7 +22,7 @@ try:
 except ImportError as e:  # optional dependency: say how to get it
     raise ImportError("kforge-ingest needs polars: pip install 'kforge[ingest]'") from e
 
-from kforge_record.schema import INGESTED_DIR
+from kforge_record.schema import INGESTED_DIR, RANKS_FILE, STEPS_FILE, SUMMARY_FILE
 from kforge_record.writer import write_json_atomic
 
 from . import shards as _shards
@@ -36,7 +36,7 @@ __all__ = ["ingest_run", "ingest_path", "IngestResult", "IngestFailure", "Ingest
 
 # Bump when the outputs' meaning changes: a new version re-ingests unchanged shards.
 INGEST_VERSION = "2"
-STEPS_FILE, RANKS_FILE, SUMMARY_FILE, LOCK_FILE = "steps.parquet", "ranks.parquet", "summary.json", ".ingest.lock"
+LOCK_FILE = ".ingest.lock"
 
 
 class IngestError(Exception):

@@ -19,9 +19,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from kforge_record.schema import FIXED_NAMES
+from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS
 
-MEM = ("mem_allocated_bytes", "mem_peak_bytes", "mem_reserved_bytes")
+MEM = MEM_COLUMNS
 EMA_METRICS = ("loss", "tokens_per_sec", "mfu", "step_time_s")  # each gets a <name>_ema column
 EMA_COLUMNS = frozenset(f"{m}_ema" for m in EMA_METRICS)  # derived, not metrics of their own
 _NOT_MEAN = set(FIXED_NAMES) | {"rank", "attempt", "step", "_counts"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from kforge_record.schema import INGESTED_DIR, RANK_PREFIX
+from kforge_record.schema import INGESTED_DIR, RANK_PREFIX, STEPS_FILE, SUMMARY_FILE
 
 ROOT_ENV = "KFORGE_DASH_ROOT"  # how kforge-dash hands the runs root to the Streamlit script
 
@@ -87,7 +87,7 @@ class RunInfo:
         """What the compare view and the export read from this run."""
         from .prep_series import RunSource
 
-        return RunSource(self.name, self.file("steps.parquet"), self.summary or {})
+        return RunSource(self.name, self.file(STEPS_FILE), self.summary or {})
 
 
 def load_summary(path: str | os.PathLike) -> dict:
@@ -142,7 +142,7 @@ def list_runs(root: str | os.PathLike) -> list[RunInfo]:
         except RunPathError:
             continue  # a symlink leaving the root is not a run of this root
         try:
-            summary_path = ingested_file(path, "summary.json")
+            summary_path = ingested_file(path, SUMMARY_FILE)
         except RunPathError:
             continue  # ingested/ leads outside the run: nothing there is read
         has_summary = summary_path.is_file()

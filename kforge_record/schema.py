@@ -13,6 +13,10 @@ PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
 RANK_PREFIX = "rank-"
 INGESTED_DIR = "ingested"
+# What ingest writes into RUN/ingested/ (docs/CONTRACT.md), read by export and the dashboard.
+STEPS_FILE = "steps.parquet"
+RANKS_FILE = "ranks.parquet"
+SUMMARY_FILE = "summary.json"
 
 # Key of the JSON blob in every part file's Parquet key-value metadata.
 PARQUET_META_KEY = b"kforge"
@@ -31,6 +35,7 @@ FIXED_COLUMNS = (
     ("mem_reserved_bytes", "int64"),
 )
 FIXED_NAMES = tuple(name for name, _ in FIXED_COLUMNS)
+MEM_COLUMNS = ("mem_allocated_bytes", "mem_peak_bytes", "mem_reserved_bytes")
 PHASE_PREFIX = "time/"
 PHASE_SUFFIX = "_s"
 

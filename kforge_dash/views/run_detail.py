@@ -3,6 +3,7 @@
 import streamlit as st
 
 from kforge_dash import prep_figures, prep_ranks
+from kforge_record.schema import RANKS_FILE, STEPS_FILE
 from kforge_dash.views import common
 
 st.title("Run detail")
@@ -23,11 +24,11 @@ c[3].metric("final loss", None if s.get("final_loss") is None else f"{s['final_l
 c[4].metric("device", (s.get("device") or {}).get("name") or "unknown")
 
 left, right = st.columns([1, 2])
-metric = left.selectbox("per-rank metric", prep_ranks.rank_metrics(run.file("ranks.parquet")), key="metric",
+metric = left.selectbox("per-rank metric", prep_ranks.rank_metrics(run.file(RANKS_FILE)), key="metric",
                         format_func=lambda m: "step time" if m == "step_time_s" else prep_ranks.phase_name(m) + " phase")
 relative = right.toggle("relative to the median rank of each window", value=True, key="relative")
 try:
-    d = prep_ranks.run_detail(run.file("steps.parquet"), run.file("ranks.parquet"), s, relative=relative, metric=metric)
+    d = prep_ranks.run_detail(run.file(STEPS_FILE), run.file(RANKS_FILE), s, relative=relative, metric=metric)
 except ValueError as e:  # a damaged ingested file: name it, keep the app up
     st.error(str(e))
     st.stop()
