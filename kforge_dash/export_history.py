@@ -23,7 +23,6 @@ polars stays lazy: one scan per file, expressions, one collect.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ import polars as pl
 from kforge_record.schema import INGESTED_DIR, RANKS_FILE, STEPS_FILE, SUMMARY_FILE
 
 from .ingest_reduce import EMA_COLUMNS
+from .ingest_summary import read_summary_file
 
 GIB = float(2**30)
 
@@ -102,17 +102,10 @@ def ingested_dir(run_dir: str | os.PathLike) -> str:
 
 
 def read_summary(run_dir: str | os.PathLike) -> dict:
-    path = os.path.join(ingested_dir(run_dir), SUMMARY_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            summary = json.load(f)
-    except FileNotFoundError:
-        raise ExportInputError(f"{path}: not found; run kforge-ingest on the run first") from None
-    except (OSError, ValueError) as e:
-        raise ExportInputError(f"{path}: cannot read it as JSON: {e}") from None
-    if not isinstance(summary, dict):
-        raise ExportInputError(f"{path}: expected a JSON object, found {type(summary).__name__}")
-    return summary
+        return read_summary_file(os.path.join(ingested_dir(run_dir), SUMMARY_FILE))
+    except ValueError as e:
+        raise ExportInputError(str(e)) from None
 
 
 def load_history(run_dir: str | os.PathLike, *, max_rank_tags: int = 64) -> History:

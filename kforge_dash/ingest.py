@@ -11,7 +11,6 @@ See docs/CONTRACT.md for the columns and summary keys.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings as _warnings
@@ -29,7 +28,7 @@ from . import shards as _shards
 from .ingest_launches import group_launches, launch_flops, world_size_of
 from .ingest_read import RanksWriter, arrow_table, output_columns, plan_windows, read_window
 from .ingest_reduce import EMA_METRICS, MEM, Buffers, reduce_steps
-from .ingest_summary import OUTPUT_SCHEMA_VERSION, build_summary
+from .ingest_summary import OUTPUT_SCHEMA_VERSION, build_summary, read_summary_file
 
 __all__ = ["ingest_run", "ingest_path", "IngestResult", "IngestFailure", "IngestError", "IngestWarning",
            "IngestOptions", "OUTPUT_SCHEMA_VERSION"]
@@ -157,13 +156,12 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     summary_path = os.path.join(out_dir, SUMMARY_FILE)
     if not opts.force and os.path.exists(summary_path):
         try:
-            with open(summary_path) as f:
-                prev = json.load(f)
+            prev = read_summary_file(summary_path)
             if prev.get("fingerprint") == fp and all(
                 os.path.exists(os.path.join(out_dir, n)) for n in (STEPS_FILE, RANKS_FILE)
             ):
                 return IngestResult(run_dir, prev, True)
-        except (OSError, ValueError):
+        except ValueError:
             pass  # unreadable summary: ingest again
 
     attempts = [a for a in (_shards.read_attempt(af, warnings) for af in listing) if a is not None]
@@ -361,9 +359,8 @@ def _record_exports(res: IngestResult, exports: dict) -> dict:
     path = os.path.join(res.ingested_dir, SUMMARY_FILE)
     with FileLock(os.path.join(res.ingested_dir, LOCK_FILE)):
         try:
-            with open(path) as f:
-                summary = json.load(f)
-        except (OSError, ValueError):
+            summary = read_summary_file(path)
+        except ValueError:
             summary = dict(res.summary)
         summary["exports"] = exports
         write_json_atomic(path, summary)

@@ -3,12 +3,32 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 
 import polars as pl
 
 from .ingest_launches import lead_meta, start_of, world_size_of
 from .ingest_reduce import EMA_METRICS
+
+
+def read_summary_file(path: str | os.PathLike) -> dict:
+    """An ingested summary.json as a dict; a ValueError naming the file when it is bad.
+
+    The one reader of summary.json: ingest (is the run unchanged?), export and the dashboard.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except FileNotFoundError:
+        raise ValueError(f"{path}: cannot be read (not found; run kforge-ingest on the run first)") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
 
 OUTPUT_SCHEMA_VERSION = "1.0"
 

@@ -15,6 +15,8 @@ import polars as pl
 
 from kforge_record.schema import INGESTED_DIR, RANK_PREFIX, STEPS_FILE, SUMMARY_FILE
 
+from .ingest_summary import read_summary_file
+
 ROOT_ENV = "KFORGE_DASH_ROOT"  # how kforge-dash hands the runs root to the Streamlit script
 
 INGESTED = "ingested"
@@ -90,18 +92,7 @@ class RunInfo:
         return RunSource(self.name, self.file(STEPS_FILE), self.summary or {})
 
 
-def load_summary(path: str | os.PathLike) -> dict:
-    """Read an ingested summary.json; a clear ValueError naming the file when it is bad."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
+load_summary = read_summary_file  # kept under the name the dashboard uses
 
 
 def _newest_shard_mtime(path: Path) -> float | None:

@@ -9,7 +9,6 @@ past the bound the oldest rows are dropped and counted.
 from __future__ import annotations
 
 import json
-import math
 import os
 import queue
 import sys

@@ -4,7 +4,6 @@ Usage: python record_child.py RUN_DIR MODE [options as key=value]
 Prints "step N" (flushed) after each end_step so the parent knows how far it got.
 """
 
-import os
 import resource
 import signal
 import sys

@@ -16,7 +16,6 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, sample_run_names
-from reference_math import ema_loop as ema
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "app.py"
 pytestmark = pytest.mark.skipif(not sample_run_names(), reason="sample_runs/ holds no runs")

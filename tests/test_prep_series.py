@@ -1,7 +1,6 @@
 """Compare-view preparation: downsampling keeps spikes, smoothing precedes it, x-axis conversions."""
 
 import json
-import math
 
 import numpy as np
 import plotly.io

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-import time
 import warnings
 
 import polars as pl
