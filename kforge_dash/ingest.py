@@ -27,7 +27,7 @@ from kforge_record.writer import write_json_atomic
 from . import shards as _shards
 from .ingest_launches import group_launches, launch_flops, world_size_of
 from .ingest_read import RanksWriter, arrow_table, output_columns, plan_windows, read_window
-from .ingest_reduce import EMA_METRICS, MEM, Buffers, reduce_steps
+from .ingest_reduce import EMA_METRICS, MEM, Buffers, ema_expr, reduce_steps
 from .ingest_summary import OUTPUT_SCHEMA_VERSION, build_summary, read_summary_file
 
 __all__ = ["ingest_run", "ingest_path", "IngestResult", "IngestFailure", "IngestError", "IngestWarning",
@@ -83,21 +83,6 @@ class IngestResult:
 class IngestFailure:
     run_dir: str
     error: str
-
-
-def _ema(col: str, alpha: float) -> pl.Expr:
-    """EMA where the first finite value starts it and non-finite/missing values hold the last value.
-
-    polars' ewm_mean(adjust=False, ignore_nulls=True) is exactly y = a*x + (1-a)*y over the
-    non-null values, bootstrapped with the first one (checked against a plain loop in
-    tests/test_ingest_ema.py); NaN/inf are turned into nulls first and the holes forward-filled.
-    """
-    x = pl.col(col)
-    return (
-        pl.when(x.is_finite()).then(x).otherwise(None)
-        .ewm_mean(alpha=alpha, adjust=False, ignore_nulls=True, min_samples=1)
-        .forward_fill().alias(f"{col}_ema")
-    )
 
 
 def ingest_run(run_dir, *, alpha: float = 0.1, peak_tflops: float | None = None,
@@ -287,7 +272,7 @@ def _derive(steps: pl.DataFrame, launches, opts: IngestOptions, warnings: list[s
         (pl.col("tokens").cast(pl.Float64) / pl.col("step_time_s")).alias("tokens_per_sec")
     ).with_columns(
         (pl.col("tokens_per_sec") * pl.col("attempt").replace_strict(scale, default=None, return_dtype=pl.Float64)).alias("mfu")
-    ).with_columns([_ema(m, opts.alpha) for m in EMA_METRICS])
+    ).with_columns([ema_expr(m, alpha=opts.alpha).alias(f"{m}_ema") for m in EMA_METRICS])
     head = ["step", "time", "step_time_s", "step_time_min_s", "step_time_median_s", "slowest_rank", "n_ranks",
             "attempt", "tokens", "tokens_per_sec", "mfu", "loss", "grad_norm", "lr", *MEM]
     emas = [f"{m}_ema" for m in EMA_METRICS]

@@ -24,6 +24,19 @@ from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS
 MEM = MEM_COLUMNS
 EMA_METRICS = ("loss", "tokens_per_sec", "mfu", "step_time_s")  # each gets a <name>_ema column
 EMA_COLUMNS = frozenset(f"{m}_ema" for m in EMA_METRICS)  # derived, not metrics of their own
+
+
+def ema_expr(col: str, *, alpha: float) -> pl.Expr:
+    """The EMA of DESIGN.md: the first finite value starts it, then a*x + (1-a)*ema; NaN/inf and
+    nulls do not enter and the EMA holds its last value there.
+
+    polars' ewm_mean(adjust=False, ignore_nulls=True) is exactly that recurrence over the non-null
+    values, bootstrapped with the first (checked against a plain loop in tests/test_ingest_ema.py);
+    non-finite values become nulls first and the holes are forward-filled. Ingest's *_ema columns
+    and the dashboard's smoothing slider both use this one expression.
+    """
+    finite = pl.when(pl.col(col).is_finite()).then(pl.col(col))
+    return finite.ewm_mean(alpha=alpha, adjust=False, ignore_nulls=True, min_samples=1).forward_fill()
 _NOT_MEAN = set(FIXED_NAMES) | {"rank", "attempt", "step", "_counts"}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from tsdownsample import MinMaxLTTBDownsampler
-from .ingest_reduce import EMA_COLUMNS
+from .ingest_reduce import EMA_COLUMNS, ema_expr
 
 X_AXES = ("step", "tokens", "wall time", "time since start")
 X_LABELS = {
@@ -86,13 +86,6 @@ def x_expr(axis: str, *, start_time: float | None = None) -> pl.Expr:
         start = pl.lit(start_time, pl.Float64) if start_time is not None else pl.col("time").min()
         return pl.col("time") - start
     raise ValueError(f"x axis {axis!r}: expected one of {', '.join(X_AXES)}")
-
-
-def ema_expr(col: str, *, alpha: float) -> pl.Expr:
-    """EMA as ingest defines it: the first finite value starts it, then a*x + (1-a)*ema;
-    NaN/inf (and nulls) do not enter and the EMA holds its last value there."""
-    finite = pl.when(pl.col(col).is_finite()).then(pl.col(col))
-    return finite.ewm_mean(alpha=alpha, adjust=False, ignore_nulls=True, min_samples=1).forward_fill()
 
 
 def downsample_indices(y: np.ndarray, n_out: int | None, *, finite: np.ndarray | None = None) -> np.ndarray:
