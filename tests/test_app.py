@@ -290,3 +290,15 @@ def test_cli_refuses_a_missing_root_and_binds_localhost_by_default(tmp_path):
     assert opts["--server.address"] == "127.0.0.1" and opts["--server.headless"] == "true"
     assert opts["--browser.gatherUsageStats"] == "false"
     assert "127.0.0.1" in CliRunner().invoke(cli_dash.main, ["--help"]).output
+
+
+def test_compare_view_settings_come_from_the_url(app, root):
+    """A shared link reproduces the view: runs, metrics, x axis, smoothing and log-y from the URL."""
+    a = sample_run_names()[0]
+    app.query_params.update({"runs": [a], "metrics": ["loss"], "x_axis": "tokens", "smoothing": "0.9", "log_y": "true"})
+    at = app.run()
+    assert not at.exception
+    assert at.multiselect(key="metrics").value == ["loss"]
+    assert at.selectbox(key="x_axis").value == "tokens"
+    assert at.slider(key="smoothing").value == 0.9 and at.toggle(key="log_y").value is True
+    assert set(charts(at)) == {"loss"} and charts(at)["loss"]["layout"]["yaxis"]["type"] == "log"

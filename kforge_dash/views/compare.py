@@ -34,11 +34,13 @@ except ValueError as e:  # a damaged steps.parquet: say which, keep the app up
     st.error(str(e))
     st.stop()
 c1, c2, c3, c4 = st.columns([5, 2, 3, 1])
-metrics = c1.multiselect("Metrics", metrics_all, key="metrics",
+# Every view setting lives in the URL too, so a link reproduces exactly what is on screen.
+metrics = c1.multiselect("Metrics", metrics_all, key="metrics", bind="query-params",
                          default=[m for m in prep_series.DEFAULT_CHARTS if m in metrics_all])
-x_axis = c2.selectbox("x axis", prep_series.X_AXES, key="x_axis")
-smoothing = c3.slider("Smoothing (EMA weight, before downsampling)", 0.0, 0.99, 0.6, 0.01, key="smoothing")
-log_y = c4.toggle("log y", key="log_y")
+x_axis = c2.selectbox("x axis", prep_series.X_AXES, key="x_axis", bind="query-params")
+smoothing = c3.slider("Smoothing (EMA weight, before downsampling)", 0.0, 0.99, 0.6, 0.01, key="smoothing",
+                      bind="query-params")
+log_y = c4.toggle("log y", key="log_y", bind="query-params")
 
 data = common.compare_data(sources, metrics, x_axis=x_axis, smoothing=smoothing)
 if data.notes:
