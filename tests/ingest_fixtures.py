@@ -73,3 +73,13 @@ def part_files(run_dir):
             continue
         out += [os.path.join(root, f) for f in files if f.startswith("part-") and f.endswith(".parquet")]
     return sorted(out)
+
+
+def ingest_whole_and_windowed(run_dir, chunk_rows):
+    """Ingest the run as one window, then again (forced) in windows of `chunk_rows` rows; both outputs."""
+    from kforge_dash.ingest import ingest_run
+
+    ingest_run(run_dir, chunk_rows=10**9)
+    whole = read_outputs(run_dir)
+    ingest_run(run_dir, chunk_rows=chunk_rows, force=True)
+    return whole, read_outputs(run_dir)

@@ -10,7 +10,7 @@ import pytest
 
 from kforge_dash.ingest import ingest_run
 
-from ingest_fixtures import LLAMA7B, close_all, open_ranks, read_outputs, run_steps
+from ingest_fixtures import LLAMA7B, close_all, ingest_whole_and_windowed, open_ranks, read_outputs, run_steps
 
 
 def test_cross_rank_max_min_median_slowest_tokens(tmp_path, monkeypatch):
@@ -249,10 +249,7 @@ def test_small_windows_give_the_same_result_as_one(tmp_path, monkeypatch):
     close_all(again)
     close_all(recs)
 
-    ingest_run(run, chunk_rows=10**9)
-    one_steps, one_ranks, one_summary = read_outputs(run)
-    ingest_run(run, chunk_rows=4, force=True)
-    many_steps, many_ranks, many_summary = read_outputs(run)
+    (one_steps, one_ranks, one_summary), (many_steps, many_ranks, many_summary) = ingest_whole_and_windowed(run, 4)
     assert one_steps.height == 60
     assert many_steps.equals(one_steps)
     assert many_ranks.sort("step", "rank").equals(one_ranks.sort("step", "rank"))

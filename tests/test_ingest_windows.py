@@ -5,9 +5,8 @@ plain polars group-by over ranks.parquet)."""
 import polars as pl
 import pytest
 
-from kforge_dash.ingest import ingest_run
 
-from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
+from ingest_fixtures import close_all, ingest_whole_and_windowed, open_ranks, run_steps
 
 
 def test_many_matrix_windows_match_one_window_and_a_plain_group_by(tmp_path, monkeypatch):
@@ -27,10 +26,7 @@ def test_many_matrix_windows_match_one_window_and_a_plain_group_by(tmp_path, mon
         rec.log(10, **{"eval/loss": float(r)})  # coalesced into the end_step row of step 10
     close_all(recs)
 
-    ingest_run(run, chunk_rows=10**9)
-    one_steps, one_ranks, _ = read_outputs(run)
-    ingest_run(run, chunk_rows=20, force=True)
-    many_steps, many_ranks, _ = read_outputs(run)
+    (one_steps, one_ranks, _), (many_steps, many_ranks, _) = ingest_whole_and_windowed(run, 20)
 
     assert many_steps.height == 42
     assert many_steps.equals(one_steps)
