@@ -26,8 +26,10 @@ from kforge_record.writer import write_json_atomic
 
 from . import shards as _shards
 from .ingest_launches import group_launches, launch_flops, world_size_of
+from .ingest_append import AppendConflict, AppendPlan, attempts_state, copy_head, old_ranks_parts, old_rows, old_steps_head, plan_append
 from .ingest_read import RanksWriter, arrow_table, output_columns, plan_windows, read_window
 from .ingest_reduce import EMA_METRICS, MEM, Buffers, ema_expr, reduce_steps
+from .ingest_state import FooterCache, load_prior, output_stat, save_manifest
 from .ingest_summary import OUTPUT_SCHEMA_VERSION, build_summary, read_summary_file
 
 __all__ = ["ingest_run", "ingest_path", "IngestResult", "IngestFailure", "IngestError", "IngestWarning",
@@ -73,6 +75,7 @@ class IngestResult:
     run_dir: str
     summary: dict
     skipped: bool  # True: shards and options unchanged since the last ingest, outputs reused
+    appended: bool = False  # True: only new part files were read, on top of the last outputs (ingest_append.py)
 
     @property
     def ingested_dir(self) -> str:
@@ -136,8 +139,9 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     listing = _shards.list_attempts(run_dir, warnings)
     if not listing:
         raise IngestError(f"{run_dir}: no attempt folders under its rank-NNNNN/ folders (nothing recorded yet)")
-    fp = _shards.fingerprint(run_dir, listing, {"v": INGEST_VERSION, "alpha": opts.alpha,
-                                                "peak": opts.peak_tflops, "fpt": opts.flops_per_token})
+    stats = _shards.stat_inputs(listing)
+    options = {"v": INGEST_VERSION, "alpha": opts.alpha, "peak": opts.peak_tflops, "fpt": opts.flops_per_token}
+    fp = _shards.fingerprint(run_dir, stats, options)
     summary_path = os.path.join(out_dir, SUMMARY_FILE)
     if not opts.force and os.path.exists(summary_path):
         try:
@@ -149,7 +153,10 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
         except ValueError:
             pass  # unreadable summary: ingest again
 
-    attempts = [a for a in (_shards.read_attempt(af, warnings) for af in listing) if a is not None]
+    # Footers come from the last ingest's manifest where the part is unchanged (--force: none).
+    prior = None if opts.force else load_prior(out_dir, run_dir)
+    cache = FooterCache(run_dir, stats, prior)
+    attempts = [a for a in (_shards.read_attempt(af, warnings, cache) for af in listing) if a is not None]
     launches = group_launches(attempts, warnings)
     files = []  # (PartInfo, rank, launch index)
     for L in launches:
@@ -176,45 +183,113 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     for old, new in rename.items():
         warnings.append(f"user scalar {old!r} clashes with a column ingest derives; written as {new!r}")
     counts = {(a.rank, L.index): bool(a.meta.get("counts_tokens", True)) for L in launches for a in L.attempts}
-    need_counts = not all(counts.values())
-    windows = plan_windows(files, opts.chunk_rows)
-
-    ranks_tmp = os.path.join(out_dir, f".{RANKS_FILE}.{os.getpid()}.tmp")
-    steps_tmp = os.path.join(out_dir, f".{STEPS_FILE}.{os.getpid()}.tmp")
-    writer = RanksWriter(ranks_tmp)
-    step_parts, rank_ids, bad = [], set(), set()
-    buffers = Buffers()  # numpy work space of the reductions, reused window after window
-    repeats: dict[tuple[int, int], int] = {}  # (rank, attempt) -> steps recorded more than once
+    plan = None
+    if prior is not None:
+        plan = plan_append(prior, run_dir=run_dir, out_dir=out_dir, listing=listing, stats=stats, options=options,
+                           files=files, cutoff=cutoff, cols=cols, rename=rename)
+    job = _Job(run_dir, out_dir, opts, progress, files, cutoff, cols, rename, counts, cache)
+    mark = len(warnings)
     try:
-        for i, (lo, hi) in enumerate(windows):
-            writer.wait()  # the last window is written and freed: this one reuses its memory (no page faults)
-            df = read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts if need_counts else None, buffers)
-            if df.height:
-                df = _dedup(df, repeats)
-                writer.put(arrow_table(df.drop("_counts", strict=False)))  # written while the window is reduced
-                step_parts.append(reduce_steps(df, cols, need_counts, buffers))
-                rank_ids.update(df["rank"].unique().to_list())
-            df = None
-            if progress:
-                progress("chunk", run_dir, i + 1, len(windows))
-        writer.close()
-        for (rank, att), n in sorted(repeats.items()):
-            warnings.append(f"rank {rank}: {n} steps recorded more than once in attempt {att}; the last kept")
-        if not step_parts:
-            raise IngestError(f"{run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
-        steps = _derive(pl.concat(step_parts).sort("step"), launches, opts, warnings)
-        steps.write_parquet(steps_tmp, compression="zstd", statistics=True)
-        os.replace(steps_tmp, os.path.join(out_dir, STEPS_FILE))
-        os.replace(ranks_tmp, os.path.join(out_dir, RANKS_FILE))
-    finally:
-        writer.close()
-        for tmp in (ranks_tmp, steps_tmp):
-            if os.path.exists(tmp):
-                os.remove(tmp)
-
+        steps, rank_ids, repeats = job.run(warnings, plan)
+    except AppendConflict:  # the new rows cannot be merged exactly: from scratch, as if no prior
+        del warnings[mark:]
+        job.bad.clear()
+        plan = None
+        steps, rank_ids, repeats = job.run(warnings, None)
+    steps = _derive(steps, launches, opts, warnings)
+    if job.wrote:
+        steps_tmp = os.path.join(out_dir, f".{STEPS_FILE}.{os.getpid()}.tmp")
+        try:
+            steps.write_parquet(steps_tmp, compression="zstd", statistics=True)
+            os.replace(steps_tmp, os.path.join(out_dir, STEPS_FILE))
+        finally:
+            if os.path.exists(steps_tmp):
+                os.remove(steps_tmp)
+    cache.mark_bad(job.bad)
+    save_manifest(out_dir, cache, {
+        "v": INGEST_VERSION, "options": options, "attempts": attempts_state(listing, stats),
+        "cutoff": {str(k): v for k, v in cutoff.items()}, "cols": cols, "rename": rename,
+        "repeats": [[r, a, n] for (r, a), n in sorted(repeats.items())], "ranks": sorted(rank_ids),
+        "outputs": {"steps": output_stat(out_dir, STEPS_FILE), "ranks": output_stat(out_dir, RANKS_FILE)},
+    })
     summary = build_summary(run_dir, steps, launches, first, last, sorted(rank_ids), attempts, opts, warnings, fp)
     write_json_atomic(summary_path, summary)
-    return IngestResult(run_dir, summary, False)
+    return IngestResult(run_dir, summary, False, appended=plan is not None)
+
+
+class _Job:
+    """The row work of one ingest: windows of rows -> ranks.parquet and per-step rows, from
+    scratch or (with an AppendPlan) on top of the last ingest's outputs."""
+
+    def __init__(self, run_dir, out_dir, opts, progress, files, cutoff, cols, rename, counts, cache):
+        self.run_dir, self.out_dir, self.opts, self.progress = run_dir, out_dir, opts, progress
+        self.files, self.cutoff, self.cols, self.rename = files, cutoff, cols, rename
+        self.counts = counts if not all(counts.values()) else None
+        self.cache = cache
+        self.bad: dict[str, str] = {}  # part path -> warning: failed to decode, left out
+        self.wrote = False  # steps.parquet and ranks.parquet need writing
+
+    def run(self, warnings: list[str], plan: AppendPlan | None):
+        """(per-step rows before tokens/s, MFU and EMAs; rank ids; repeats per (rank, attempt))."""
+        repeats: dict[tuple[int, int], int] = {}  # (rank, attempt) -> steps recorded more than once
+        rank_ids: set[int] = set()
+        step_parts: list[pl.DataFrame] = []
+        files, extra = self.files, []
+        if plan is not None:
+            for r, a, n in plan.state.get("repeats", []):
+                repeats[(r, a)] = n
+            rank_ids.update(plan.state.get("ranks", []))
+            head = old_steps_head(plan.steps_path, plan.start, _DERIVED)
+            if plan.start is None:  # no new rows: the outputs stand, only the summary is redone
+                _warn_repeats(repeats, warnings)
+                return head, rank_ids, repeats
+            step_parts.append(head)
+            files = plan.new_files
+            extra = old_ranks_parts(plan.ranks_path, plan.start)
+        if not files:
+            raise IngestError(f"{self.run_dir}: no readable rows (all rows superseded)")
+        windows = plan_windows(files + extra, self.opts.chunk_rows)
+        ranks_tmp = os.path.join(self.out_dir, f".{RANKS_FILE}.{os.getpid()}.tmp")
+        writer = RanksWriter(ranks_tmp)
+        buffers = Buffers()  # numpy work space of the reductions, reused window after window
+        n_new = 0
+        try:
+            if plan is not None:
+                copy_head(plan.ranks_path, plan.start, self.cols, writer.put)
+            for i, (lo, hi) in enumerate(windows):
+                writer.wait()  # the last window is written and freed: this one reuses its memory (no page faults)
+                old = old_rows(plan.ranks_path, lo, hi, self.cols, self.counts) if plan is not None else None
+                df = read_window(files, self.bad, warnings, self.cols, self.rename, lo, hi, self.cutoff, self.counts,
+                                 buffers, old)
+                if df.height:
+                    df = _dedup(df, repeats)
+                    writer.put(arrow_table(df.drop("_counts", strict=False)))  # written while the window is reduced
+                    step_parts.append(reduce_steps(df, self.cols, self.counts is not None, buffers))
+                    rank_ids.update(df["rank"].unique().to_list())
+                    n_new += 1
+                df = old = None
+                if self.progress:
+                    self.progress("chunk", self.run_dir, i + 1, len(windows))
+            writer.close()
+            if not n_new:
+                raise IngestError(f"{self.run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
+            os.replace(ranks_tmp, os.path.join(self.out_dir, RANKS_FILE))
+        finally:
+            writer.close()
+            if os.path.exists(ranks_tmp):
+                os.remove(ranks_tmp)
+        self.wrote = True
+        _warn_repeats(repeats, warnings)
+        how = "diagonal" if plan is not None else "vertical"
+        return pl.concat(step_parts, how=how).sort("step"), rank_ids, repeats
+
+
+_DERIVED = {"tokens_per_sec", "mfu", *(f"{m}_ema" for m in EMA_METRICS)}
+
+
+def _warn_repeats(repeats: dict, warnings: list[str]) -> None:
+    for (rank, att), n in sorted(repeats.items()):
+        warnings.append(f"rank {rank}: {n} steps recorded more than once in attempt {att}; the last kept")
 
 
 def _ended_bound(parts, *, lowest: bool) -> int | None:
@@ -307,7 +382,7 @@ def ingest_path(path, *, tensorboard: bool = True, wandb: bool = True, wandb_pro
         exports = _export(res, tensorboard=tensorboard, wandb=wandb, wandb_project=wandb_project,
                           wandb_entity=wandb_entity, upload=upload)
         if exports is not None:
-            res = IngestResult(res.run_dir, _record_exports(res, exports), res.skipped)
+            res = IngestResult(res.run_dir, _record_exports(res, exports), res.skipped, res.appended)
         out.append(res)
     return out
 

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from kforge_record.schema import FIXED_NAMES, PHASE_PREFIX
 
+from .ingest_append import merge_old
 from .ingest_reduce import EMA_METRICS, MEM, Buffers
 
 INT_COLS = {"step", "tokens", *MEM}
@@ -240,15 +241,22 @@ def _scan_together(todo, cols, rename, lo, hi, cutoff, counts) -> pl.DataFrame:
     if counts is not None:
         out.append(pl.Series("_counts", np.array([counts[(r, a)] for _, r, a in todo])[f]))
     df = pl.DataFrame(out)
+    if len(todo) > 64 and df.height < len(todo) * 16_384:
+        # Many small part files (the recorder flushes every 100 steps by default): one chunk per
+        # file per column makes every later column pass pay per chunk. One copy into single
+        # chunks costs less than that overhead.
+        df = df.rechunk()
     cuts = np.array([np.inf if cutoff[a] is None else cutoff[a] for _, _, a in todo])
     if f is not None and np.isfinite(cuts).any():  # an earlier launch's rows past a later launch's first step
         df = df.filter(pl.Series(df["step"].to_numpy() < cuts[f]))
     return df
 
 
-def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts, buffers=None) -> pl.DataFrame:
+def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts, buffers=None, old=None) -> pl.DataFrame:
     """All rows with lo <= step < hi, log rows coalesced. A part file that fails to decode is
-    found, reported and left out (its footer was fine, so only a full read tells)."""
+    found, reported, put in ``bad`` (path -> warning) and left out (its footer was fine, so only
+    a full read tells). ``old``: the last ingest's kept rows of this window (an append, see
+    ingest_append.py), merged in before coalescing."""
     scalars = cols[len(FIXED_NAMES) + 2:]  # phases and user scalars (what a log row can carry)
     mins = np.fromiter((p.min_step for p, _, _ in files), np.int64, len(files))
     maxs = np.fromiter((p.max_step for p, _, _ in files), np.int64, len(files))
@@ -256,6 +264,8 @@ def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts, buff
     while True:
         todo = [files[i] for i in overlap if files[i][0].path not in bad]
         if not todo:
+            if old is not None:
+                return old  # kept rows, already coalesced and de-duplicated
             return pl.DataFrame(schema={c: (pl.Int64 if c in INT_COLS | {"rank", "attempt"} else pl.Float64) for c in cols})
 
         def scan(p, rank, att):
@@ -265,18 +275,21 @@ def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts, buff
                 df = _scan_together(todo, cols, rename, lo, hi, cutoff, counts)
             except pl.exceptions.PolarsError:  # e.g. a column typed differently in one file: cast file by file
                 df = pl.concat([scan(p, r, a) for p, r, a in todo], how="vertical").collect()
-            if not any(p.has_log_rows for p, _, _ in todo):
-                return df
-            is_log = df["step_time_s"].is_null()
-            return _coalesce_logs(df.filter(~is_log), df.filter(is_log), scalars, buffers) if is_log.any() else df
+            break
         except Exception:
             found = False
             for p, _, _ in todo:
                 try:
                     pq.read_table(p.path)
                 except Exception as e:
-                    bad.add(p.path)
                     found = True
-                    warnings.append(f"{p.path}: corrupt part file ({type(e).__name__}: {e}); skipped")
+                    bad[p.path] = f"{p.path}: corrupt part file ({type(e).__name__}: {e}); skipped"
+                    warnings.append(bad[p.path])
             if not found:
                 raise
+    if old is not None and old.height:
+        df = merge_old(old, df, scalars)
+    elif not any(p.has_log_rows for p, _, _ in todo):
+        return df
+    is_log = df["step_time_s"].is_null()
+    return _coalesce_logs(df.filter(~is_log), df.filter(is_log), scalars, buffers) if is_log.any() else df

@@ -130,16 +130,27 @@ def list_attempts(run_dir: str, warnings: list[str]) -> list[AttemptFiles]:
     return out
 
 
-def fingerprint(run_dir: str, attempts: list[AttemptFiles], extra: dict) -> str:
-    """Names, sizes and mtimes of every input file, plus the ingest options: equal means nothing to redo."""
-    h = hashlib.sha256(json.dumps(extra, sort_keys=True, default=str).encode())
+def stat_inputs(attempts: list[AttemptFiles]) -> dict[str, tuple[int, int] | None]:
+    """(size, mtime_ns) of every input file (meta.json, end.json, parts); None when it cannot be
+    stat'ed (absent). One stat per file, shared by the fingerprint and the footer cache."""
+    out: dict[str, tuple[int, int] | None] = {}
     for a in attempts:
         for p in (os.path.join(a.dir, META_FILE), os.path.join(a.dir, END_FILE), *a.parts):
             try:
                 st = os.stat(p)
-                h.update(f"{os.path.relpath(p, run_dir)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+                out[p] = (st.st_size, st.st_mtime_ns)
             except OSError:
-                h.update(f"{os.path.relpath(p, run_dir)}\0-\n".encode())
+                out[p] = None
+    return out
+
+
+def fingerprint(run_dir: str, stats: dict, extra: dict) -> str:
+    """Names, sizes and mtimes of every input file (``stat_inputs``), plus the ingest options:
+    equal means nothing to redo."""
+    h = hashlib.sha256(json.dumps(extra, sort_keys=True, default=str).encode())
+    for p, st in stats.items():
+        tail = "-" if st is None else f"{st[0]}\0{st[1]}"
+        h.update(f"{os.path.relpath(p, run_dir)}\0{tail}\n".encode())
     return h.hexdigest()
 
 
@@ -227,7 +238,7 @@ def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
             kv = {}
     if kv.get("rank") not in (None, rank):
         warnings.append(f"{path}: says rank {kv.get('rank')} but lies under rank {rank}; counted as rank {rank}")
-    columns = {f.name: str(f.type) for f in schema}
+    columns = _interned({f.name: str(f.type) for f in schema})
     for name in ("step", "step_time_s"):
         if columns.get(name) != _FIXED_TYPES[name]:
             warnings.append(f"{path}: column {name!r} is {columns.get(name, 'missing')}, expected {_FIXED_TYPES[name]}; skipped")
@@ -261,6 +272,15 @@ def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
     return PartInfo(path, md.num_rows, columns, lo, hi, nulls > 0, kv.get("dropped_rows_total"), nulls < md.num_rows)
 
 
+_COLUMN_SETS: dict[tuple, dict] = {}
+
+
+def _interned(columns: dict) -> dict:
+    """One shared dict per distinct schema: a run of 1M part files has a handful of schemas, and
+    a dict per file would cost ~1 KB each. Treat the result as read-only."""
+    return _COLUMN_SETS.setdefault(tuple(columns.items()), columns)
+
+
 def ended_steps(part: PartInfo) -> tuple[int | None, int | None]:
     """(min, max) step of the part's rows from end_step (step_time_s set); (None, None) if none.
 
@@ -280,13 +300,16 @@ def ended_steps(part: PartInfo) -> tuple[int | None, int | None]:
     return mm["min"].as_py(), mm["max"].as_py()
 
 
-def read_attempt(af: AttemptFiles, warnings: list[str]) -> Attempt | None:
+def read_attempt(af: AttemptFiles, warnings: list[str], part_reader=None) -> Attempt | None:
+    """meta.json, end.json and every part footer of one attempt; None when the attempt is refused.
+    ``part_reader`` (default read_part) lets ingest answer footers from its cache."""
     got = read_meta(af, warnings)
     if got is None:
         return None
     meta, ok = got
     if ok and meta.get("rank") not in (None, af.rank):
         warnings.append(f"{os.path.join(af.dir, META_FILE)}: says rank {meta.get('rank')} but lies under rank {af.rank}; counted as rank {af.rank}")
-    parts = tuple(p for p in (read_part(path, af.rank, warnings) for path in af.parts) if p is not None)
+    reader = part_reader or read_part
+    parts = tuple(p for p in (reader(path, af.rank, warnings) for path in af.parts) if p is not None)
     start = None if meta["start_time"] is None else float(meta["start_time"])
     return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, start, read_end(af, warnings), parts)

@@ -1,0 +1,142 @@
+"""What the last ingest of a run saw, kept in RUN/ingested/manifest.parquet, so the next ingest
+redoes no work it need not:
+
+* every part file's footer facts and the warnings they gave, keyed by name, size and mtime
+  (a part file never changes once written: the recorder writes a temp name and renames it), so
+  a re-ingest of a long run does not reopen a million footers;
+* the state an append (ingest_append.py) checks before it reuses steps.parquet and
+  ranks.parquet: which attempts and options they were made from, the restart cut-offs, the
+  output columns, and the sizes and mtimes of the outputs themselves.
+
+The manifest is a cache: deleting it (or the whole ingested/ folder) only costs time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import shards as _shards
+
+MANIFEST_FILE = "manifest.parquet"
+_STATE_KEY = b"kforge_ingest_state"
+_COLUMNS = ("rel", "size", "mtime_ns", "ok", "num_rows", "min_step", "max_step", "has_log_rows",
+            "has_end_rows", "dropped_rows_total", "schema", "warnings")
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The manifest of the last ingest: footers by relative path, and its state (a dict)."""
+
+    parts: dict  # rel path -> (size, mtime_ns, PartInfo | None, warnings tuple)
+    state: dict
+
+
+def load_prior(out_dir: str, run_dir: str) -> Prior | None:
+    """The last ingest's manifest, or None when there is none or it cannot be read (no error:
+    a cache that cannot be trusted is ignored)."""
+    path = os.path.join(out_dir, MANIFEST_FILE)
+    try:
+        table = pq.read_table(path)
+        state = json.loads((table.schema.metadata or {})[_STATE_KEY])
+        cols = {c: table.column(c).to_pylist() for c in _COLUMNS}
+    except Exception:  # absent, truncated, from another version: start afresh
+        return None
+    schemas = [_shards._interned(dict(s)) for s in state.get("schemas", [])]
+    parts = {}
+    for rel, size, mtime, ok, n, lo, hi, log, end, dropped, schema, warns in zip(*(cols[c] for c in _COLUMNS)):
+        info = None
+        if ok:
+            info = _shards.PartInfo(os.path.join(run_dir, rel), n, schemas[schema], lo, hi, log, dropped, end)
+        parts[rel] = (size, mtime, info, tuple(warns or ()))
+    return Prior(parts, state)
+
+
+class FooterCache:
+    """A ``part_reader`` for shards.read_attempt: answers from the prior manifest when a part's
+    size and mtime are unchanged, else reads the footer; remembers every answer for the next
+    manifest."""
+
+    def __init__(self, run_dir: str, stats: dict, prior: Prior | None):
+        self.run_dir = run_dir
+        self.stats = stats
+        self.prior = prior.parts if prior is not None else {}
+        self.entries: dict[str, tuple] = {}  # rel -> (size, mtime_ns, PartInfo | None, warnings)
+        self.hits = 0
+
+    def __call__(self, path: str, rank: int, warnings: list[str]):
+        rel = os.path.relpath(path, self.run_dir)
+        st = self.stats.get(path)
+        hit = self.prior.get(rel)
+        if hit is not None and st is not None and (hit[0], hit[1]) == st:
+            self.hits += 1
+            warnings.extend(hit[3])
+            self.entries[rel] = hit
+            return hit[2]
+        mine: list[str] = []
+        info = _shards.read_part(path, rank, mine)
+        warnings.extend(mine)
+        if st is not None:  # a part that vanished meanwhile is not remembered
+            self.entries[rel] = (st[0], st[1], info, tuple(mine))
+        return info
+
+    def mark_bad(self, bad: dict) -> None:
+        """Parts whose footer was fine but whose rows failed to decode: remembered as skipped,
+        with the warning they gave, so the next ingest skips them without reading them again."""
+        for path, message in bad.items():
+            rel = os.path.relpath(path, self.run_dir)
+            if rel in self.entries:
+                size, mtime, _, _ = self.entries[rel]
+                self.entries[rel] = (size, mtime, None, (message,))
+
+
+def save_manifest(out_dir: str, cache: FooterCache, state: dict) -> None:
+    """Write manifest.parquet atomically (temp name, then rename)."""
+    schemas: dict[tuple, int] = {}
+    rows = {c: [] for c in _COLUMNS}
+    for rel, (size, mtime, info, warns) in cache.entries.items():
+        rows["rel"].append(rel)
+        rows["size"].append(size)
+        rows["mtime_ns"].append(mtime)
+        rows["ok"].append(info is not None)
+        rows["warnings"].append(list(warns))
+        if info is None:
+            for c in ("num_rows", "min_step", "max_step", "has_log_rows", "has_end_rows", "dropped_rows_total", "schema"):
+                rows[c].append(None)
+            continue
+        rows["num_rows"].append(info.num_rows)
+        rows["min_step"].append(info.min_step)
+        rows["max_step"].append(info.max_step)
+        rows["has_log_rows"].append(info.has_log_rows)
+        rows["has_end_rows"].append(info.has_end_rows)
+        rows["dropped_rows_total"].append(info.dropped_rows_total)
+        rows["schema"].append(schemas.setdefault(tuple(info.columns.items()), len(schemas)))
+    types = {"rel": pa.string(), "size": pa.int64(), "mtime_ns": pa.int64(), "ok": pa.bool_(),
+             "num_rows": pa.int64(), "min_step": pa.int64(), "max_step": pa.int64(), "has_log_rows": pa.bool_(),
+             "has_end_rows": pa.bool_(), "dropped_rows_total": pa.int64(), "schema": pa.int32(),
+             "warnings": pa.list_(pa.string())}
+    state = dict(state, schemas=[list(s) for s in schemas])
+    table = pa.table({c: pa.array(rows[c], types[c]) for c in _COLUMNS})
+    table = table.replace_schema_metadata({_STATE_KEY: json.dumps(state).encode()})
+    path = os.path.join(out_dir, MANIFEST_FILE)
+    tmp = os.path.join(out_dir, f".{MANIFEST_FILE}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def output_stat(out_dir: str, name: str) -> list[int] | None:
+    """[size, mtime_ns] of an output file, None when absent: the state names the outputs it
+    describes, so a replaced or deleted output is never appended to."""
+    try:
+        st = os.stat(os.path.join(out_dir, name))
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]

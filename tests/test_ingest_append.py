@@ -1,0 +1,207 @@
+"""Re-ingest after new part files (a running job between two --watch polls): only the new parts
+are read, on top of the last outputs, and the result is the same as a full ingest from scratch.
+Cases an append cannot reproduce exactly must fall back to a full ingest, and say so."""
+
+import os
+
+import polars as pl
+import pytest
+
+from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run_steps
+from kforge_dash.ingest import ingest_run
+
+SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}
+
+
+def full_outputs(run, **kw):
+    """What a from-scratch ingest of the run gives now (forced: no footer cache, no append)."""
+    res = ingest_run(run, force=True, **kw)
+    assert not res.appended
+    return read_outputs(run)
+
+
+def assert_same(a, b):
+    (s1, r1, m1), (s2, r2, m2) = a, b
+    assert s1.equals(s2)
+    assert r1.sort("rank", "step").equals(r2.sort("rank", "step"))
+    assert {k: v for k, v in m1.items() if k not in SUMMARY_VOLATILE} == \
+           {k: v for k, v in m2.items() if k not in SUMMARY_VOLATILE}
+    assert sorted(m1["warnings"]) == sorted(m2["warnings"])
+
+
+def values(r, s):
+    return {"loss": 1.0 / s + r, "tokens": 100 * (r + 1), "grad_norm": float(s), "lr": 0.1, "aux": float(s * r)}
+
+
+def test_new_parts_are_appended_and_match_a_full_ingest(tmp_path, monkeypatch):
+    run = str(tmp_path / "live")
+    recs = open_ranks(run, 3, flush_every_steps=10**6)
+    clock = run_steps(monkeypatch, recs, range(1, 31), step_time=lambda r, s: 0.1 + 0.01 * r, values=values)
+    recs[0].flush()
+    recs[1].flush()  # rank 2 lags: steps 1..30 of rank 2 arrive only after the first ingest
+    first = ingest_run(run)
+    assert not first.appended and first.summary["steps"] == 30
+    assert first.summary["ranks"] == [0, 1]
+
+    run_steps(monkeypatch, recs, range(31, 61), step_time=lambda r, s: 0.2, values=values, clock=clock)
+    for rec in recs.values():
+        rec.flush()
+    res = ingest_run(run)
+    assert res.appended and not res.skipped
+    got = read_outputs(run)
+    steps, ranks, summary = got
+    assert steps["step"].to_list() == list(range(1, 61))
+    assert steps["n_ranks"].to_list() == [3] * 60  # steps 1..30 were rank 0 and 1 only, now all three
+    assert summary["ranks"] == [0, 1, 2] and ranks.height == 180
+    assert_same(got, full_outputs(run))
+
+
+def test_append_in_many_windows_and_tokens_that_do_not_count(tmp_path, monkeypatch):
+    run = str(tmp_path / "win")
+    recs = open_ranks(run, 4, flush_every_steps=5)
+    recs[3] = recs[3]  # rank 3 is a pipeline stage whose tokens do not count toward the global count
+    close_all({3: recs.pop(3)})
+    recs[3] = open_ranks(run, 4, ranks=[3], flush_every_steps=5, counts_tokens=False)[3]
+    clock = run_steps(monkeypatch, recs, range(1, 23), step_time=lambda r, s: 0.1 * (1 + (s + r) % 4),
+                      values=values, flush_every=5)
+    ingest_run(run, chunk_rows=12)
+    run_steps(monkeypatch, recs, range(23, 51), step_time=lambda r, s: 0.1 * (1 + (s * r) % 3),
+              values=values, clock=clock, flush_every=5)
+    for rec in recs.values():
+        rec.flush()
+    res = ingest_run(run, chunk_rows=12)
+    assert res.appended
+    got = read_outputs(run)
+    assert got[0]["step"].to_list() == list(range(1, 51))
+    assert_same(got, full_outputs(run, chunk_rows=12))
+
+
+def test_a_late_eval_log_is_coalesced_into_the_row_already_ingested(tmp_path, monkeypatch):
+    run = str(tmp_path / "eval")
+    recs = open_ranks(run, 2, flush_every_steps=10**6)
+    clock = run_steps(monkeypatch, recs, range(1, 21), step_time=lambda r, s: 0.1, values=values)
+    for rec in recs.values():
+        rec.flush()
+    ingest_run(run)
+    for r, rec in recs.items():
+        rec.log(20, **{"eval/loss": 2.0 + r})  # eval after end_step(20), flushed into the next part
+    run_steps(monkeypatch, recs, range(21, 26), step_time=lambda r, s: 0.1, values=values, clock=clock)
+    for rec in recs.values():
+        rec.flush()
+    res = ingest_run(run)
+    assert res.appended
+    got = read_outputs(run)
+    ev = got[0].filter(pl.col("step") == 20)["eval/loss"].item()
+    assert ev == pytest.approx(2.5)
+    assert got[1].filter(pl.col("step_time_s").is_null()).height == 0  # no stray log-only rows
+    assert_same(got, full_outputs(run))
+
+
+@pytest.mark.parametrize("case", ["rollback", "relog"])
+def test_what_an_append_cannot_reproduce_falls_back_to_a_full_ingest(tmp_path, monkeypatch, case):
+    run = str(tmp_path / case)
+    recs = open_ranks(run, 2, flush_every_steps=10**6)
+    clock = run_steps(monkeypatch, recs, range(1, 21), step_time=lambda r, s: 0.1, values=values)
+    if case == "relog":
+        for r, rec in recs.items():
+            rec.log(20, **{"eval/loss": 1.0})
+    for rec in recs.values():
+        rec.flush()
+    ingest_run(run)
+    if case == "rollback":  # the loop went back to step 16 (in-process rollback) in a new part
+        run_steps(monkeypatch, recs, range(16, 26), step_time=lambda r, s: 0.3, values=values, clock=clock)
+    else:  # the same scalar logged again for step 20: a full ingest keeps the last logged value
+        for r, rec in recs.items():
+            rec.log(20, **{"eval/loss": 3.0})
+    for rec in recs.values():
+        rec.flush()
+    res = ingest_run(run)
+    assert not res.appended and not res.skipped
+    got = read_outputs(run)
+    if case == "rollback":
+        assert got[0].filter(pl.col("step") == 18)["step_time_s"].item() == pytest.approx(0.3)  # last written wins
+    else:
+        assert got[0].filter(pl.col("step") == 20)["eval/loss"].item() == pytest.approx(3.0)
+    assert_same(got, full_outputs(run))
+
+
+@pytest.mark.parametrize("change", ["restart", "part-touched", "manifest-deleted",
+                                    "manifest-corrupt", "ranks-replaced", "alpha"])
+def test_anything_but_new_parts_means_a_full_ingest(tmp_path, monkeypatch, change):
+    run = str(tmp_path / change)
+    recs = open_ranks(run, 2, flush_every_steps=10**6)
+    clock = run_steps(monkeypatch, recs, range(1, 21), step_time=lambda r, s: 0.1, values=values)
+    for rec in recs.values():
+        rec.flush()
+    ingest_run(run)
+    ing = os.path.join(run, "ingested")
+    kw = {}
+    if change == "restart":  # a new launch resumes at step 15: rows of the old one from 15 on are superseded
+        close_all(recs)
+        recs = open_ranks(run, 2, flush_every_steps=10**6)
+        run_steps(monkeypatch, recs, range(15, 31), step_time=lambda r, s: 0.5, values=values, clock=clock)
+    elif change == "new-column":
+        run_steps(monkeypatch, recs, range(21, 31), step_time=lambda r, s: 0.1, clock=clock,
+                  values=lambda r, s: dict(values(r, s), newcol=1.0))
+    else:
+        run_steps(monkeypatch, recs, range(21, 31), step_time=lambda r, s: 0.1, values=values, clock=clock)
+    for rec in recs.values():
+        rec.flush()
+    if change == "part-touched":
+        p = part_files(run)[0]
+        os.utime(p, ns=(os.stat(p).st_atime_ns, os.stat(p).st_mtime_ns + 10**9))
+    elif change == "manifest-deleted":
+        os.remove(os.path.join(ing, "manifest.parquet"))
+    elif change == "manifest-corrupt":
+        with open(os.path.join(ing, "manifest.parquet"), "wb") as f:
+            f.write(b"PAR1 not really")
+    elif change == "ranks-replaced":  # someone rewrote ranks.parquet: never append to it
+        pl.read_parquet(os.path.join(ing, "ranks.parquet")).head(3).write_parquet(os.path.join(ing, "ranks.parquet"))
+    elif change == "alpha":
+        kw["alpha"] = 0.5
+    res = ingest_run(run, **kw)
+    assert not res.appended and not res.skipped
+    got = read_outputs(run)
+    assert got[0]["step"].max() == 30 and got[1].height == 60
+    assert_same(got, full_outputs(run, **kw))
+
+
+def test_only_end_json_new_keeps_the_outputs_and_redoes_the_summary(tmp_path, monkeypatch):
+    run = str(tmp_path / "closed")
+    recs = open_ranks(run, 2, flush_every_steps=10**6)
+    run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.1, values=values)
+    for rec in recs.values():
+        rec.flush()
+    ingest_run(run)
+    ranks_before = os.stat(os.path.join(run, "ingested", "ranks.parquet")).st_mtime_ns
+    close_all(recs)  # writes end.json, no new rows
+    res = ingest_run(run)
+    assert res.appended and not res.skipped
+    assert os.stat(os.path.join(run, "ingested", "ranks.parquet")).st_mtime_ns == ranks_before
+    assert_same(read_outputs(run), full_outputs(run))
+
+
+def test_a_corrupt_part_stays_reported_across_appends(tmp_path, monkeypatch):
+    run = str(tmp_path / "corrupt")
+    recs = open_ranks(run, 2, flush_every_steps=5)
+    clock = run_steps(monkeypatch, recs, range(1, 21), step_time=lambda r, s: 0.1, values=values, flush_every=5)
+    bad = part_files(run)[1]
+    with open(bad, "r+b") as f:
+        f.truncate(os.path.getsize(bad) // 2)
+    first = ingest_run(run)
+    assert any(bad in w and "corrupt" in w for w in first.summary["warnings"])
+    run_steps(monkeypatch, recs, range(21, 31), step_time=lambda r, s: 0.1, values=values, clock=clock, flush_every=5)
+    res = ingest_run(run)
+    assert res.appended
+    assert any(bad in w and "corrupt" in w for w in res.summary["warnings"])
+    assert_same(read_outputs(run), full_outputs(run))
+
+
+def test_an_unchanged_run_is_still_skipped(tmp_path, monkeypatch):
+    run = str(tmp_path / "same")
+    recs = open_ranks(run, 2)
+    run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.1, values=values)
+    close_all(recs)
+    ingest_run(run)
+    res = ingest_run(run)
+    assert res.skipped and not res.appended
