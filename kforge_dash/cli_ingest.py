@@ -26,7 +26,7 @@ def _screen(res) -> list[str]:
     s = res.summary
     mfu = s.get("mean_mfu")
     lines = [
-        f"{s.get('run_name')}  ({res.run_dir}){'  [unchanged]' if res.skipped else ''}",
+        f"{s.get('run_name')}  ({res.run_dir}){'  [unchanged]' if res.skipped else '  [new parts appended]' if res.appended else ''}",
         f"  steps {_num(s.get('steps'))} ({s.get('first_step')}..{s.get('last_step')})   ranks {len(s.get('ranks') or [])}"
         f"   world size {s.get('world_size')}   attempts {len(s.get('attempts') or [])}   restarts {len(s.get('restarts') or [])}",
         f"  tokens {_num(s.get('tokens'))}   wall time {_num(s.get('wall_time_s'), '{:,.1f}')} s"
@@ -91,7 +91,7 @@ class _Progress:
             click.echo(f"{run_dir}: chunk {done}/{total}", err=True)
 
 
-def _run_once(paths, *, as_json, quiet, only_changed=False, **kw) -> int:
+def _run_once(paths, *, as_json, quiet, only_changed=False, json_lines=False, **kw) -> int:
     from .ingest import IngestError, IngestFailure, ingest_path
 
     ok, failed, errors = [], [], []
@@ -105,9 +105,10 @@ def _run_once(paths, *, as_json, quiet, only_changed=False, **kw) -> int:
     shown = [r for r in ok if not (only_changed and r.skipped)]
     if as_json:
         click.echo(json.dumps({
-            "runs": [{"run_dir": r.run_dir, "skipped": r.skipped, "summary": r.summary} for r in shown],
+            "runs": [{"run_dir": r.run_dir, "skipped": r.skipped, "appended": r.appended, "summary": r.summary}
+                     for r in shown],
             "failed": [{"run_dir": f.run_dir, "error": f.error} for f in failed] + [{"run_dir": None, "error": e} for e in errors],
-        }, indent=2, default=str))
+        }, indent=None if json_lines else 2, default=str))  # --watch: one JSON document per line and pass
     elif not quiet:
         for r in shown:
             click.echo("\n".join(_screen(r)))
@@ -131,7 +132,7 @@ def _run_once(paths, *, as_json, quiet, only_changed=False, **kw) -> int:
 @click.option("--wandb-project", default=None, help="W&B project name.")
 @click.option("--wandb-entity", default=None, help="W&B entity (user or team).")
 @click.option("--quiet", "-q", is_flag=True, help="Only errors.")
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout (with --watch: one JSON line per pass).")
 def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorboard, no_wandb, upload,
          wandb_project, wandb_entity, quiet, as_json):
     """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
@@ -147,13 +148,13 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
               wandb_project=wandb_project, wandb_entity=wandb_entity)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IngestWarning)  # they are in each run's summary, printed below
-        code = _run_once(paths, as_json=as_json, quiet=quiet, **kw)
+        code = _run_once(paths, as_json=as_json, quiet=quiet, json_lines=watch is not None, **kw)
         if watch is None:
             sys.exit(code)
         kw["force"] = False  # later passes only redo runs whose shards changed
         try:
             while True:
                 time.sleep(watch)
-                _run_once(paths, as_json=as_json, quiet=quiet, only_changed=True, **kw)
+                _run_once(paths, as_json=as_json, quiet=quiet, only_changed=True, json_lines=True, **kw)
         except KeyboardInterrupt:
             sys.exit(0)

@@ -158,6 +158,32 @@ def test_watch_picks_up_new_parts_until_interrupted(tmp_path, monkeypatch):
     assert r.stdout.count("steps 5 (1..5)") == 1 and r.stdout.count("steps 8 (1..8)") == 1
 
 
+def test_watch_appends_the_parts_of_a_running_job(tmp_path, monkeypatch):
+    run = str(tmp_path / "live")
+    recs = open_ranks(run, 2)
+    clock = run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 0.5)
+    for rec in recs.values():
+        rec.flush()
+    ticks = []
+
+    def fake_sleep(seconds):
+        ticks.append(seconds)
+        if len(ticks) == 1:  # the same job goes on: new part files in the same attempt folders
+            run_steps(monkeypatch, recs, range(6, 12), step_time=lambda r, s: 0.5, clock=clock)
+            for rec in recs.values():
+                rec.flush()
+        else:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_ingest.time, "sleep", fake_sleep)
+    r = runner().invoke(main, [run, "--watch", "1", "--json", *NO_EXPORT])
+    close_all(recs)
+    assert r.exit_code == 0, r.output
+    passes = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    got = [(p["runs"][0]["summary"]["steps"], p["runs"][0]["appended"]) for p in passes if p["runs"]]
+    assert got == [(5, False), (11, True)]
+
+
 def test_real_tensorboard_export_after_ingest(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     run, _ = make_run(tmp_path / "run", monkeypatch)
