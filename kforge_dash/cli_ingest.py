@@ -124,7 +124,7 @@ def _run_once(paths, *, as_json, quiet, only_changed=False, json_lines=False, **
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.1, show_default=True, help="EMA smoothing factor.")
 @click.option("--peak-tflops", type=click.FloatRange(0, min_open=True), default=None, help="Peak dense TFLOPS per GPU; beats meta.json and the device table.")
 @click.option("--flops-per-token", type=click.FloatRange(0, min_open=True), default=None, help="Model FLOPs per token; beats meta.json.")
-@click.option("--watch", type=click.FloatRange(0, min_open=True), default=None, metavar="SECONDS", help="Re-ingest every SECONDS as new part files arrive, until Ctrl-C.")
+@click.option("--watch", type=click.FloatRange(0, min_open=True), default=None, metavar="SECONDS", help="Re-ingest every SECONDS as new part files arrive (appending them), until Ctrl-C; the W&B export of changed runs waits until then.")
 @click.option("--force", is_flag=True, help="Re-ingest even when the shards are unchanged.")
 @click.option("--no-tensorboard", is_flag=True, help="Do not export TensorBoard event files.")
 @click.option("--no-wandb", is_flag=True, help="Do not export an offline W&B run.")
@@ -152,9 +152,22 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
         if watch is None:
             sys.exit(code)
         kw["force"] = False  # later passes only redo runs whose shards changed
+        # A W&B export rewrites the whole offline run (about half a millisecond a step: a minute
+        # per poll for a 100k-step run) and nobody syncs it mid-run, so later passes leave W&B
+        # (and --upload) to one last pass when the watch stops; TensorBoard follows every pass.
+        live = dict(kw, wandb=False, upload=False)
+        deferred = kw["wandb"] or kw["upload"]
+        if deferred and not (quiet or as_json):
+            click.echo(f"watching every {watch:g}s; the W&B export of changed runs waits until Ctrl-C", err=True)
         try:
             while True:
                 time.sleep(watch)
-                _run_once(paths, as_json=as_json, quiet=quiet, only_changed=True, json_lines=True, **kw)
+                _run_once(paths, as_json=as_json, quiet=quiet, only_changed=True, json_lines=True, **live)
         except KeyboardInterrupt:
-            sys.exit(0)
+            pass
+        if deferred:
+            try:  # runs whose W&B export waited are exported now (the others' exports are current)
+                _run_once(paths, as_json=as_json, quiet=quiet, json_lines=True, **kw)
+            except KeyboardInterrupt:
+                sys.exit(130)
+        sys.exit(0)

@@ -184,6 +184,49 @@ def test_watch_appends_the_parts_of_a_running_job(tmp_path, monkeypatch):
     assert got == [(5, False), (11, True)]
 
 
+def test_watch_defers_the_wandb_export_until_it_stops(tmp_path, monkeypatch):
+    run = str(tmp_path / "live")
+    recs = open_ranks(run, 2)
+    clock = run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 0.5)
+    for rec in recs.values():
+        rec.flush()
+    calls = []
+    fake = types.ModuleType("kforge_dash.export")
+
+    class Result:
+        def __init__(self, kw):
+            self.kw = kw
+
+        def to_dict(self):
+            return {k: ({"ok": True, "path": k, "error": None} if self.kw[k] else None) for k in ("tensorboard", "wandb")}
+
+    def export_run(run_dir, **kw):
+        calls.append((pl.read_parquet(os.path.join(run_dir, "ingested", "steps.parquet")).height, kw["wandb"]))
+        return Result(kw)
+
+    fake.export_run = export_run
+    monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
+    ticks = []
+
+    def fake_sleep(seconds):
+        ticks.append(seconds)
+        if len(ticks) == 1:
+            run_steps(monkeypatch, recs, range(6, 9), step_time=lambda r, s: 0.5, clock=clock)
+            for rec in recs.values():
+                rec.flush()
+        elif len(ticks) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_ingest.time, "sleep", fake_sleep)
+    r = runner().invoke(main, [run, "--watch", "1"])
+    close_all(recs)
+    assert r.exit_code == 0, r.output
+    # first pass: both; the pass with new parts: TensorBoard only; an idle pass: nothing;
+    # after Ctrl-C: the W&B export that waited (of the latest outputs)
+    assert calls == [(5, True), (8, False), (8, True)]
+    assert read_outputs(run)[2]["exports"]["wandb"]["ok"] is True
+
+
 def test_real_tensorboard_export_after_ingest(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     run, _ = make_run(tmp_path / "run", monkeypatch)
