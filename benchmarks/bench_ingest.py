@@ -101,9 +101,21 @@ print(res.summary["steps"])
 """
 
 
+# The child's own peak: VmHWM from /proc. Not ru_maxrss: Linux carries it across fork/exec, so a
+# child would report at least this (parent) process's size.
+PEAK = """
+import resource, sys
+try:
+    kib = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
+except (OSError, StopIteration):
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
+print("MAXRSS", kib)
+"""
+
+
 def measure(code: str, run_dir: str) -> tuple[float, float]:
     """(wall seconds, peak RSS GiB) of a fresh interpreter running ``code``."""
-    wrapper = code + "\nimport resource; print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    wrapper = code + PEAK
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", wrapper, run_dir], capture_output=True, text=True, check=True).stdout
     wall = time.perf_counter() - t0

@@ -66,11 +66,11 @@ def plan_append(prior: Prior, *, run_dir: str, out_dir: str, listing, stats: dic
     if outputs.get("steps") is None or outputs.get("steps") != output_stat(out_dir, STEPS_FILE) \
             or outputs.get("ranks") != output_stat(out_dir, RANKS_FILE):
         return None
-    current = {os.path.relpath(p, run_dir): st for p, st in stats.items()}
+    current = {_shards.rel_path(run_dir, p): st for p, st in stats.items()}
     for rel, (size, mtime, _, _) in prior.parts.items():
         if current.get(rel) != (size, mtime):
             return None  # a part the outputs were made from changed or is gone
-    new = [f for f in files if os.path.relpath(f[0].path, run_dir) not in prior.parts]
+    new = [f for f in files if _shards.rel_path(run_dir, f[0].path) not in prior.parts]
     start = min((p.min_step for p, _, _ in new), default=None)
     return AppendPlan(new, start, os.path.join(out_dir, RANKS_FILE), os.path.join(out_dir, STEPS_FILE), s)
 

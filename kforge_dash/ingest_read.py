@@ -241,7 +241,7 @@ def _scan_together(todo, cols, rename, lo, hi, cutoff, counts) -> pl.DataFrame:
     if counts is not None:
         out.append(pl.Series("_counts", np.array([counts[(r, a)] for _, r, a in todo])[f]))
     df = pl.DataFrame(out)
-    if len(todo) > 64 and df.height < len(todo) * 16_384:
+    if len(todo) > 64 and df.height < len(todo) * 2048:
         # Many small part files (the recorder flushes every 100 steps by default): one chunk per
         # file per column makes every later column pass pay per chunk. One copy into single
         # chunks costs less than that overhead.

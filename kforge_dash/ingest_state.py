@@ -69,7 +69,7 @@ class FooterCache:
         self.hits = 0
 
     def __call__(self, path: str, rank: int, warnings: list[str]):
-        rel = os.path.relpath(path, self.run_dir)
+        rel = _shards.rel_path(self.run_dir, path)
         st = self.stats.get(path)
         hit = self.prior.get(rel)
         if hit is not None and st is not None and (hit[0], hit[1]) == st:
@@ -88,7 +88,7 @@ class FooterCache:
         """Parts whose footer was fine but whose rows failed to decode: remembered as skipped,
         with the warning they gave, so the next ingest skips them without reading them again."""
         for path, message in bad.items():
-            rel = os.path.relpath(path, self.run_dir)
+            rel = _shards.rel_path(self.run_dir, path)
             if rel in self.entries:
                 size, mtime, _, _ = self.entries[rel]
                 self.entries[rel] = (size, mtime, None, (message,))
