@@ -26,9 +26,10 @@ from kforge_record.writer import write_json_atomic
 
 from . import shards as _shards
 from .ingest_launches import group_launches, launch_flops, world_size_of
-from .ingest_append import AppendConflict, AppendPlan, attempts_state, copy_head, old_ranks_parts, old_rows, old_steps_head, plan_append
+from .ingest_append import (AppendConflict, AppendPlan, attempts_state, copy_head, old_ranks_parts, old_rows,
+                            old_steps_head, plan_append, recheck_bad)
 from .ingest_read import RanksWriter, arrow_table, output_columns, plan_windows, read_window
-from .ingest_reduce import EMA_METRICS, MEM, Buffers, ema_expr, reduce_steps
+from .ingest_reduce import EMA_METRICS, MEM, Buffers, ema_expr, reduce_steps, step_columns
 from .ingest_state import FooterCache, load_prior, output_stat, save_manifest
 from .ingest_summary import OUTPUT_SCHEMA_VERSION, build_summary, read_summary_file
 
@@ -241,11 +242,13 @@ class _Job:
             rank_ids.update(plan.state.get("ranks", []))
             head = old_steps_head(plan.steps_path, plan.start, _DERIVED)
             if plan.start is None:  # no new rows: the outputs stand, only the summary is redone
+                recheck_bad(self.cache.known_bad, self.bad, warnings)
                 _warn_repeats(repeats, warnings)
                 return head, rank_ids, repeats
             step_parts.append(head)
             files = plan.new_files
             extra = old_ranks_parts(plan.ranks_path, plan.start)
+            recheck_bad(self.cache.known_bad, self.bad, warnings)
         if not files:
             raise IngestError(f"{self.run_dir}: no readable rows (all rows superseded)")
         windows = plan_windows(files + extra, self.opts.chunk_rows)
@@ -271,7 +274,7 @@ class _Job:
                 if self.progress:
                     self.progress("chunk", self.run_dir, i + 1, len(windows))
             writer.close()
-            if not n_new:
+            if not n_new and plan is None:  # (an append keeps the old rows, even if every new part is bad)
                 raise IngestError(f"{self.run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
             os.replace(ranks_tmp, os.path.join(self.out_dir, RANKS_FILE))
         finally:
@@ -280,8 +283,14 @@ class _Job:
                 os.remove(ranks_tmp)
         self.wrote = True
         _warn_repeats(repeats, warnings)
-        how = "diagonal" if plan is not None else "vertical"
-        return pl.concat(step_parts, how=how).sort("step"), rank_ids, repeats
+        if plan is None:
+            return pl.concat(step_parts, how="vertical").sort("step"), rank_ids, repeats
+        # The old head may lack a column first recorded in the new parts: it is null there, and
+        # the columns come in the order a full ingest gives.
+        steps = pl.concat(step_parts, how="diagonal")
+        have = set(steps.columns)
+        steps = steps.select([pl.col(c) if c in have else pl.lit(None, pl.Float64).alias(c) for c in step_columns(self.cols)])
+        return steps.sort("step"), rank_ids, repeats
 
 
 _DERIVED = {"tokens_per_sec", "mfu", *(f"{m}_ema" for m in EMA_METRICS)}

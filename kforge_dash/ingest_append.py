@@ -67,12 +67,26 @@ def plan_append(prior: Prior, *, run_dir: str, out_dir: str, listing, stats: dic
             or outputs.get("ranks") != output_stat(out_dir, RANKS_FILE):
         return None
     current = {_shards.rel_path(run_dir, p): st for p, st in stats.items()}
-    for rel, (size, mtime, _, _) in prior.parts.items():
+    for rel, (size, mtime, *_) in prior.parts.items():
         if current.get(rel) != (size, mtime):
             return None  # a part the outputs were made from changed or is gone
     new = [f for f in files if _shards.rel_path(run_dir, f[0].path) not in prior.parts]
     start = min((p.min_step for p, _, _ in new), default=None)
     return AppendPlan(new, start, os.path.join(out_dir, RANKS_FILE), os.path.join(out_dir, STEPS_FILE), s)
+
+
+def recheck_bad(known_bad: dict, bad: dict, warnings: list[str]) -> None:
+    """Parts whose rows failed to decode in the last ingest, read again on their own: still bad,
+    they are skipped with a warning as a full ingest would; readable now (the error was passing),
+    their rows are missing from the old outputs, so the append is off (AppendConflict)."""
+    for path in known_bad:
+        try:
+            pq.read_table(path)
+        except Exception as e:
+            bad[path] = f"{path}: corrupt part file ({type(e).__name__}: {e}); skipped"
+            warnings.append(bad[path])
+            continue
+        raise AppendConflict(f"{path} is readable now")
 
 
 def old_ranks_parts(path: str, start: int) -> list:

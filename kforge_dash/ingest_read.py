@@ -265,7 +265,9 @@ def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts, buff
         todo = [files[i] for i in overlap if files[i][0].path not in bad]
         if not todo:
             if old is not None:
-                return old  # kept rows, already coalesced and de-duplicated
+                # No new rows here: the last ingest's rows of these steps as they were written,
+                # already coalesced and de-duplicated, each step's rows in rank order.
+                return old
             return pl.DataFrame(schema={c: (pl.Int64 if c in INT_COLS | {"rank", "attempt"} else pl.Float64) for c in cols})
 
         def scan(p, rank, att):

@@ -38,6 +38,13 @@ def ema_expr(col: str, *, alpha: float) -> pl.Expr:
     finite = pl.when(pl.col(col).is_finite()).then(pl.col(col))
     return finite.ewm_mean(alpha=alpha, adjust=False, ignore_nulls=True, min_samples=1).forward_fill()
 _NOT_MEAN = set(FIXED_NAMES) | {"rank", "attempt", "step", "_counts"}
+_HEAD = ("step", "time", "step_time_s", "step_time_min_s", "step_time_median_s", "slowest_rank", "n_ranks",
+         "attempt", "tokens", "loss", "grad_norm", "lr", *MEM)
+
+
+def step_columns(cols: list[str]) -> list[str]:
+    """The columns reduce_steps gives, in order, for the output columns ``cols``."""
+    return [*_HEAD, *(c for c in cols if c not in _NOT_MEAN)]
 
 
 def reduce_steps(df: pl.DataFrame, cols: list[str], counts_col: bool, buffers: "Buffers | None" = None) -> pl.DataFrame:
@@ -45,8 +52,40 @@ def reduce_steps(df: pl.DataFrame, cols: list[str], counts_col: bool, buffers: "
     numpy work space of the previous window, reused (see Buffers)."""
     out = _dense(df, cols, counts_col, buffers or Buffers())
     if out is None:
-        out = df.group_by("step").agg(_aggs(cols, counts_col))
+        out = _grouped(df, cols, counts_col)
     return out
+
+
+def _grouped(df: pl.DataFrame, cols: list[str], counts_col: bool) -> pl.DataFrame:
+    """The general path: a polars group_by, except for the means and the median step time,
+    which are computed here in numpy the way _dense computes them (ranks added one after the
+    other, in row order; the median as the middle value or the mean of the two middle ones).
+    polars sums groups in another order, so a step whose window took the other path (a window
+    cut elsewhere, an append) would differ in the last bit; this way both agree exactly."""
+    out = df.group_by("step").agg(_aggs(counts_col)).sort("step")
+    steps = out["step"].to_numpy()
+    gid = np.searchsorted(steps, df["step"].to_numpy())
+    g = len(steps)
+    fixed = []
+    for c in ("loss", *(c for c in cols if c not in _NOT_MEAN)):
+        s = df[c]
+        has = s.is_not_null().to_numpy()
+        v = s.to_numpy()
+        total = np.bincount(gid[has], weights=v[has], minlength=g)  # sequential, in row order
+        count = np.bincount(gid[has], minlength=g)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            fixed.append(pl.Series(c, pa.array(total / count, mask=count == 0)))
+    st = df["step_time_s"]
+    has = st.is_not_null().to_numpy()
+    x, gx = st.to_numpy()[has], gid[has]
+    order = np.lexsort((x, gx))  # by step, then time (NaN last, as np.sort)
+    x, n = x[order], np.bincount(gx, minlength=g)
+    start = np.cumsum(n) - n
+    mid = np.minimum(start + n // 2, max(len(x) - 1, 0))
+    lo = np.where(n % 2, mid, np.maximum(mid - 1, 0))
+    med = (x[lo] + x[mid]) / 2 if len(x) else np.full(g, np.nan)
+    fixed.append(pl.Series("step_time_median_s", pa.array(np.where(n % 2, x[mid] if len(x) else med, med), mask=n == 0)))
+    return out.with_columns(fixed).select(step_columns(cols))
 
 
 class Buffers:
@@ -115,7 +154,9 @@ def _join_values(s: pl.Series, out: np.ndarray) -> bool:
     return True
 
 
-def _aggs(cols: list[str], counts_col: bool) -> list[pl.Expr]:
+def _aggs(counts_col: bool) -> list[pl.Expr]:
+    """The reductions whose result does not depend on the order of the rows' addition (the
+    means and the median are _grouped's own)."""
     # polars keeps row order within a group, so "first non-null" is the lowest reporting rank.
     tok = pl.when(pl.col("_counts")).then(pl.col("tokens")) if counts_col else pl.col("tokens")
     st = pl.col("step_time_s")
@@ -123,16 +164,13 @@ def _aggs(cols: list[str], counts_col: bool) -> list[pl.Expr]:
         pl.col("time").max(),
         st.max().alias("step_time_s"),
         st.min().alias("step_time_min_s"),
-        st.median().alias("step_time_median_s"),
         pl.col("rank").filter(st == st.max()).min().alias("slowest_rank"),
         pl.len().cast(pl.Int64).alias("n_ranks"),
         pl.col("attempt").max(),
         pl.when(tok.count() > 0).then(tok.sum()).alias("tokens"),  # a sum over nothing is null, not 0
-        pl.col("loss").mean(),
         pl.col("grad_norm").drop_nulls().first(),
         pl.col("lr").drop_nulls().first(),
         *[pl.col(c).max() for c in MEM],
-        *[pl.col(c).mean() for c in cols if c not in _NOT_MEAN],
     ]
 
 

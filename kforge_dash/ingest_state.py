@@ -24,15 +24,15 @@ from . import shards as _shards
 
 MANIFEST_FILE = "manifest.parquet"
 _STATE_KEY = b"kforge_ingest_state"
-_COLUMNS = ("rel", "size", "mtime_ns", "ok", "num_rows", "min_step", "max_step", "has_log_rows",
-            "has_end_rows", "dropped_rows_total", "schema", "warnings")
+_COLUMNS = ("rel", "size", "mtime_ns", "num_rows", "min_step", "max_step", "has_log_rows",
+            "has_end_rows", "dropped_rows_total", "schema", "warnings", "bad")
 
 
 @dataclass(frozen=True)
 class Prior:
     """The manifest of the last ingest: footers by relative path, and its state (a dict)."""
 
-    parts: dict  # rel path -> (size, mtime_ns, PartInfo | None, warnings tuple)
+    parts: dict  # rel path -> (size, mtime_ns, PartInfo, footer warnings tuple, bad: warning | None)
     state: dict
 
 
@@ -48,24 +48,24 @@ def load_prior(out_dir: str, run_dir: str) -> Prior | None:
         return None
     schemas = [_shards._interned(dict(s)) for s in state.get("schemas", [])]
     parts = {}
-    for rel, size, mtime, ok, n, lo, hi, log, end, dropped, schema, warns in zip(*(cols[c] for c in _COLUMNS)):
-        info = None
-        if ok:
-            info = _shards.PartInfo(os.path.join(run_dir, rel), n, schemas[schema], lo, hi, log, dropped, end)
-        parts[rel] = (size, mtime, info, tuple(warns or ()))
+    for rel, size, mtime, n, lo, hi, log, end, dropped, schema, warns, bad in zip(*(cols[c] for c in _COLUMNS)):
+        info = _shards.PartInfo(os.path.join(run_dir, rel), n, schemas[schema], lo, hi, log, dropped, end)
+        parts[rel] = (size, mtime, info, tuple(warns or ()), bad)
     return Prior(parts, state)
 
 
 class FooterCache:
     """A ``part_reader`` for shards.read_attempt: answers from the prior manifest when a part's
     size and mtime are unchanged, else reads the footer; remembers every answer for the next
-    manifest."""
+    manifest. A footer that could not be read is never remembered (the error may be passing:
+    an I/O error, too many open files), so it is tried again next time; there are few."""
 
     def __init__(self, run_dir: str, stats: dict, prior: Prior | None):
         self.run_dir = run_dir
         self.stats = stats
         self.prior = prior.parts if prior is not None else {}
-        self.entries: dict[str, tuple] = {}  # rel -> (size, mtime_ns, PartInfo | None, warnings)
+        self.entries: dict[str, tuple] = {}  # rel -> (size, mtime_ns, PartInfo, warnings, bad)
+        self.known_bad: dict[str, str] = {}  # path -> warning: rows failed to decode last time
         self.hits = 0
 
     def __call__(self, path: str, rank: int, warnings: list[str]):
@@ -76,38 +76,36 @@ class FooterCache:
             self.hits += 1
             warnings.extend(hit[3])
             self.entries[rel] = hit
+            if hit[4] is not None:
+                self.known_bad[path] = hit[4]
             return hit[2]
         mine: list[str] = []
         info = _shards.read_part(path, rank, mine)
         warnings.extend(mine)
-        if st is not None:  # a part that vanished meanwhile is not remembered
-            self.entries[rel] = (st[0], st[1], info, tuple(mine))
+        if st is not None and info is not None:
+            self.entries[rel] = (st[0], st[1], info, tuple(mine), None)
         return info
 
     def mark_bad(self, bad: dict) -> None:
-        """Parts whose footer was fine but whose rows failed to decode: remembered as skipped,
-        with the warning they gave, so the next ingest skips them without reading them again."""
-        for path, message in bad.items():
-            rel = _shards.rel_path(self.run_dir, path)
-            if rel in self.entries:
-                size, mtime, _, _ = self.entries[rel]
-                self.entries[rel] = (size, mtime, None, (message,))
+        """Parts whose footer was fine but whose rows failed to decode (path -> warning): an
+        append retries them alone, without re-reading what the last ingest already merged."""
+        for rel, entry in self.entries.items():
+            path = os.path.join(self.run_dir, rel)
+            msg = bad.get(path)
+            if msg != entry[4]:
+                self.entries[rel] = (*entry[:4], msg)
 
 
 def save_manifest(out_dir: str, cache: FooterCache, state: dict) -> None:
     """Write manifest.parquet atomically (temp name, then rename)."""
     schemas: dict[tuple, int] = {}
     rows = {c: [] for c in _COLUMNS}
-    for rel, (size, mtime, info, warns) in cache.entries.items():
+    for rel, (size, mtime, info, warns, bad) in cache.entries.items():
         rows["rel"].append(rel)
         rows["size"].append(size)
         rows["mtime_ns"].append(mtime)
-        rows["ok"].append(info is not None)
         rows["warnings"].append(list(warns))
-        if info is None:
-            for c in ("num_rows", "min_step", "max_step", "has_log_rows", "has_end_rows", "dropped_rows_total", "schema"):
-                rows[c].append(None)
-            continue
+        rows["bad"].append(bad)
         rows["num_rows"].append(info.num_rows)
         rows["min_step"].append(info.min_step)
         rows["max_step"].append(info.max_step)
@@ -115,7 +113,7 @@ def save_manifest(out_dir: str, cache: FooterCache, state: dict) -> None:
         rows["has_end_rows"].append(info.has_end_rows)
         rows["dropped_rows_total"].append(info.dropped_rows_total)
         rows["schema"].append(schemas.setdefault(tuple(info.columns.items()), len(schemas)))
-    types = {"rel": pa.string(), "size": pa.int64(), "mtime_ns": pa.int64(), "ok": pa.bool_(),
+    types = {"rel": pa.string(), "size": pa.int64(), "mtime_ns": pa.int64(), "bad": pa.string(),
              "num_rows": pa.int64(), "min_step": pa.int64(), "max_step": pa.int64(), "has_log_rows": pa.bool_(),
              "has_end_rows": pa.bool_(), "dropped_rows_total": pa.int64(), "schema": pa.int32(),
              "warnings": pa.list_(pa.string())}

@@ -205,3 +205,127 @@ def test_an_unchanged_run_is_still_skipped(tmp_path, monkeypatch):
     ingest_run(run)
     res = ingest_run(run)
     assert res.skipped and not res.appended
+
+
+def scribble(path):
+    """Damage a part's data pages and keep its footer: only reading its rows tells."""
+    data = bytearray(open(path, "rb").read())
+    data[4:200] = b"\xff" * 196
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+
+
+def test_a_new_column_takes_its_full_ingest_place(tmp_path, monkeypatch):
+    run = str(tmp_path / "cols")
+    recs = open_ranks(run, 2, flush_every_steps=10**6)
+    clock = run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.1,
+                      values=lambda r, s: {"loss": 1.0 / s, "tokens": 100, "zeta": 1.0})
+    for rec in recs.values():
+        rec.flush()
+    ingest_run(run)
+    run_steps(monkeypatch, recs, range(11, 21), step_time=lambda r, s: 0.1, clock=clock,
+              values=lambda r, s: {"loss": 1.0 / s, "tokens": 100, "zeta": 1.0, "alpha_new": 2.0})
+    for rec in recs.values():
+        rec.flush()
+    assert ingest_run(run).appended
+    got = read_outputs(run)
+    assert got[0].columns.index("alpha_new") < got[0].columns.index("zeta")  # sorted, as a full ingest does
+    assert got[0]["alpha_new"].to_list() == [None] * 10 + [2.0] * 10
+    assert_same(got, full_outputs(run))
+
+
+def test_new_parts_that_fail_to_decode_are_skipped_and_the_old_rows_kept(tmp_path, monkeypatch):
+    run = str(tmp_path / "bad-new")
+    recs = open_ranks(run, 2, flush_every_steps=10**6)
+    clock = run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.1, values=values)
+    for rec in recs.values():
+        rec.flush()
+    ingest_run(run)
+    before = set(part_files(run))
+    run_steps(monkeypatch, recs, range(11, 21), step_time=lambda r, s: 0.1, values=values, clock=clock)
+    close_all(recs)  # the node lost power while the last parts were written
+    for p in sorted(set(part_files(run)) - before):
+        scribble(p)
+    res = ingest_run(run)
+    assert res.appended and res.summary["steps"] == 10
+    assert sum("corrupt part file" in w for w in res.summary["warnings"]) == 2
+    assert ingest_run(run).skipped  # and the next poll has nothing to redo
+    assert_same(read_outputs(run), full_outputs(run))
+
+
+def test_a_restart_whose_first_parts_are_corrupt_plans_as_a_full_ingest(tmp_path, monkeypatch):
+    run = str(tmp_path / "bad-restart")
+    recs = open_ranks(run, 2, flush_every_steps=10**6)
+    clock = run_steps(monkeypatch, recs, range(1, 21), step_time=lambda r, s: 0.1, values=values)
+    close_all(recs)
+    recs = open_ranks(run, 2, flush_every_steps=10**6)  # resumes from the step-14 checkpoint
+    before = set(part_files(run))
+    run_steps(monkeypatch, recs, range(15, 20), step_time=lambda r, s: 0.5, values=values, clock=clock)
+    for rec in recs.values():
+        rec.flush()
+    for p in sorted(set(part_files(run)) - before):
+        scribble(p)
+    first = ingest_run(run)
+    assert first.summary["restarts"][0]["resumed_at_step"] == 15  # from the footers, rows unreadable
+    run_steps(monkeypatch, recs, range(20, 26), step_time=lambda r, s: 0.5, values=values, clock=clock)
+    for rec in recs.values():
+        rec.flush()
+    res = ingest_run(run)
+    assert res.appended
+    assert_same(read_outputs(run), full_outputs(run))
+
+
+def test_a_footer_that_failed_to_read_once_is_read_again(tmp_path, monkeypatch):
+    import kforge_dash.shards as shards
+
+    run = str(tmp_path / "flaky")
+    recs = open_ranks(run, 2, flush_every_steps=10**6)
+    clock = run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.1, values=values)
+    for rec in recs.values():
+        rec.flush()
+    victim = part_files(run)[0]
+    real = shards.pq.read_metadata
+
+    def flaky(path, *a, **k):
+        if str(path) == victim:
+            raise OSError(5, "Input/output error")  # e.g. a network file system hiccup
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(shards.pq, "read_metadata", flaky)
+    first = ingest_run(run)
+    assert first.summary["ranks"] == [1]
+    monkeypatch.setattr(shards.pq, "read_metadata", real)
+    run_steps(monkeypatch, recs, range(11, 21), step_time=lambda r, s: 0.1, values=values, clock=clock)
+    for rec in recs.values():
+        rec.flush()
+    res = ingest_run(run)
+    assert res.summary["ranks"] == [0, 1] and res.summary["steps"] == 20
+    got = read_outputs(run)
+    assert got[0]["n_ranks"].to_list() == [2] * 20
+    assert_same(got, full_outputs(run))
+
+
+def test_means_are_bit_identical_whichever_window_a_step_falls_in(tmp_path, monkeypatch):
+    """Random floats over 8 ranks: the matrix path and the group-by path add ranks in the same
+    order, so an append (whose windows start elsewhere) gives the very same bits."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    run = str(tmp_path / "bits")
+    recs = open_ranks(run, 8, flush_every_steps=10**6)
+    for rec in recs.values():
+        rec.log(0, warmup=1.0)  # a log-only row at step 0: its window takes the group-by path
+
+    def vals(r, s):
+        return {"loss": float(rng.random() * 10), "tokens": 100, "aux": float(rng.random() * 1e3)}
+
+    clock = run_steps(monkeypatch, recs, range(1, 21), values=vals, step_time=lambda r, s: float(rng.random()))
+    for rec in recs.values():
+        rec.flush()
+    ingest_run(run)
+    run_steps(monkeypatch, recs, range(21, 41), values=vals, step_time=lambda r, s: float(rng.random()), clock=clock)
+    for rec in recs.values():
+        rec.flush()
+    assert ingest_run(run).appended
+    assert_same(read_outputs(run), full_outputs(run))
+    assert_same(read_outputs(run), full_outputs(run, chunk_rows=24))  # and any window cut
