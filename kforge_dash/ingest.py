@@ -157,6 +157,7 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
     # Footers come from the last ingest's manifest where the part is unchanged (--force: none).
     prior = None if opts.force else load_prior(out_dir, run_dir)
     cache = FooterCache(run_dir, stats, prior)
+    cache.prefetch(listing)
     attempts = [a for a in (_shards.read_attempt(af, warnings, cache) for af in listing) if a is not None]
     launches = group_launches(attempts, warnings)
     files = []  # (PartInfo, rank, launch index)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -54,6 +54,9 @@ def load_prior(out_dir: str, run_dir: str) -> Prior | None:
     return Prior(parts, state)
 
 
+PARALLEL_MIN_PARTS = 20_000  # below this, starting worker processes costs more than it saves
+
+
 class FooterCache:
     """A ``part_reader`` for shards.read_attempt: answers from the prior manifest when a part's
     size and mtime are unchanged, else reads the footer; remembers every answer for the next
@@ -66,21 +69,44 @@ class FooterCache:
         self.prior = prior.parts if prior is not None else {}
         self.entries: dict[str, tuple] = {}  # rel -> (size, mtime_ns, PartInfo, warnings, bad)
         self.known_bad: dict[str, str] = {}  # path -> warning: rows failed to decode last time
+        self.fetched: dict[str, tuple] = {}  # path -> (PartInfo | None, warnings), from prefetch()
         self.hits = 0
+
+    def _hit(self, path: str):
+        st = self.stats.get(path)
+        hit = self.prior.get(_shards.rel_path(self.run_dir, path))
+        return hit if hit is not None and st is not None and (hit[0], hit[1]) == st else None
+
+    def prefetch(self, listing, *, min_parts: int | None = None, workers: int | None = None) -> None:
+        """Read the footers the cache cannot answer in worker processes when there are many
+        (ingest_footers.py); otherwise, or if that fails, __call__ reads them one by one."""
+        todo = [(p, af.rank) for af in listing for p in af.parts if self._hit(p) is None]
+        workers = workers or min(os.cpu_count() or 1, 8)
+        if len(todo) < (PARALLEL_MIN_PARTS if min_parts is None else min_parts) or workers < 2:
+            return
+        from .ingest_footers import read_footers
+
+        for path, (info, warns) in (read_footers(todo, workers=workers) or {}).items():
+            if info is not None:
+                info = replace(info, columns=_shards._interned(info.columns))
+            self.fetched[path] = (info, warns)
 
     def __call__(self, path: str, rank: int, warnings: list[str]):
         rel = _shards.rel_path(self.run_dir, path)
         st = self.stats.get(path)
-        hit = self.prior.get(rel)
-        if hit is not None and st is not None and (hit[0], hit[1]) == st:
+        hit = self._hit(path)
+        if hit is not None:
             self.hits += 1
             warnings.extend(hit[3])
             self.entries[rel] = hit
             if hit[4] is not None:
                 self.known_bad[path] = hit[4]
             return hit[2]
-        mine: list[str] = []
-        info = _shards.read_part(path, rank, mine)
+        if path in self.fetched:
+            info, mine = self.fetched.pop(path)
+        else:
+            mine = []
+            info = _shards.read_part(path, rank, mine)
         warnings.extend(mine)
         if st is not None and info is not None:
             self.entries[rel] = (st[0], st[1], info, tuple(mine), None)

@@ -329,3 +329,33 @@ def test_means_are_bit_identical_whichever_window_a_step_falls_in(tmp_path, monk
     assert ingest_run(run).appended
     assert_same(read_outputs(run), full_outputs(run))
     assert_same(read_outputs(run), full_outputs(run, chunk_rows=24))  # and any window cut
+
+
+def test_footers_read_by_worker_processes_give_the_same_ingest(tmp_path, monkeypatch):
+    import sys
+
+    import kforge_dash.ingest_state as ingest_state
+
+    run = str(tmp_path / "many")
+    recs = open_ranks(run, 3, flush_every_steps=4)
+    run_steps(monkeypatch, recs, range(1, 41), step_time=lambda r, s: 0.1 + 0.01 * r, values=values, flush_every=4)
+    close_all(recs)
+    bad = part_files(run)[3]
+    with open(bad, "r+b") as f:
+        f.truncate(100)  # a footer that cannot be read: its warning must come back from the worker
+    want = full_outputs(run)
+    import kforge_dash.shards as shards
+
+    real = shards.read_part
+
+    def not_here(*a, **k):
+        raise AssertionError("footer read in the parent process")
+
+    monkeypatch.setattr(ingest_state, "PARALLEL_MIN_PARTS", 1)
+    monkeypatch.setattr(shards, "read_part", not_here)  # the workers (fresh interpreters) read them all
+    got = full_outputs(run)
+    assert any(bad in w for w in got[2]["warnings"])
+    assert_same(got, want)
+    monkeypatch.setattr(shards, "read_part", real)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))  # workers cannot start: read here
+    assert_same(full_outputs(run), want)

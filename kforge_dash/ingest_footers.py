@@ -1,0 +1,68 @@
+"""Reading many part-file footers in worker processes.
+
+Parsing a Parquet footer is Python-bound (pyarrow's ParquetFile set-up), about 60-100 us a file,
+so threads do not help; a run of 1024 ranks x 1000 parts has a million footers. Workers are
+plain `python -m kforge_dash.ingest_footers IN OUT` processes (not multiprocessing, whose spawn
+re-imports the caller's __main__: a notebook, a Streamlit page or an unguarded script would
+break or run again). Any failure leaves the footers to be read one by one by the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+
+def read_footers(items: list, *, workers: int) -> dict | None:
+    """{path: (PartInfo | None, warnings)} for (path, rank) items, read by ``workers``
+    processes; None when the workers could not do it (the caller reads them itself)."""
+    import kforge_dash
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kforge_dash.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    size = -(-len(items) // workers)
+    with tempfile.TemporaryDirectory(prefix="kforge-footers-") as tmp:
+        procs = []
+        try:
+            for i in range(0, len(items), size):
+                src, dst = os.path.join(tmp, f"{i}.in"), os.path.join(tmp, f"{i}.out")
+                with open(src, "wb") as f:
+                    pickle.dump(items[i:i + size], f, protocol=pickle.HIGHEST_PROTOCOL)
+                procs.append((subprocess.Popen([sys.executable, "-m", "kforge_dash.ingest_footers", src, dst],
+                                               env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL), dst))
+            out = {}
+            for p, dst in procs:
+                if p.wait() != 0:
+                    return None
+                with open(dst, "rb") as f:
+                    for path, info, warns in pickle.load(f):
+                        out[path] = (info, warns)
+            return out
+        except (OSError, pickle.PickleError, EOFError):
+            return None
+        finally:
+            for p, _ in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
+def _main(src: str, dst: str) -> None:
+    from kforge_dash.shards import read_part
+
+    with open(src, "rb") as f:
+        items = pickle.load(f)
+    out = []
+    for path, rank in items:
+        warns: list[str] = []
+        out.append((path, read_part(path, rank, warns), warns))
+    with open(dst, "wb") as f:
+        pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], sys.argv[2])
