@@ -62,9 +62,12 @@ def _ingest(root, names: list[str]) -> None:
 
     for name in names:
         try:
-            # Through run_dir: a name can only be one of the root's own runs. force: the user
-            # asked, and a run stale only by file times would otherwise be skipped as unchanged.
-            ingest_run(prep_runs.run_dir(root, name), force=True)
+            # Through run_dir: a name can only be one of the root's own runs. New part files of a
+            # running job are appended; a run stale only by file times (its fingerprint unchanged,
+            # so skipped) is redone from scratch, since the user asked.
+            run = prep_runs.run_dir(root, name)
+            if ingest_run(run).skipped:
+                ingest_run(run, force=True)
         except Exception as e:  # show it; the app keeps running
             st.session_state.setdefault("ingest_errors", []).append(f"{name}: {e}")
     _list_runs.clear()
