@@ -52,8 +52,9 @@ def _screen(res) -> list[str]:
 class _Progress:
     """A rich progress bar on a terminal, plain lines otherwise, nothing with --quiet."""
 
-    def __init__(self, *, quiet: bool):
+    def __init__(self, *, quiet: bool, changed: set | None = None):
         self.quiet = quiet
+        self.changed = changed  # run directories that reached a chunk of rows
         self.bar = None
         self.task = None
         if not quiet and sys.stderr.isatty():
@@ -75,6 +76,8 @@ class _Progress:
             self.bar.stop()
 
     def __call__(self, event, run_dir, done, total):
+        if event == "chunk" and self.changed is not None:
+            self.changed.add(run_dir)
         if self.quiet:
             return
         if event == "lock-wait":
@@ -91,15 +94,19 @@ class _Progress:
             click.echo(f"{run_dir}: chunk {done}/{total}", err=True)
 
 
-def _run_once(paths, *, as_json, quiet, only_changed=False, json_lines=False, **kw) -> int:
+def _run_once(paths, *, as_json, quiet, only_changed=False, json_lines=False, changed=None, **kw) -> int:
+    """One ingest pass over ``paths``; the exit status. ``changed``: a set that receives every run
+    this pass re-ingested (or began to: a Ctrl-C may stop it halfway)."""
     from .ingest import IngestError, IngestFailure, ingest_path
 
     ok, failed, errors = [], [], []
-    with _Progress(quiet=quiet or as_json) as progress:
+    with _Progress(quiet=quiet or as_json, changed=changed) as progress:
         for p in paths:
             try:
                 for r in ingest_path(p, progress=progress, **kw):
                     (failed if isinstance(r, IngestFailure) else ok).append(r)
+                    if changed is not None and not isinstance(r, IngestFailure) and not r.skipped:
+                        changed.add(r.run_dir)
             except IngestError as e:
                 errors.append(str(e))
     shown = [r for r in ok if not (only_changed and r.skipped)]
@@ -159,15 +166,16 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
         deferred = kw["wandb"] or kw["upload"]
         if deferred and not (quiet or as_json):
             click.echo(f"watching every {watch:g}s; the W&B export of changed runs waits until Ctrl-C", err=True)
+        changed: set[str] = set()
         try:
             while True:
                 time.sleep(watch)
-                _run_once(paths, as_json=as_json, quiet=quiet, only_changed=True, json_lines=True, **live)
+                _run_once(paths, as_json=as_json, quiet=quiet, only_changed=True, json_lines=True, changed=changed, **live)
         except KeyboardInterrupt:
             pass
-        if deferred:
-            try:  # runs whose W&B export waited are exported now (the others' exports are current)
-                _run_once(paths, as_json=as_json, quiet=quiet, json_lines=True, **kw)
-            except KeyboardInterrupt:
-                sys.exit(130)
-        sys.exit(0)
+        if not (deferred and changed):
+            sys.exit(0)
+        try:  # the runs whose W&B export (and upload) waited; the others' exports are current
+            sys.exit(_run_once(sorted(changed), as_json=as_json, quiet=quiet, json_lines=True, **kw))
+        except KeyboardInterrupt:
+            sys.exit(130)

@@ -14,6 +14,15 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import time
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity, e.g. a Slurm allocation), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def read_footers(items: list, *, workers: int) -> dict | None:
@@ -31,18 +40,22 @@ def read_footers(items: list, *, workers: int) -> dict | None:
                 src, dst = os.path.join(tmp, f"{i}.in"), os.path.join(tmp, f"{i}.out")
                 with open(src, "wb") as f:
                     pickle.dump(items[i:i + size], f, protocol=pickle.HIGHEST_PROTOCOL)
+                # cwd: `python -m` puts the working directory first on sys.path, where another
+                # checkout's kforge_dash/ could shadow this one.
                 procs.append((subprocess.Popen([sys.executable, "-m", "kforge_dash.ingest_footers", src, dst],
-                                               env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                               cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL), dst))
+            # A worker never takes this long unless stuck (footers take ~0.1 ms each): give up on it.
+            deadline = time.monotonic() + 60 + 0.01 * size
             out = {}
             for p, dst in procs:
-                if p.wait() != 0:
+                if p.wait(timeout=max(0.0, deadline - time.monotonic())) != 0:
                     return None
                 with open(dst, "rb") as f:
                     for path, info, warns in pickle.load(f):
                         out[path] = (info, warns)
             return out
-        except (OSError, pickle.PickleError, EOFError):
+        except (OSError, pickle.PickleError, EOFError, subprocess.TimeoutExpired):
             return None
         finally:
             for p, _ in procs:

@@ -81,11 +81,11 @@ class FooterCache:
         """Read the footers the cache cannot answer in worker processes when there are many
         (ingest_footers.py); otherwise, or if that fails, __call__ reads them one by one."""
         todo = [(p, af.rank) for af in listing for p in af.parts if self._hit(p) is None]
-        workers = workers or min(os.cpu_count() or 1, 8)
+        from .ingest_footers import read_footers, usable_cpus
+
+        workers = workers or min(usable_cpus(), 8)
         if len(todo) < (PARALLEL_MIN_PARTS if min_parts is None else min_parts) or workers < 2:
             return
-        from .ingest_footers import read_footers
-
         for path, (info, warns) in (read_footers(todo, workers=workers) or {}).items():
             if info is not None:
                 info = replace(info, columns=_shards._interned(info.columns))

@@ -227,6 +227,76 @@ def test_watch_defers_the_wandb_export_until_it_stops(tmp_path, monkeypatch):
     assert read_outputs(run)[2]["exports"]["wandb"]["ok"] is True
 
 
+def test_watch_final_pass_exports_and_uploads_only_the_runs_that_changed(tmp_path, monkeypatch):
+    from kforge_dash import ingest as ingest_mod
+
+    root = tmp_path / "root"
+    live = str(root / "live")
+    recs = open_ranks(live, 2)
+    clock = run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 0.5)
+    for rec in recs.values():
+        rec.flush()
+    make_run(root / "done", monkeypatch)  # a finished run: exported and uploaded once, at the start
+    calls = []
+    fake = types.ModuleType("kforge_dash.export")
+
+    class Result:
+        def to_dict(self):
+            return {k: {"ok": True, "path": k, "error": None} for k in ("tensorboard", "wandb", "upload")}
+
+    def export_run(run_dir, **kw):
+        calls.append((os.path.basename(run_dir), kw["wandb"], kw["upload"]))
+        return Result()
+
+    fake.export_run = export_run
+    monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
+    ticks = []
+
+    def fake_sleep(seconds):
+        ticks.append(seconds)
+        if len(ticks) == 1:
+            run_steps(monkeypatch, recs, range(6, 9), step_time=lambda r, s: 0.5, clock=clock)
+            for rec in recs.values():
+                rec.flush()
+        else:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_ingest.time, "sleep", fake_sleep)
+    r = runner().invoke(main, [str(root), "--watch", "1", "--upload"])
+    assert r.exit_code == 0, r.output
+    assert sorted(calls[:2]) == [("done", True, True), ("live", True, True)]
+    assert calls[2:] == [("live", False, False), ("live", True, True)]
+
+    # the final pass fails: the exit status says so
+    run_steps(monkeypatch, recs, range(9, 12), step_time=lambda r, s: 0.5, clock=clock)
+    for rec in recs.values():
+        rec.flush()
+    ticks.clear()
+    real = ingest_mod.ingest_run
+
+    def broken(run_dir, **kw):
+        if len(ticks) > 1:  # after Ctrl-C
+            raise ingest_mod.IngestError(f"{run_dir}: disk full")
+        return real(run_dir, **kw)
+
+    monkeypatch.setattr(ingest_mod, "ingest_run", broken)
+
+    def sleep2(seconds):
+        if len(ticks) == 0:
+            ticks.append(seconds)
+            run_steps(monkeypatch, recs, range(12, 14), step_time=lambda r, s: 0.5, clock=clock)
+            for rec in recs.values():
+                rec.flush()
+        else:
+            ticks.append(seconds)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_ingest.time, "sleep", sleep2)
+    r = runner().invoke(main, [live, "--watch", "1", "--no-tensorboard"])
+    close_all(recs)
+    assert r.exit_code == 1 and "disk full" in r.stderr
+
+
 def test_real_tensorboard_export_after_ingest(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     run, _ = make_run(tmp_path / "run", monkeypatch)

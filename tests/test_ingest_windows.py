@@ -50,3 +50,26 @@ def test_many_matrix_windows_match_one_window_and_a_plain_group_by(tmp_path, mon
     assert got["grad_norm"].to_list() == ref["grad_norm"].to_list() == [float(s) for s in range(1, 43)]
     ev = got["eval/loss"].to_list()
     assert ev[9] == pytest.approx(1.5) and all(x is None for i, x in enumerate(ev) if i != 9)
+
+
+def test_a_window_of_one_step_over_many_ranks_adds_them_in_rank_order(tmp_path, monkeypatch):
+    """16 ranks, parts of steps 1-4, 5-8 and 9: with chunk_rows=64 step 9 is a window of its own.
+    numpy sums a (16, 1) grid pairwise, not rank after rank: that window must still give the
+    bits a whole-run window gives."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    run = str(tmp_path / "one-step")
+    recs = open_ranks(run, 16, flush_every_steps=4)
+    run_steps(monkeypatch, recs, range(1, 10), step_time=lambda r, s: 0.1,
+              values=lambda r, s: {"loss": float(rng.random() * 1e3), "tokens": 10, "x": float(rng.random())},
+              flush_every=4)
+    close_all(recs)
+    (one_steps, _, _), (many_steps, _, _) = ingest_whole_and_windowed(run, 64)
+    assert many_steps.equals(one_steps)
+    ranks = pl.read_parquet(f"{run}/ingested/ranks.parquet").sort("rank")
+    for s in (4, 9):
+        total = 0.0
+        for v in ranks.filter(pl.col("step") == s)["loss"].to_list():
+            total += v  # rank after rank, as the contract says
+        assert many_steps.filter(pl.col("step") == s)["loss"].item() == total / 16

@@ -63,11 +63,12 @@ def _ingest(root, names: list[str]) -> None:
     for name in names:
         try:
             # Through run_dir: a name can only be one of the root's own runs. New part files of a
-            # running job are appended; a run stale only by file times (its fingerprint unchanged,
-            # so skipped) is redone from scratch, since the user asked.
-            run = prep_runs.run_dir(root, name)
-            if ingest_run(run).skipped:
-                ingest_run(run, force=True)
+            # running job are appended. A run that looked stale only by folder times (a temp file
+            # come and gone) is skipped as unchanged: its outputs are current, so they are marked
+            # so (summary.json touched) instead of redone.
+            res = ingest_run(prep_runs.run_dir(root, name))
+            if res.skipped:
+                os.utime(os.path.join(res.ingested_dir, "summary.json"))
         except Exception as e:  # show it; the app keeps running
             st.session_state.setdefault("ingest_errors", []).append(f"{name}: {e}")
     _list_runs.clear()
