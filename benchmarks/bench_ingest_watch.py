@@ -50,6 +50,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench_ingest import PEAK  # the child's own peak (VmHWM), as bench_ingest measures it
 from kforge_record import Recorder
 from kforge_record.schema import (END_FILE, INGESTED_DIR, PARQUET_META_KEY, RANKS_FILE, SCHEMA_VERSION,
                                   STEPS_FILE, SUMMARY_FILE, is_part_file, part_file_name, rank_dir_name)
@@ -130,19 +131,6 @@ def write_steps(run_dir: str, ranks: int, lo: int, hi: int, steps_per_part: int,
             rows += table.num_rows
             files += 1
     return rows, files
-
-
-# The child's own peak: VmHWM, the high-water mark of its address space. Not ru_maxrss where
-# VmHWM exists: Linux carries ru_maxrss across the fork/exec, so a child of a parent holding
-# 3 GiB (this script after comparing two ranks.parquet) would report at least 3 GiB.
-PEAK = """
-import resource, sys
-try:
-    kib = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
-except (OSError, StopIteration):
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
-print("MAXRSS", kib)
-"""
 
 
 def measure(code: str, run_dir: str) -> tuple[float, float, str]:

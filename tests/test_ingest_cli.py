@@ -32,6 +32,45 @@ def runner():
         return CliRunner()
 
 
+def fake_export(monkeypatch, calls: list, describe) -> None:
+    """Stand in for kforge_dash.export: export_run appends describe(run_dir, kw) to ``calls`` and
+    reports every asked-for target as done."""
+    fake = types.ModuleType("kforge_dash.export")
+
+    class Result:
+        def __init__(self, kw):
+            self.kw = kw
+
+        def to_dict(self):
+            return {k: ({"ok": True, "path": k, "error": None} if self.kw.get(k) else None)
+                    for k in ("tensorboard", "wandb", "upload")}
+
+    def export_run(run_dir, **kw):
+        calls.append(describe(run_dir, kw))
+        return Result(kw)
+
+    fake.export_run = export_run
+    monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
+
+
+def grow_then_stop(monkeypatch, recs, clock, steps, *, stop_after: int) -> list:
+    """time.sleep for --watch: the job records ``steps`` at the first tick, Ctrl-C at tick
+    ``stop_after``. Returns the list of ticks."""
+    ticks = []
+
+    def fake_sleep(seconds):
+        ticks.append(seconds)
+        if len(ticks) == 1:
+            run_steps(monkeypatch, recs, steps, step_time=lambda r, s: 0.5, clock=clock)
+            for rec in recs.values():
+                rec.flush()
+        elif len(ticks) >= stop_after:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_ingest.time, "sleep", fake_sleep)
+    return ticks
+
+
 def test_ingests_a_root_and_prints_a_summary(tmp_path, monkeypatch):
     run, _ = make_run(tmp_path / "root" / "a", monkeypatch)
     r = runner().invoke(main, [str(tmp_path / "root"), *NO_EXPORT])
@@ -164,18 +203,7 @@ def test_watch_appends_the_parts_of_a_running_job(tmp_path, monkeypatch):
     clock = run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 0.5)
     for rec in recs.values():
         rec.flush()
-    ticks = []
-
-    def fake_sleep(seconds):
-        ticks.append(seconds)
-        if len(ticks) == 1:  # the same job goes on: new part files in the same attempt folders
-            run_steps(monkeypatch, recs, range(6, 12), step_time=lambda r, s: 0.5, clock=clock)
-            for rec in recs.values():
-                rec.flush()
-        else:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(cli_ingest.time, "sleep", fake_sleep)
+    grow_then_stop(monkeypatch, recs, clock, range(6, 12), stop_after=2)  # the same job goes on
     r = runner().invoke(main, [run, "--watch", "1", "--json", *NO_EXPORT])
     close_all(recs)
     assert r.exit_code == 0, r.output
@@ -191,33 +219,9 @@ def test_watch_defers_the_wandb_export_until_it_stops(tmp_path, monkeypatch):
     for rec in recs.values():
         rec.flush()
     calls = []
-    fake = types.ModuleType("kforge_dash.export")
-
-    class Result:
-        def __init__(self, kw):
-            self.kw = kw
-
-        def to_dict(self):
-            return {k: ({"ok": True, "path": k, "error": None} if self.kw[k] else None) for k in ("tensorboard", "wandb")}
-
-    def export_run(run_dir, **kw):
-        calls.append((pl.read_parquet(os.path.join(run_dir, "ingested", "steps.parquet")).height, kw["wandb"]))
-        return Result(kw)
-
-    fake.export_run = export_run
-    monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
-    ticks = []
-
-    def fake_sleep(seconds):
-        ticks.append(seconds)
-        if len(ticks) == 1:
-            run_steps(monkeypatch, recs, range(6, 9), step_time=lambda r, s: 0.5, clock=clock)
-            for rec in recs.values():
-                rec.flush()
-        elif len(ticks) == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(cli_ingest.time, "sleep", fake_sleep)
+    fake_export(monkeypatch, calls, lambda run_dir, kw: (
+        pl.read_parquet(os.path.join(run_dir, "ingested", "steps.parquet")).height, kw["wandb"]))
+    grow_then_stop(monkeypatch, recs, clock, range(6, 9), stop_after=3)
     r = runner().invoke(main, [run, "--watch", "1"])
     close_all(recs)
     assert r.exit_code == 0, r.output
@@ -238,60 +242,23 @@ def test_watch_final_pass_exports_and_uploads_only_the_runs_that_changed(tmp_pat
         rec.flush()
     make_run(root / "done", monkeypatch)  # a finished run: exported and uploaded once, at the start
     calls = []
-    fake = types.ModuleType("kforge_dash.export")
-
-    class Result:
-        def to_dict(self):
-            return {k: {"ok": True, "path": k, "error": None} for k in ("tensorboard", "wandb", "upload")}
-
-    def export_run(run_dir, **kw):
-        calls.append((os.path.basename(run_dir), kw["wandb"], kw["upload"]))
-        return Result()
-
-    fake.export_run = export_run
-    monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
-    ticks = []
-
-    def fake_sleep(seconds):
-        ticks.append(seconds)
-        if len(ticks) == 1:
-            run_steps(monkeypatch, recs, range(6, 9), step_time=lambda r, s: 0.5, clock=clock)
-            for rec in recs.values():
-                rec.flush()
-        else:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(cli_ingest.time, "sleep", fake_sleep)
+    fake_export(monkeypatch, calls, lambda run_dir, kw: (os.path.basename(run_dir), kw["wandb"], kw["upload"]))
+    grow_then_stop(monkeypatch, recs, clock, range(6, 9), stop_after=2)
     r = runner().invoke(main, [str(root), "--watch", "1", "--upload"])
     assert r.exit_code == 0, r.output
     assert sorted(calls[:2]) == [("done", True, True), ("live", True, True)]
     assert calls[2:] == [("live", False, False), ("live", True, True)]
 
     # the final pass fails: the exit status says so
-    run_steps(monkeypatch, recs, range(9, 12), step_time=lambda r, s: 0.5, clock=clock)
-    for rec in recs.values():
-        rec.flush()
-    ticks.clear()
+    ticks = grow_then_stop(monkeypatch, recs, clock, range(9, 12), stop_after=2)
     real = ingest_mod.ingest_run
 
     def broken(run_dir, **kw):
-        if len(ticks) > 1:  # after Ctrl-C
+        if len(ticks) >= 2:  # after Ctrl-C
             raise ingest_mod.IngestError(f"{run_dir}: disk full")
         return real(run_dir, **kw)
 
     monkeypatch.setattr(ingest_mod, "ingest_run", broken)
-
-    def sleep2(seconds):
-        if len(ticks) == 0:
-            ticks.append(seconds)
-            run_steps(monkeypatch, recs, range(12, 14), step_time=lambda r, s: 0.5, clock=clock)
-            for rec in recs.values():
-                rec.flush()
-        else:
-            ticks.append(seconds)
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(cli_ingest.time, "sleep", sleep2)
     r = runner().invoke(main, [live, "--watch", "1", "--no-tensorboard"])
     close_all(recs)
     assert r.exit_code == 1 and "disk full" in r.stderr
