@@ -54,6 +54,12 @@ def run_steps(monkeypatch, recs: dict, steps, *, step_time, values=None, clock=N
     return clock
 
 
+def flush_all(recs: dict):
+    """Every rank's rows so far into part files (as a job between two ingests)."""
+    for rec in recs.values():
+        rec.flush()
+
+
 def close_all(recs: dict):
     for rec in recs.values():
         rec.close()

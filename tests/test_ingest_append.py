@@ -7,7 +7,7 @@ import os
 import polars as pl
 import pytest
 
-from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run_steps
+from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
 from kforge_dash.ingest import ingest_run
 
 SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}
@@ -44,8 +44,7 @@ def test_new_parts_are_appended_and_match_a_full_ingest(tmp_path, monkeypatch):
     assert first.summary["ranks"] == [0, 1]
 
     run_steps(monkeypatch, recs, range(31, 61), step_time=lambda r, s: 0.2, values=values, clock=clock)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     res = ingest_run(run)
     assert res.appended and not res.skipped
     got = read_outputs(run)
@@ -67,8 +66,7 @@ def test_append_in_many_windows_and_tokens_that_do_not_count(tmp_path, monkeypat
     ingest_run(run, chunk_rows=12)
     run_steps(monkeypatch, recs, range(23, 51), step_time=lambda r, s: 0.1 * (1 + (s * r) % 3),
               values=values, clock=clock, flush_every=5)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     res = ingest_run(run, chunk_rows=12)
     assert res.appended
     got = read_outputs(run)
@@ -80,14 +78,12 @@ def test_a_late_eval_log_is_coalesced_into_the_row_already_ingested(tmp_path, mo
     run = str(tmp_path / "eval")
     recs = open_ranks(run, 2, flush_every_steps=10**6)
     clock = run_steps(monkeypatch, recs, range(1, 21), step_time=lambda r, s: 0.1, values=values)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     ingest_run(run)
     for r, rec in recs.items():
         rec.log(20, **{"eval/loss": 2.0 + r})  # eval after end_step(20), flushed into the next part
     run_steps(monkeypatch, recs, range(21, 26), step_time=lambda r, s: 0.1, values=values, clock=clock)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     res = ingest_run(run)
     assert res.appended
     got = read_outputs(run)
@@ -105,16 +101,14 @@ def test_what_an_append_cannot_reproduce_falls_back_to_a_full_ingest(tmp_path, m
     if case == "relog":
         for r, rec in recs.items():
             rec.log(20, **{"eval/loss": 1.0})
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     ingest_run(run)
     if case == "rollback":  # the loop went back to step 16 (in-process rollback) in a new part
         run_steps(monkeypatch, recs, range(16, 26), step_time=lambda r, s: 0.3, values=values, clock=clock)
     else:  # the same scalar logged again for step 20: a full ingest keeps the last logged value
         for r, rec in recs.items():
             rec.log(20, **{"eval/loss": 3.0})
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     res = ingest_run(run)
     assert not res.appended and not res.skipped
     got = read_outputs(run)
@@ -131,8 +125,7 @@ def test_anything_but_new_parts_means_a_full_ingest(tmp_path, monkeypatch, chang
     run = str(tmp_path / change)
     recs = open_ranks(run, 2, flush_every_steps=10**6)
     clock = run_steps(monkeypatch, recs, range(1, 21), step_time=lambda r, s: 0.1, values=values)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     ingest_run(run)
     ing = os.path.join(run, "ingested")
     kw = {}
@@ -145,8 +138,7 @@ def test_anything_but_new_parts_means_a_full_ingest(tmp_path, monkeypatch, chang
                   values=lambda r, s: dict(values(r, s), newcol=1.0))
     else:
         run_steps(monkeypatch, recs, range(21, 31), step_time=lambda r, s: 0.1, values=values, clock=clock)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     if change == "part-touched":
         p = part_files(run)[0]
         os.utime(p, ns=(os.stat(p).st_atime_ns, os.stat(p).st_mtime_ns + 10**9))
@@ -170,8 +162,7 @@ def test_only_end_json_new_keeps_the_outputs_and_redoes_the_summary(tmp_path, mo
     run = str(tmp_path / "closed")
     recs = open_ranks(run, 2, flush_every_steps=10**6)
     run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.1, values=values)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     ingest_run(run)
     ranks_before = os.stat(os.path.join(run, "ingested", "ranks.parquet")).st_mtime_ns
     close_all(recs)  # writes end.json, no new rows
@@ -220,13 +211,11 @@ def test_a_new_column_takes_its_full_ingest_place(tmp_path, monkeypatch):
     recs = open_ranks(run, 2, flush_every_steps=10**6)
     clock = run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.1,
                       values=lambda r, s: {"loss": 1.0 / s, "tokens": 100, "zeta": 1.0})
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     ingest_run(run)
     run_steps(monkeypatch, recs, range(11, 21), step_time=lambda r, s: 0.1, clock=clock,
               values=lambda r, s: {"loss": 1.0 / s, "tokens": 100, "zeta": 1.0, "alpha_new": 2.0})
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     assert ingest_run(run).appended
     got = read_outputs(run)
     assert got[0].columns.index("alpha_new") < got[0].columns.index("zeta")  # sorted, as a full ingest does
@@ -238,8 +227,7 @@ def test_new_parts_that_fail_to_decode_are_skipped_and_the_old_rows_kept(tmp_pat
     run = str(tmp_path / "bad-new")
     recs = open_ranks(run, 2, flush_every_steps=10**6)
     clock = run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.1, values=values)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     ingest_run(run)
     before = set(part_files(run))
     run_steps(monkeypatch, recs, range(11, 21), step_time=lambda r, s: 0.1, values=values, clock=clock)
@@ -261,15 +249,13 @@ def test_a_restart_whose_first_parts_are_corrupt_plans_as_a_full_ingest(tmp_path
     recs = open_ranks(run, 2, flush_every_steps=10**6)  # resumes from the step-14 checkpoint
     before = set(part_files(run))
     run_steps(monkeypatch, recs, range(15, 20), step_time=lambda r, s: 0.5, values=values, clock=clock)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     for p in sorted(set(part_files(run)) - before):
         scribble(p)
     first = ingest_run(run)
     assert first.summary["restarts"][0]["resumed_at_step"] == 15  # from the footers, rows unreadable
     run_steps(monkeypatch, recs, range(20, 26), step_time=lambda r, s: 0.5, values=values, clock=clock)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     res = ingest_run(run)
     assert res.appended
     assert_same(read_outputs(run), full_outputs(run))
@@ -281,8 +267,7 @@ def test_a_footer_that_failed_to_read_once_is_read_again(tmp_path, monkeypatch):
     run = str(tmp_path / "flaky")
     recs = open_ranks(run, 2, flush_every_steps=10**6)
     clock = run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.1, values=values)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     victim = part_files(run)[0]
     real = shards.pq.read_metadata
 
@@ -296,8 +281,7 @@ def test_a_footer_that_failed_to_read_once_is_read_again(tmp_path, monkeypatch):
     assert first.summary["ranks"] == [1]
     monkeypatch.setattr(shards.pq, "read_metadata", real)
     run_steps(monkeypatch, recs, range(11, 21), step_time=lambda r, s: 0.1, values=values, clock=clock)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     res = ingest_run(run)
     assert res.summary["ranks"] == [0, 1] and res.summary["steps"] == 20
     got = read_outputs(run)
@@ -320,12 +304,10 @@ def test_means_are_bit_identical_whichever_window_a_step_falls_in(tmp_path, monk
         return {"loss": float(rng.random() * 10), "tokens": 100, "aux": float(rng.random() * 1e3)}
 
     clock = run_steps(monkeypatch, recs, range(1, 21), values=vals, step_time=lambda r, s: float(rng.random()))
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     ingest_run(run)
     run_steps(monkeypatch, recs, range(21, 41), values=vals, step_time=lambda r, s: float(rng.random()), clock=clock)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     assert ingest_run(run).appended
     assert_same(read_outputs(run), full_outputs(run))
     assert_same(read_outputs(run), full_outputs(run, chunk_rows=24))  # and any window cut

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from kforge_dash import cli_ingest
 from kforge_dash.cli_ingest import main
 
-from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run_steps
+from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
 
 NO_EXPORT = ["--no-tensorboard", "--no-wandb"]
 
@@ -201,8 +201,7 @@ def test_watch_appends_the_parts_of_a_running_job(tmp_path, monkeypatch):
     run = str(tmp_path / "live")
     recs = open_ranks(run, 2)
     clock = run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 0.5)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     grow_then_stop(monkeypatch, recs, clock, range(6, 12), stop_after=2)  # the same job goes on
     r = runner().invoke(main, [run, "--watch", "1", "--json", *NO_EXPORT])
     close_all(recs)
@@ -216,8 +215,7 @@ def test_watch_defers_the_wandb_export_until_it_stops(tmp_path, monkeypatch):
     run = str(tmp_path / "live")
     recs = open_ranks(run, 2)
     clock = run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 0.5)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     calls = []
     fake_export(monkeypatch, calls, lambda run_dir, kw: (
         pl.read_parquet(os.path.join(run_dir, "ingested", "steps.parquet")).height, kw["wandb"]))
@@ -238,8 +236,7 @@ def test_watch_final_pass_exports_and_uploads_only_the_runs_that_changed(tmp_pat
     live = str(root / "live")
     recs = open_ranks(live, 2)
     clock = run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 0.5)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     make_run(root / "done", monkeypatch)  # a finished run: exported and uploaded once, at the start
     calls = []
     fake_export(monkeypatch, calls, lambda run_dir, kw: (os.path.basename(run_dir), kw["wandb"], kw["upload"]))
