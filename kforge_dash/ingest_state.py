@@ -70,7 +70,6 @@ class FooterCache:
         self.entries: dict[str, tuple] = {}  # rel -> (size, mtime_ns, PartInfo, warnings, bad)
         self.known_bad: dict[str, str] = {}  # path -> warning: rows failed to decode last time
         self.fetched: dict[str, tuple] = {}  # path -> (PartInfo | None, warnings), from prefetch()
-        self.hits = 0
 
     def _hit(self, path: str):
         st = self.stats.get(path)
@@ -96,7 +95,6 @@ class FooterCache:
         st = self.stats.get(path)
         hit = self._hit(path)
         if hit is not None:
-            self.hits += 1
             warnings.extend(hit[3])
             self.entries[rel] = hit
             if hit[4] is not None:
