@@ -83,7 +83,7 @@ def recheck_bad(known_bad: dict, bad: dict, warnings: list[str]) -> None:
         try:
             pq.read_table(path)
         except Exception as e:
-            bad[path] = f"{path}: corrupt part file ({type(e).__name__}: {e}); skipped"
+            bad[path] = _shards.corrupt_part(path, e)
             warnings.append(bad[path])
             continue
         raise AppendConflict(f"{path} is readable now")

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from kforge_record.schema import FIXED_NAMES, PHASE_PREFIX
 
 from .ingest_append import merge_old
+from .shards import corrupt_part
 from .ingest_reduce import EMA_METRICS, MEM, Buffers
 
 INT_COLS = {"step", "tokens", *MEM}
@@ -285,7 +286,7 @@ def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts, buff
                     pq.read_table(p.path)
                 except Exception as e:
                     found = True
-                    bad[p.path] = f"{p.path}: corrupt part file ({type(e).__name__}: {e}); skipped"
+                    bad[p.path] = corrupt_part(p.path, e)
                     warnings.append(bad[p.path])
             if not found:
                 raise

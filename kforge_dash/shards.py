@@ -224,6 +224,11 @@ def read_end(af: AttemptFiles, warnings: list[str]) -> dict | None:
         return None
 
 
+def corrupt_part(path: str, e: Exception) -> str:
+    """The warning for a part file whose rows cannot be decoded (one wording, wherever found)."""
+    return f"{path}: corrupt part file ({type(e).__name__}: {e}); skipped"
+
+
 def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
     """The footer of one part file, validated. None (and a warning naming the file) when unusable."""
     try:
@@ -272,7 +277,7 @@ def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
         try:
             tbl = pq.read_table(path, columns=["step", "step_time_s"])
         except Exception as e:
-            warnings.append(f"{path}: corrupt part file ({type(e).__name__}: {e}); skipped")
+            warnings.append(corrupt_part(path, e))
             return None
         steps = tbl.column("step").to_pylist()
         lo, hi = (min(steps), max(steps)) if steps else (None, None)
