@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kforge_dash.export_history import load_history
-from kforge_dash.export_tensorboard import write_tensorboard
-from kforge_dash.export_wandb import write_wandb
+from kforge_dash.export.history import load_history
+from kforge_dash.export.tensorboard import write_tensorboard
+from kforge_dash.export.wandb import write_wandb
 
 # 20 scalars per step, every one present (the most a step can cost).
 SCALARS = ("loss", "grad_norm", "lr", "tokens", "tokens_per_sec", "mfu", "step_time_s", "step_time_min_s",

@@ -95,7 +95,7 @@ os.remove(out)
 """
 INGEST = """
 import sys
-from kforge_dash.ingest import ingest_run
+from kforge_dash.ingest.run import ingest_run
 res = ingest_run(sys.argv[1], force=True)
 print(res.summary["steps"])
 """

@@ -52,15 +52,16 @@ import pyarrow.parquet as pq
 
 from bench_ingest import PEAK  # the child's own peak (VmHWM), as bench_ingest measures it
 from kforge_record import Recorder
-from kforge_record.schema import (END_FILE, INGESTED_DIR, PARQUET_META_KEY, RANKS_FILE, SCHEMA_VERSION,
-                                  STEPS_FILE, SUMMARY_FILE, is_part_file, part_file_name, rank_dir_name)
+from kforge_record.schema import END_FILE, PARQUET_META_KEY, SCHEMA_VERSION, is_part_file, part_file_name, rank_dir_name
+
+from kforge_dash.contract import INGESTED_DIR, RANKS_FILE, STEPS_FILE, SUMMARY_FILE
 
 OUTPUTS = (STEPS_FILE, RANKS_FILE, SUMMARY_FILE)
 SUMMARY_IGNORED = ("ingested_at", "fingerprint", "exports")
 
 INCREMENTAL = """
 import sys
-from kforge_dash.ingest import ingest_run
+from kforge_dash.ingest.run import ingest_run
 res = ingest_run(sys.argv[1])
 print("STEPS", res.summary["steps"], "SKIPPED", int(res.skipped), "APPENDED", getattr(res, "appended", None))
 """

@@ -1,7 +1,18 @@
-"""kforge_dash: ingest, export and the dashboard (the post-processing side of kforge)."""
+"""kforge_dash: the post-processing side of kforge, one sub-package per stage.
+
+    contract.py   what ingest hands export and browse (file names, columns, the summary reader)
+    ingest/       shards -> RUN/ingested/{steps,ranks}.parquet + summary.json
+    export/       RUN/ingested/ -> TensorBoard event file, offline W&B run
+    browse/       the Streamlit app: views that render, plain functions that prepare
+    pipeline.py   ingest then export, and the --watch loop
+    cli/          kforge-ingest, kforge-dash
+
+Nothing imports upward: kforge_record <- contract <- ingest <- {export, browse} <- pipeline <- cli.
+"""
 
 # Lazy, so `import kforge_dash` stays light (polars is imported only when ingest is used).
-_LAZY = {"ingest_run": "ingest", "ingest_path": "ingest", "IngestError": "ingest", "IngestResult": "ingest"}
+_LAZY = {"ingest_run": "ingest.run", "IngestError": "ingest.options", "IngestResult": "ingest.options",
+         "IngestOptions": "ingest.options", "ingest_path": "pipeline"}
 
 
 def __getattr__(name):

@@ -1,4 +1,4 @@
-"""kforge_record: a tiny, crash-safe recorder of per-step training facts (see DESIGN.md).
+"""kforge_record: a tiny, crash-safe recorder of per-step training facts (see docs/CONTRACT.md).
 
 Imports only pyarrow (and torch when the training process already has it).
 """

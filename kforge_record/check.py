@@ -1,4 +1,4 @@
-"""Check a run directory against the on-disk contract (DESIGN.md "On disk").
+"""Check a run directory against the on-disk contract (docs/CONTRACT.md, "Shards").
 
 ``python -m kforge_record.check RUN_DIR`` prints the problems and exits 1 when there are any.
 Uses only pyarrow, like the recorder.

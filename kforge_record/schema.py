@@ -1,4 +1,4 @@
-"""The on-disk contract between the recorder and ingest (see DESIGN.md, "On disk").
+"""The on-disk contract between the recorder and ingest (docs/CONTRACT.md, "Shards").
 
 Kept free of heavy imports: the recorder and ingest both import this module.
 """
@@ -12,11 +12,6 @@ END_FILE = "end.json"  # written at close: dropped-row count and why the recorde
 PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
 RANK_PREFIX = "rank-"
-INGESTED_DIR = "ingested"
-# What ingest writes into RUN/ingested/ (docs/CONTRACT.md), read by export and the dashboard.
-STEPS_FILE = "steps.parquet"
-RANKS_FILE = "ranks.parquet"
-SUMMARY_FILE = "summary.json"
 
 # Key of the JSON blob in every part file's Parquet key-value metadata.
 PARQUET_META_KEY = b"kforge"

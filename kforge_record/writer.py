@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .atomic import atomic_path, write_json_atomic
 from .schema import (
     END_FILE,
     FIXED_COLUMNS,
@@ -32,35 +33,6 @@ from .schema import (
 
 _N_FIXED = len(FIXED_COLUMNS)
 _FIXED_SET = frozenset(FIXED_NAMES)
-
-
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write to a temp name beside ``path``, fsync, rename over it, fsync the directory."""
-    d, name = os.path.split(path)
-    tmp = os.path.join(d, f".{name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(d)
-
-
-def _fsync_dir(d: str) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: str, obj: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
 class _Warner:
@@ -417,13 +389,8 @@ class ShardWriter:
         table = table.replace_schema_metadata({PARQUET_META_KEY: json.dumps(kv).encode()})
         name = part_file_name(self._next_part)
         path = os.path.join(self.attempt_dir, name)
-        tmp = os.path.join(self.attempt_dir, f".{name}.tmp")
-        with open(tmp, "wb") as f:
-            pq.write_table(table, f, compression="zstd")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.attempt_dir)
+        with atomic_path(path, tmp=os.path.join(self.attempt_dir, f".{name}.tmp")) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
         self._next_part += 1
 
     def _write_end(self, reason: str) -> None:

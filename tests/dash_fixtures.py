@@ -1,6 +1,6 @@
 """Synthetic ingested runs written per docs/CONTRACT.md, for unit tests of the dashboard's prep.
 
-The app and browser tests use the real sample_runs/ ingested by kforge_dash.ingest; these
+The app and browser tests use the real sample_runs/ ingested by kforge_dash.ingest.run; these
 fixtures exist so prep functions can be tested on exactly known values (spikes, NaN, restarts).
 """
 
@@ -126,8 +126,7 @@ def sample_run_names() -> list[str]:
 
 def copy_and_ingest_sample_runs(dst: Path) -> Path:
     """Copy the repo's sample_runs/ to `dst` and ingest every run there (no TB/W&B exports)."""
-    from kforge_dash import ingest
-
+    from kforge_dash.ingest import run as ingest
     shutil.copytree(SAMPLE_RUNS, dst, ignore=shutil.ignore_patterns("ingested"))
     for name in sample_run_names():
         ingest.ingest_run(dst / name)

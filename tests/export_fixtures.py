@@ -1,6 +1,6 @@
 """Ingested outputs (steps.parquet, ranks.parquet, summary.json) that follow docs/CONTRACT.md.
 
-Written directly with pyarrow, independently of kforge_dash.ingest, so the export tests do not
+Written directly with pyarrow, independently of kforge_dash.ingest.run, so the export tests do not
 depend on the ingest being right. The history has what export must carry: a restart (attempt 0 then
 1), NaN and inf values, nulls (memory sampled every 10 steps, an eval metric every 25 steps, a rank
 missing at one step), phase timers and a user scalar.

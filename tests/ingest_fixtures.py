@@ -83,7 +83,7 @@ def part_files(run_dir):
 
 def ingest_whole_and_windowed(run_dir, chunk_rows):
     """Ingest the run as one window, then again (forced) in windows of `chunk_rows` rows; both outputs."""
-    from kforge_dash.ingest import ingest_run
+    from kforge_dash.ingest.run import ingest_run
 
     ingest_run(run_dir, chunk_rows=10**9)
     whole = read_outputs(run_dir)

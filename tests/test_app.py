@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, sample_run_names
 
-APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "app.py"
+APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
 pytestmark = pytest.mark.skipif(not sample_run_names(), reason="sample_runs/ holds no runs")
 
 
@@ -225,7 +225,7 @@ def test_run_detail_finds_the_straggler_in_its_phase_timers(app, root):
 
 
 def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_path, monkeypatch):
-    from kforge_dash.ingest import ingest_run
+    from kforge_dash.ingest.run import ingest_run
 
     names = sample_run_names()
     root = tmp_path / "runs"
@@ -278,8 +278,8 @@ def test_damaged_steps_file_is_named_not_a_crash(root, tmp_path, monkeypatch):
 def test_cli_refuses_a_missing_root_and_binds_localhost_by_default(tmp_path):
     from click.testing import CliRunner
 
-    from kforge_dash import cli_dash
-    from kforge_dash.prep_runs import default_runs_root
+    from kforge_dash.cli import dash as cli_dash
+    from kforge_dash.browse.runs import default_runs_root
 
     result = CliRunner().invoke(cli_dash.main, [str(tmp_path / "nope")])
     assert result.exit_code == 2 and f"{tmp_path / 'nope'} is not a directory" in result.output

@@ -33,7 +33,7 @@ def free_port() -> int:
 def kforge_dash_cmd() -> list[str]:
     """The installed console script next to this interpreter (the real CLI)."""
     script = Path(sys.executable).parent / "kforge-dash"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "kforge_dash.cli_dash"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kforge_dash.cli.dash"]
 
 
 @pytest.fixture

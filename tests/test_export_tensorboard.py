@@ -14,7 +14,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from export_fixtures import INF_GRAD_STEP, MISSING_RANK, NAN_LOSS_STEP, make_ingested_run
-from kforge_dash.export import export_run
+from kforge_dash.export.run import export_run
 
 # The documented column -> tag mapping (README / export_history), written out here independently.
 TAGS = {
@@ -162,7 +162,7 @@ def test_bad_input_is_reported_naming_the_file_and_loses_nothing(tmp_path, damag
 def test_export_needs_no_torch(tmp_path):
     run = make_ingested_run(tmp_path, n_steps=5)
     code = (
-        "import sys; from kforge_dash.export import export_run; "
+        "import sys; from kforge_dash.export.run import export_run; "
         f"r = export_run({run!r}, wandb=False); assert r.ok, r; "
         "assert 'torch' not in sys.modules, 'export imported torch'"
     )
@@ -172,8 +172,8 @@ def test_export_needs_no_torch(tmp_path):
 def test_fast_checksum_writes_exactly_tensorboards_record_bytes(tmp_path):
     """The C CRC32C path (google-crc32c) must frame every record as tensorboard's RecordWriter does."""
     pytest.importorskip("google_crc32c")
-    from kforge_dash.export_history import load_history
-    from kforge_dash.export_tensorboard import write_tensorboard
+    from kforge_dash.export.history import load_history
+    from kforge_dash.export.tensorboard import write_tensorboard
 
     run = make_ingested_run(tmp_path, n_steps=30, world_size=2)
     h = load_history(run)
@@ -196,7 +196,7 @@ def test_missing_optional_packages_are_reported_with_an_install_hint(tmp_path):
     run = make_ingested_run(tmp_path, n_steps=5)
     code = (
         "import sys; sys.modules['tensorboard'] = None; sys.modules['wandb'] = None; "  # as if not installed
-        "from kforge_dash.export import export_run; "
+        "from kforge_dash.export.run import export_run; "
         f"r = export_run({run!r}); "
         "assert not r.tensorboard.ok and not r.wandb.ok, r; "
         "assert all(\"pip install 'kforge[ingest]'\" in o.error for o in (r.tensorboard, r.wandb)), r"

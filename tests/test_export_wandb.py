@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from export_fixtures import INF_GRAD_STEP, NAN_LOSS_STEP, make_ingested_run
-from kforge_dash.export import export_run
+from kforge_dash.export.run import export_run
 from test_export_tensorboard import TAGS, read_back, same, expected_points
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -134,7 +134,7 @@ def test_reexport_twice_one_run_same_id_no_duplicate(tmp_path, clean_wandb_env):
 
 
 def test_run_id_is_stable_per_run_and_differs_between_runs(tmp_path, clean_wandb_env):
-    from kforge_dash.export_wandb import run_id_for
+    from kforge_dash.export.wandb import run_id_for
 
     def summary(run):
         return json.load(open(os.path.join(run, "ingested", "summary.json")))
@@ -239,8 +239,8 @@ def test_upload_to_a_server_that_never_answers_times_out(tmp_path, clean_wandb_e
 # -- the whole pipeline: shards from the recorder -> kforge ingest -> export -----------------------------
 
 def test_recorder_to_ingest_to_export(tmp_path, clean_wandb_env):
-    pytest.importorskip("kforge_dash.ingest")
-    from kforge_dash.ingest import ingest_run
+    pytest.importorskip("kforge_dash.ingest.run")
+    from kforge_dash.ingest.run import ingest_run
     from kforge_record import Recorder
 
     run = str(tmp_path / "pipeline")

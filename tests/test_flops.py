@@ -2,7 +2,7 @@
 
 import pytest
 
-from kforge_dash.flops import PEAK_TFLOPS, flops_per_token, peak_for_device
+from kforge_dash.ingest.flops import PEAK_TFLOPS, flops_per_token, peak_for_device
 
 from ingest_fixtures import LLAMA7B
 

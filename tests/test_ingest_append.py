@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
-from kforge_dash.ingest import ingest_run
+from kforge_dash.ingest.run import ingest_run
 
 SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}
 
@@ -262,7 +262,7 @@ def test_a_restart_whose_first_parts_are_corrupt_plans_as_a_full_ingest(tmp_path
 
 
 def test_a_footer_that_failed_to_read_once_is_read_again(tmp_path, monkeypatch):
-    import kforge_dash.shards as shards
+    import kforge_dash.ingest.shards as shards
 
     run = str(tmp_path / "flaky")
     recs = open_ranks(run, 2, flush_every_steps=10**6)
@@ -316,7 +316,7 @@ def test_means_are_bit_identical_whichever_window_a_step_falls_in(tmp_path, monk
 def test_footers_read_by_worker_processes_give_the_same_ingest(tmp_path, monkeypatch):
     import sys
 
-    import kforge_dash.ingest_state as ingest_state
+    import kforge_dash.ingest.manifest as ingest_state
 
     run = str(tmp_path / "many")
     recs = open_ranks(run, 3, flush_every_steps=4)
@@ -326,7 +326,7 @@ def test_footers_read_by_worker_processes_give_the_same_ingest(tmp_path, monkeyp
     with open(bad, "r+b") as f:
         f.truncate(100)  # a footer that cannot be read: its warning must come back from the worker
     want = full_outputs(run)
-    import kforge_dash.shards as shards
+    import kforge_dash.ingest.shards as shards
 
     real = shards.read_part
 

@@ -3,14 +3,13 @@
 import json
 import os
 import sys
-import types
 
 import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from kforge_dash import cli_ingest
-from kforge_dash.cli_ingest import main
+from kforge_dash import pipeline
+from kforge_dash.cli.ingest import main
 
 from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
 
@@ -32,25 +31,41 @@ def runner():
         return CliRunner()
 
 
+class FakeExporter:
+    """Stands in for one real exporter (same name and needs): records each export and reports it done."""
+
+    def __init__(self, real, calls: list, describe, kw: dict):
+        self.name, self.needs = real.name, real.needs
+        self.calls, self.describe, self.kw = calls, describe, kw
+
+    def export(self, history):
+        from kforge_dash.export.outcome import ExporterOutcome
+
+        self.calls.append(self.describe(history, self.name, self.kw))
+        return ExporterOutcome(ok=True, path=self.name)
+
+
 def fake_export(monkeypatch, calls: list, describe) -> None:
-    """Stand in for kforge_dash.export: export_run appends describe(run_dir, kw) to ``calls`` and
-    reports every asked-for target as done."""
-    fake = types.ModuleType("kforge_dash.export")
+    """The CLI's exporters become FakeExporters: each export appends describe(history, name, cli switches)."""
+    import kforge_dash.export.exporters as exporters
 
-    class Result:
-        def __init__(self, kw):
-            self.kw = kw
+    real = exporters.choose_exporters
 
-        def to_dict(self):
-            return {k: ({"ok": True, "path": k, "error": None} if self.kw.get(k) else None)
-                    for k in ("tensorboard", "wandb", "upload")}
+    def choose(**kw):
+        return [FakeExporter(x, calls, describe, kw) for x in real(**kw)]
 
-    def export_run(run_dir, **kw):
-        calls.append(describe(run_dir, kw))
-        return Result(kw)
+    monkeypatch.setattr(exporters, "choose_exporters", choose)
 
-    fake.export_run = export_run
-    monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
+
+def passes(calls: list) -> list:
+    """Export calls grouped by run and pass: (key, exporters run) from (key, name) records."""
+    out = []
+    for key, name in calls:
+        if out and out[-1][0] == key and name not in out[-1][1]:
+            out[-1][1].append(name)
+        else:
+            out.append((key, [name]))
+    return [(k, tuple(v)) for k, v in out]
 
 
 def grow_then_stop(monkeypatch, recs, clock, steps, *, stop_after: int) -> list:
@@ -67,7 +82,7 @@ def grow_then_stop(monkeypatch, recs, clock, steps, *, stop_after: int) -> list:
         elif len(ticks) >= stop_after:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_ingest.time, "sleep", fake_sleep)
+    monkeypatch.setattr(pipeline.time, "sleep", fake_sleep)
     return ticks
 
 
@@ -129,13 +144,11 @@ def test_warnings_are_shown_on_the_summary_screen(tmp_path, monkeypatch):
 
 def test_export_failure_is_recorded_and_parquet_kept(tmp_path, monkeypatch):
     run, _ = make_run(tmp_path / "run", monkeypatch)
-    fake = types.ModuleType("kforge_dash.export")
 
-    def export_run(run_dir, **kw):
+    def describe(history, name, kw):
         raise RuntimeError("disk full while writing events")
 
-    fake.export_run = export_run
-    monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
+    fake_export(monkeypatch, [], describe)
     r = runner().invoke(main, [run, "--no-wandb"])
     assert r.exit_code == 0
     assert "export tensorboard: FAILED: RuntimeError: disk full" in r.stdout
@@ -149,28 +162,18 @@ def test_export_failure_is_recorded_and_parquet_kept(tmp_path, monkeypatch):
 def test_export_called_with_the_cli_flags_and_result_recorded(tmp_path, monkeypatch):
     run, _ = make_run(tmp_path / "run", monkeypatch)
     calls = []
-    fake = types.ModuleType("kforge_dash.export")
-
-    class Result:  # stands in for kforge_dash.export.ExportResult
-        def to_dict(self):
-            return {"tensorboard": {"ok": True, "path": "tb", "error": None}, "wandb": {"ok": True, "path": "wb", "error": None}}
-
-    def export_run(run_dir, **kw):
-        calls.append((run_dir, kw))
-        return Result()
-
-    fake.export_run = export_run
-    monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
+    fake_export(monkeypatch, calls, lambda history, name, kw: (history.run_dir, name, kw))
     args = [run, "--wandb-project", "proj", "--wandb-entity", "team", "--upload"]
     assert runner().invoke(main, args).exit_code == 0
-    assert calls == [(run, {"tensorboard": True, "wandb": True, "wandb_project": "proj", "wandb_entity": "team", "upload": True})]
+    kw = {"tensorboard": True, "wandb": True, "wandb_project": "proj", "wandb_entity": "team", "upload": True}
+    assert calls == [(run, "tensorboard", kw), (run, "wandb", kw), (run, "upload", kw)]
     assert read_outputs(run)[2]["exports"]["wandb"]["ok"] is True
     # unchanged shards and exports that worked: neither is redone ...
     assert runner().invoke(main, args[:-1]).exit_code == 0
-    assert len(calls) == 1
+    assert len(calls) == 3
     # ... but an asked-for upload always runs (the last one may have had no network)
     assert runner().invoke(main, args).exit_code == 0
-    assert len(calls) == 2 and calls[1][1]["upload"] is True
+    assert len(calls) == 6 and calls[-1][1] == "upload"
 
 
 def test_watch_picks_up_new_parts_until_interrupted(tmp_path, monkeypatch):
@@ -188,7 +191,7 @@ def test_watch_picks_up_new_parts_until_interrupted(tmp_path, monkeypatch):
         else:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_ingest.time, "sleep", fake_sleep)
+    monkeypatch.setattr(pipeline.time, "sleep", fake_sleep)
     r = runner().invoke(main, [run, "--watch", "2", *NO_EXPORT])
     close_all(recs)
     assert r.exit_code == 0 and ticks == [2.0, 2.0]
@@ -217,21 +220,19 @@ def test_watch_defers_the_wandb_export_until_it_stops(tmp_path, monkeypatch):
     clock = run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 0.5)
     flush_all(recs)
     calls = []
-    fake_export(monkeypatch, calls, lambda run_dir, kw: (
-        pl.read_parquet(os.path.join(run_dir, "ingested", "steps.parquet")).height, kw["wandb"]))
+    fake_export(monkeypatch, calls, lambda history, name, kw: (history.n_steps, name))
     grow_then_stop(monkeypatch, recs, clock, range(6, 9), stop_after=3)
     r = runner().invoke(main, [run, "--watch", "1"])
     close_all(recs)
     assert r.exit_code == 0, r.output
     # first pass: both; the pass with new parts: TensorBoard only; an idle pass: nothing;
     # after Ctrl-C: the W&B export that waited (of the latest outputs)
-    assert calls == [(5, True), (8, False), (8, True)]
+    assert passes(calls) == [(5, ("tensorboard", "wandb")), (8, ("tensorboard",)), (8, ("tensorboard", "wandb"))]
     assert read_outputs(run)[2]["exports"]["wandb"]["ok"] is True
 
 
 def test_watch_final_pass_exports_and_uploads_only_the_runs_that_changed(tmp_path, monkeypatch):
-    from kforge_dash import ingest as ingest_mod
-
+    from kforge_dash.ingest.options import IngestError
     root = tmp_path / "root"
     live = str(root / "live")
     recs = open_ranks(live, 2)
@@ -239,23 +240,25 @@ def test_watch_final_pass_exports_and_uploads_only_the_runs_that_changed(tmp_pat
     flush_all(recs)
     make_run(root / "done", monkeypatch)  # a finished run: exported and uploaded once, at the start
     calls = []
-    fake_export(monkeypatch, calls, lambda run_dir, kw: (os.path.basename(run_dir), kw["wandb"], kw["upload"]))
+    fake_export(monkeypatch, calls, lambda history, name, kw: (os.path.basename(history.run_dir), name))
     grow_then_stop(monkeypatch, recs, clock, range(6, 9), stop_after=2)
     r = runner().invoke(main, [str(root), "--watch", "1", "--upload"])
     assert r.exit_code == 0, r.output
-    assert sorted(calls[:2]) == [("done", True, True), ("live", True, True)]
-    assert calls[2:] == [("live", False, False), ("live", True, True)]
+    every = ("tensorboard", "wandb", "upload")
+    got = passes(calls)
+    assert sorted(got[:2]) == [("done", every), ("live", every)]
+    assert got[2:] == [("live", ("tensorboard",)), ("live", every)]
 
     # the final pass fails: the exit status says so
     ticks = grow_then_stop(monkeypatch, recs, clock, range(9, 12), stop_after=2)
-    real = ingest_mod.ingest_run
+    real = pipeline.ingest_run
 
     def broken(run_dir, **kw):
         if len(ticks) >= 2:  # after Ctrl-C
-            raise ingest_mod.IngestError(f"{run_dir}: disk full")
+            raise IngestError(f"{run_dir}: disk full")
         return real(run_dir, **kw)
 
-    monkeypatch.setattr(ingest_mod, "ingest_run", broken)
+    monkeypatch.setattr(pipeline, "ingest_run", broken)
     r = runner().invoke(main, [live, "--watch", "1", "--no-tensorboard"])
     close_all(recs)
     assert r.exit_code == 1 and "disk full" in r.stderr

@@ -6,8 +6,9 @@ import os
 import polars as pl
 import pytest
 
-import kforge_dash.ingest as ingest_mod
-from kforge_dash.ingest import ingest_path, ingest_run
+import kforge_dash.ingest.run as ingest_mod
+from kforge_dash.ingest.run import ingest_run
+from kforge_dash.pipeline import ingest_path
 
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
 
@@ -185,8 +186,8 @@ def test_a_stray_folder_under_a_rank_is_not_an_attempt(tmp_path, monkeypatch):
 def test_an_unknown_start_is_none_and_ordered_last_by_attempt_id(tmp_path, monkeypatch):
     import dataclasses
 
-    from kforge_dash import shards
-    from kforge_dash.ingest_launches import group_launches
+    from kforge_dash.ingest import shards as shards
+    from kforge_dash.ingest.launches import group_launches
 
     run = str(tmp_path / "starts")
     for _ in range(3):  # three launches of one rank
@@ -212,29 +213,37 @@ def test_a_missing_meta_says_tokens_are_assumed_counted(tmp_path, monkeypatch):
     assert len(said) == 1 and "missing" in said[0] and "assumed counts_tokens=True" in said[0]
 
 
+class _RaisingExporter:
+    """An exporter with a bug of its own: it raises instead of reporting an outcome."""
+
+    needs = None
+
+    def __init__(self, name):
+        self.name = name
+
+    def export(self, history):
+        raise RuntimeError("boom")
+
+
 @pytest.mark.parametrize("how", ["raises", "unavailable"])
 @pytest.mark.parametrize("asked", [{"tensorboard": True, "wandb": False, "upload": False},
                                    {"tensorboard": False, "wandb": False, "upload": True}])
 def test_export_fallbacks_have_the_shape_of_export_result(tmp_path, monkeypatch, how, asked):
     import sys
-    import types
 
-    from kforge_dash.export import ExporterOutcome, ExportResult
+    from kforge_dash.export.exporters import choose_exporters
+    from kforge_dash.export.run import ExporterOutcome, ExportResult
 
     run = _small_run(str(tmp_path / "run"), monkeypatch)
+    exporters = choose_exporters(**asked)
     if how == "raises":
-        fake = types.ModuleType("kforge_dash.export")
-
-        def export_run(run_dir, **kw):
-            raise RuntimeError("boom")
-
-        fake.export_run = export_run
-        monkeypatch.setitem(sys.modules, "kforge_dash.export", fake)
+        exporters = [_RaisingExporter(x.name) for x in exporters]
         error = "RuntimeError: boom"
-    else:
-        monkeypatch.setitem(sys.modules, "kforge_dash.export", None)  # import fails
+    else:  # the exporters' packages are not installed
+        for mod in ("tensorboard.compat.proto.event_pb2", "tensorboard.summary.writer.record_writer", "wandb"):
+            monkeypatch.setitem(sys.modules, mod, None)
         error = None
-    out = ingest_path(run, **asked)[0]
+    out = ingest_path(run, exporters=exporters)[0]
     # what ExportResult.to_dict gives when every asked-for exporter failed
     bad = ExporterOutcome(ok=False, error="x")
     wandb = asked["wandb"] or asked["upload"]
@@ -248,7 +257,12 @@ def test_export_fallbacks_have_the_shape_of_export_result(tmp_path, monkeypatch,
             assert got[k] is None
         else:
             assert got[k].keys() == v.keys() and got[k]["ok"] is False and got[k]["path"] is None
-            assert got[k]["error"] == error if error else got[k]["error"].startswith("export unavailable:")
+            if error:
+                assert got[k]["error"] == error
+            elif k == "upload":
+                assert got[k]["error"] == "not run: the wandb export failed"
+            else:
+                assert "pip install 'kforge[ingest]'" in got[k]["error"]
 
 
 def test_ranks_parquet_order_is_as_documented(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from kforge_dash.ingest import ingest_run
+from kforge_dash.ingest.run import ingest_run
 
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
 from reference_math import ema_loop

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from kforge_dash.ingest import ingest_run
+from kforge_dash.ingest.run import ingest_run
 
 from ingest_fixtures import LLAMA7B, close_all, ingest_whole_and_windowed, open_ranks, read_outputs, run_steps
 

@@ -10,7 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from filelock import FileLock
 
-from kforge_dash.ingest import IngestError, ingest_path, ingest_run
+from kforge_dash.ingest.options import IngestError
+from kforge_dash.ingest.run import ingest_run
+from kforge_dash.pipeline import ingest_path
+from kforge_dash.progress import NullProgress
 
 from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run_steps
 
@@ -156,13 +159,23 @@ def test_idempotent_and_incremental(tmp_path, monkeypatch):
     assert not ingest_run(run, alpha=0.5).skipped
 
 
+class Events(NullProgress):
+    """Progress that notes the events' names."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def lock_wait(self, run_dir):
+        self.events.append("lock-wait")
+
+
 def test_concurrent_ingests_wait_for_the_lock(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run", monkeypatch)
     lock = FileLock(os.path.join(run, "ingested", ".ingest.lock"))
     events = []
     with lock:  # another ingest is writing this run
         with pytest.raises(IngestError, match="another kforge-ingest"):
-            ingest_run(run, lock_timeout_s=0.2, progress=lambda e, *a: events.append(e))
+            ingest_run(run, lock_timeout_s=0.2, progress=Events(events))
     assert events == ["lock-wait"]
     # two at once: both succeed, one after the other, and the outputs are whole
     results, errors = [], []

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from kforge_dash.cli_ingest import main
+from kforge_dash.cli.ingest import main
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_runs")
 

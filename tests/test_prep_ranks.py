@@ -7,8 +7,9 @@ import polars as pl
 import pytest
 
 from dash_fixtures import PHASES, write_run
-from kforge_dash import prep_export, prep_ranks
-from kforge_dash.prep_series import RunSource
+from kforge_dash.browse import downloads as prep_export
+from kforge_dash.browse import ranks as prep_ranks
+from kforge_dash.browse.series import RunSource
 
 
 @pytest.fixture

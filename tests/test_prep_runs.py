@@ -7,8 +7,8 @@ import time
 import pytest
 
 from dash_fixtures import write_run, write_shards_only
-from kforge_dash import prep_runs
-from kforge_dash.prep_runs import BROKEN, INGESTED, NOT_INGESTED, STALE, RunPathError, run_dir
+from kforge_dash.browse import runs as prep_runs
+from kforge_dash.browse.runs import BROKEN, INGESTED, NOT_INGESTED, STALE, RunPathError, run_dir
 
 
 @pytest.mark.parametrize("name", ["../x", "..", ".", "/etc", "/etc/passwd", "a/b", "a\\b", ".hidden", "", "x\x00y"])

@@ -7,8 +7,10 @@ import plotly.io
 import polars as pl
 import pytest
 
-from kforge_dash import prep_figures, prep_series
-from kforge_dash.prep_series import RunSource, downsample_indices, prepare_compare
+from kforge_dash.browse import figures as prep_figures
+
+from kforge_dash.browse import series as prep_series
+from kforge_dash.browse.series import RunSource, downsample_indices, prepare_compare
 from reference_math import ema_loop as _ema
 
 N_BIG = 1_000_000

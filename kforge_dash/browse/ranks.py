@@ -1,0 +1,259 @@
+"""One run in detail: per-rank step-time heatmap, slowest-rank counts, memory per rank, phase
+breakdown, restart timeline and non-finite steps. Each function is one lazy polars query."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from kforge_record.schema import PHASE_PREFIX, PHASE_SUFFIX
+
+from kforge_dash.contract import EMA_COLUMNS
+
+
+@dataclass
+class Heatmap:
+    ranks: list[int]              # rows
+    window_start: list[int]       # first step of each column's window
+    window_end: list[int]         # last step of each column's window
+    z: list[list[float | None]]   # ranks × windows; None where a rank reported no step there
+    value: str                    # what z holds, for the colour-bar title
+
+
+def _window_width(first: int, last: int, windows: int) -> int:
+    return max(1, math.ceil((last - first + 1) / max(windows, 1)))
+
+
+def _step_span(lf: pl.LazyFrame) -> tuple[int, int] | None:
+    span = lf.select(pl.col("step").min().alias("a"), pl.col("step").max().alias("b")).collect()
+    if span["a"][0] is None:
+        return None
+    return int(span["a"][0]), int(span["b"][0])
+
+
+def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool = False,
+                 metric: str = "step_time_s") -> Heatmap:
+    """Mean `metric` (step time, or a phase timer) of each rank in each of about `windows` equal step windows.
+
+    relative=True divides by the median over ranks of the same window, so a straggler reads as
+    e.g. 1.5 whatever the run's speed. Under data parallelism every rank's step time is the same
+    (they wait for each other in the all-reduce), so the straggler shows in its phase timers:
+    pick metric="time/data_s" or "time/fwd_bwd_s".
+    """
+    lf = pl.scan_parquet(ranks_path)
+    span = _step_span(lf)
+    label = "step time" if metric == "step_time_s" else phase_name(metric) if metric.startswith(PHASE_PREFIX) else metric
+    if span is None:
+        return Heatmap([], [], [], [], f"{label} (s)")
+    first, last = span
+    width = _window_width(first, last, windows)
+    cell = (
+        lf.select("rank", "step", pl.col(metric).alias("x"))
+        .with_columns(((pl.col("step") - first) // width).alias("w"))
+        .group_by("rank", "w")
+        .agg(pl.col("x").mean().alias("v"))
+    )
+    if relative:
+        cell = cell.with_columns(pl.col("v") / pl.col("v").median().over("w"))
+    cell = cell.sort("rank", "w").collect()
+    ranks = cell["rank"].unique().sort().to_list()
+    n_w = (last - first) // width + 1
+    z = np.full((len(ranks), n_w), np.nan)
+    row = {r: i for i, r in enumerate(ranks)}
+    z[[row[r] for r in cell["rank"].to_list()], cell["w"].to_numpy()] = cell["v"].to_numpy()
+    # Missing cells become None (plotly leaves a gap), never a made-up number.
+    z_list = [[None if math.isnan(v) else float(v) for v in r] for r in z]
+    starts = [first + i * width for i in range(n_w)]
+    return Heatmap(ranks, starts, [min(s + width - 1, last) for s in starts], z_list,
+                   f"{label} / median of ranks" if relative else f"mean {label} (s)")
+
+
+def rank_metrics(ranks_path: str | Path) -> list[str]:
+    """What the per-rank heatmap can show: step time, then every phase timer of the run."""
+    path = Path(ranks_path)
+    if not path.is_file():
+        return ["step_time_s"]
+    return ["step_time_s"] + phase_columns(pl.scan_parquet(path).collect_schema())
+
+
+def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
+    """Mean seconds of each phase timer (columns named as recorded, time/NAME_s) and of the whole step per rank.
+
+    The straggler is the rank whose own work (data, fwd_bwd) is longest; the others' fwd_bwd
+    includes the time they wait for it in the gradient all-reduce.
+    """
+    lf = pl.scan_parquet(ranks_path)
+    phases = phase_columns(lf.collect_schema())
+    if not phases:
+        return pl.DataFrame(schema={"rank": pl.Int64})
+    return (
+        lf.group_by("rank")
+        .agg([pl.col(c).mean() for c in phases] + [pl.col("step_time_s").mean()])
+        .sort("rank")
+        .collect()
+    )
+
+
+def slowest_rank_counts(steps_path: str | Path) -> pl.DataFrame:
+    """How many steps each rank set the pace (was the slowest), most often first."""
+    return (
+        pl.scan_parquet(steps_path)
+        .filter(pl.col("slowest_rank").is_not_null())
+        .group_by("slowest_rank")
+        .agg(pl.len().cast(pl.Int64).alias("steps_slowest"))
+        .with_columns((pl.col("steps_slowest") / pl.col("steps_slowest").sum()).alias("share"))
+        .rename({"slowest_rank": "rank"})
+        .sort(["steps_slowest", "rank"], descending=[True, False])
+        .collect()
+    )
+
+
+_MEM = ("mem_peak_bytes", "mem_allocated_bytes", "mem_reserved_bytes")  # MEM_COLUMNS, peak first: the bar drawn
+
+
+def memory_per_rank(ranks_path: str | Path) -> pl.DataFrame:
+    """Max of each memory column per rank (null where the rank never sampled memory, e.g. CPU)."""
+    lf = pl.scan_parquet(ranks_path)
+    have = [c for c in _MEM if c in lf.collect_schema()]
+    return (
+        lf.group_by("rank")
+        .agg([pl.col(c).max().alias(f"max_{c}") for c in have])
+        .sort("rank")
+        .collect()
+    )
+
+
+def memory_bars(mem: pl.DataFrame) -> tuple[list[int], list[int], str] | None:
+    """(ranks, bytes, label) of the first memory column with any sample, or None (e.g. CPU)."""
+    for col in ("max_mem_peak_bytes", "max_mem_allocated_bytes", "max_mem_reserved_bytes"):
+        if col in mem.columns and mem[col].null_count() < len(mem):
+            return mem["rank"].to_list(), mem[col].to_list(), col.removeprefix("max_")
+    return None
+
+
+def phase_columns(schema: pl.Schema) -> list[str]:
+    return sorted(c for c in schema if c.startswith(PHASE_PREFIX) and c.endswith(PHASE_SUFFIX))
+
+
+def phase_name(col: str) -> str:
+    return col[len(PHASE_PREFIX):-len(PHASE_SUFFIX)]
+
+
+def phase_breakdown(steps_path: str | Path, *, windows: int = 200) -> pl.DataFrame:
+    """Mean seconds per step of each phase in about `windows` step windows, long format
+    (window_start, phase, seconds), plus 'other' = step time minus the timed phases.
+
+    'other' is null in a window where a phase was not timed (null), rather than a guess.
+    """
+    lf = pl.scan_parquet(steps_path)
+    phases = phase_columns(lf.collect_schema())
+    empty = pl.DataFrame(schema={"window_start": pl.Int64, "phase": pl.String, "seconds": pl.Float64})
+    span = _step_span(lf)
+    if not phases or span is None:
+        return empty
+    first, last = span
+    width = _window_width(first, last, windows)
+    other = (pl.col("step_time_s") - pl.sum_horizontal(pl.col(phases), ignore_nulls=False)).alias("time/other_s")
+    wide = (
+        lf.select("step", "step_time_s", *phases)
+        .with_columns(other)
+        .with_columns((first + (pl.col("step") - first) // width * width).alias("window_start"))
+        .group_by("window_start")
+        .agg([pl.col(c).mean() for c in (*phases, "time/other_s")])
+        .sort("window_start")
+    )
+    return (
+        wide.unpivot(index="window_start", variable_name="phase", value_name="seconds")
+        .with_columns(pl.col("phase").str.slice(len(PHASE_PREFIX)).str.strip_suffix(PHASE_SUFFIX))
+        .collect()
+    )
+
+
+def phase_totals(breakdown: pl.DataFrame) -> pl.DataFrame:
+    """Share of the step time spent in each phase (mean over windows)."""
+    if breakdown.is_empty():
+        return pl.DataFrame(schema={"phase": pl.String, "mean_seconds": pl.Float64, "share": pl.Float64})
+    return (
+        breakdown.lazy().group_by("phase").agg(pl.col("seconds").mean().alias("mean_seconds"))
+        .with_columns((pl.col("mean_seconds") / pl.col("mean_seconds").sum()).alias("share"))
+        .sort("mean_seconds", descending=True).collect()
+    )
+
+
+_FLOATS = (pl.Float32, pl.Float64)
+
+
+def nonfinite_steps(steps_path: str | Path) -> pl.DataFrame:
+    """Every (step, metric) whose value is NaN or ±inf, with the value as text ('nan', 'inf')."""
+    lf = pl.scan_parquet(steps_path)
+    cols = [c for c, t in lf.collect_schema().items() if t in _FLOATS and c not in EMA_COLUMNS]
+    if not cols:
+        return pl.DataFrame(schema={"step": pl.Int64, "metric": pl.String, "value": pl.String})
+    parts = [
+        lf.filter(pl.col(c).is_not_null() & ~pl.col(c).is_finite())
+        .select("step", pl.lit(c).alias("metric"), pl.col(c).cast(pl.String).str.to_lowercase().alias("value"))
+        for c in cols
+    ]
+    return pl.concat(parts).sort("step", "metric").collect()
+
+
+def restart_timeline(summary: dict) -> pl.DataFrame:
+    """One row per attempt (launch): step range, start time, world size, and where it resumed."""
+    resumed = {r.get("attempt"): r for r in summary.get("restarts") or []}
+    rows = []
+    for a in summary.get("attempts") or []:
+        r = resumed.get(a.get("attempt"), {})
+        rows.append({
+            "attempt": a.get("attempt"), "first_step": a.get("first_step"), "last_step": a.get("last_step"),
+            "start_time": a.get("start_time"), "world_size": a.get("world_size"),
+            "resumed_at_step": r.get("resumed_at_step"), "previous_last_step": r.get("previous_last_step"),
+            "superseded_steps": r.get("superseded_steps"),
+            "attempt_ids": ", ".join(a.get("attempt_ids") or []) or None,
+        })
+    schema = {"attempt": pl.Int64, "first_step": pl.Int64, "last_step": pl.Int64, "start_time": pl.Float64,
+              "world_size": pl.Int64, "resumed_at_step": pl.Int64, "previous_last_step": pl.Int64,
+              "superseded_steps": pl.Int64, "attempt_ids": pl.String}
+    return pl.DataFrame(rows, schema=schema).with_columns(
+        (pl.col("start_time") * 1e6).round().cast(pl.Int64).cast(pl.Datetime("us", "UTC")).alias("start_time"))
+
+
+@dataclass
+class RunDetail:
+    """Everything the run detail page draws; ranks-based parts are None without ranks.parquet."""
+    heatmap: Heatmap | None
+    phase_by_rank: pl.DataFrame | None
+    slowest: pl.DataFrame
+    memory: tuple[list[int], list[int], str] | None
+    phases: pl.DataFrame
+    phase_totals: pl.DataFrame
+    timeline: pl.DataFrame
+    nonfinite: pl.DataFrame
+
+
+def _reading(path: Path, fn, *args, **kwargs):
+    """Run fn(path, ...), turning polars' errors on a damaged file into one naming the file."""
+    try:
+        return fn(path, *args, **kwargs)
+    except (pl.exceptions.PolarsError, OSError) as e:
+        raise ValueError(f"{path}: cannot be read ({e}); re-ingest the run") from None
+
+
+def run_detail(steps_path: str | Path, ranks_path: str | Path, summary: dict, *, relative: bool = True,
+               metric: str = "step_time_s") -> RunDetail:
+    steps_path, ranks_path = Path(steps_path), Path(ranks_path)
+    has_ranks = ranks_path.is_file()
+    phases = _reading(steps_path, phase_breakdown)
+    return RunDetail(
+        heatmap=_reading(ranks_path, rank_heatmap, relative=relative, metric=metric) if has_ranks else None,
+        phase_by_rank=_reading(ranks_path, phase_per_rank) if has_ranks else None,
+        slowest=_reading(steps_path, slowest_rank_counts),
+        memory=memory_bars(_reading(ranks_path, memory_per_rank)) if has_ranks else None,
+        phases=phases,
+        phase_totals=phase_totals(phases),
+        timeline=restart_timeline(summary),
+        nonfinite=_reading(steps_path, nonfinite_steps),
+    )

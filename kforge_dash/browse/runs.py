@@ -1,0 +1,268 @@
+"""Runs under a runs root: discovery, ingest status, the runs table and the config diff.
+
+Plain functions (no Streamlit) so the dashboard's data preparation is testable on its own.
+Every file the dashboard reads is reached through `run_dir()`, which confines names to the root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from kforge_record.schema import RANK_PREFIX
+
+from kforge_dash.contract import INGESTED_DIR, STEPS_FILE, SUMMARY_FILE, read_summary_file
+
+
+ROOT_ENV = "KFORGE_DASH_ROOT"  # how kforge-dash hands the runs root to the Streamlit script
+
+INGESTED = "ingested"
+STALE = "stale"  # shards newer than the last ingest
+NOT_INGESTED = "not ingested"
+BROKEN = "unreadable"  # ingested/summary.json exists but cannot be read
+
+
+class RunPathError(ValueError):
+    """A run name that would leave the runs root (or is not a plain directory name)."""
+
+
+def default_runs_root() -> Path:
+    """The repo's bundled sample_runs/ (editable install), else ./sample_runs."""
+    bundled = Path(__file__).resolve().parent.parent / "sample_runs"
+    return bundled if bundled.is_dir() else Path.cwd() / "sample_runs"
+
+
+def runs_root_from_env() -> Path:
+    return Path(os.environ.get(ROOT_ENV) or default_runs_root()).resolve()
+
+
+def run_dir(root: str | os.PathLike, name: str) -> Path:
+    """The directory of run `name` under `root`; refuses anything that would leave `root`.
+
+    A run name is one plain path component: no separators, no '..', not absolute, not hidden.
+    A symlinked run whose target lies outside the root is refused too.
+    """
+    if not isinstance(name, str) or not name:
+        raise RunPathError(f"run name {name!r}: must be a non-empty string")
+    if (
+        name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name
+        or "\x00" in name or os.path.isabs(name)
+    ):
+        raise RunPathError(f"run name {name!r}: not a plain directory name under the runs root")
+    root_real = Path(os.path.realpath(root))
+    target = Path(os.path.realpath(root_real / name))
+    if target.parent != root_real:
+        raise RunPathError(f"run name {name!r}: resolves to {target}, outside the runs root {root_real}")
+    return target
+
+
+def ingested_file(run_path: Path, name: str) -> Path:
+    """RUN/ingested/NAME, resolved; refused (RunPathError) when a symlink takes it out of the run."""
+    run_real = Path(os.path.realpath(run_path))
+    target = Path(os.path.realpath(run_real / INGESTED_DIR / name))
+    if not target.is_relative_to(run_real):
+        raise RunPathError(f"{run_path / INGESTED_DIR / name}: resolves to {target}, outside the run directory")
+    return target
+
+
+@dataclass
+class RunInfo:
+    name: str
+    path: Path
+    status: str
+    summary: dict | None = None
+    error: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+    @property
+    def ingested(self) -> bool:
+        """True when ingested outputs can be shown (possibly stale)."""
+        return self.summary is not None
+
+    def file(self, name: str) -> Path:
+        return ingested_file(self.path, name)
+
+    def source(self):
+        """What the compare view and the export read from this run."""
+        from kforge_dash.browse.series import RunSource
+
+        return RunSource(self.name, self.file(STEPS_FILE), self.summary or {})
+
+
+load_summary = read_summary_file  # kept under the name the dashboard uses
+
+
+def _newest_shard_mtime(path: Path) -> float | None:
+    """Newest mtime of the run's rank and attempt folders, or None without shards.
+
+    The recorder only ever adds files by renaming them into an attempt folder (and a new launch
+    adds an attempt folder), which updates that folder's mtime: so folders are enough, and a
+    run with thousands of part files costs one stat per rank and attempt, not per file.
+    """
+    newest = None
+    for rank in os.scandir(path):
+        if not (rank.name.startswith(RANK_PREFIX) and rank.is_dir(follow_symlinks=False)):
+            continue
+        m = rank.stat(follow_symlinks=False).st_mtime
+        newest = m if newest is None or m > newest else newest
+        for attempt in os.scandir(rank.path):
+            if attempt.is_dir(follow_symlinks=False):
+                m = attempt.stat(follow_symlinks=False).st_mtime
+                newest = m if m > newest else newest
+    return newest
+
+
+def _has_shards(path: Path) -> bool:
+    return any(e.name.startswith(RANK_PREFIX) and e.is_dir() for e in os.scandir(path))
+
+
+def list_runs(root: str | os.PathLike) -> list[RunInfo]:
+    """Every run directory directly under `root` (sorted by name) with its ingest status."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"{root}: runs root is not a directory")
+    runs = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        try:
+            path = run_dir(root, entry.name)
+        except RunPathError:
+            continue  # a symlink leaving the root is not a run of this root
+        try:
+            summary_path = ingested_file(path, SUMMARY_FILE)
+        except RunPathError:
+            continue  # ingested/ leads outside the run: nothing there is read
+        has_summary = summary_path.is_file()
+        if not has_summary and not _has_shards(path):
+            continue  # not a run directory
+        info = RunInfo(entry.name, path, NOT_INGESTED)
+        if has_summary:
+            try:
+                info.summary = load_summary(summary_path)
+                info.tags = [str(t) for t in info.summary.get("tags") or []]
+                newest = _newest_shard_mtime(path)
+                stale = newest is not None and newest > summary_path.stat().st_mtime
+                info.status = STALE if stale else INGESTED
+            except ValueError as e:
+                info.status, info.error = BROKEN, str(e)
+        runs.append(info)
+    return runs
+
+
+def filter_runs(runs: list[RunInfo], *, query: str = "", tags: list[str] = ()) -> list[RunInfo]:
+    """Runs whose name or a tag contains `query` (case-insensitive) and that carry every tag in `tags`."""
+    q = query.strip().lower()
+    out = []
+    for r in runs:
+        if q and q not in r.name.lower() and not any(q in t.lower() for t in r.tags):
+            continue
+        if any(t not in r.tags for t in tags):
+            continue
+        out.append(r)
+    return out
+
+
+def selectable(matching: list[str], selected: list[str], known: list[str]) -> list[str]:
+    """Options of the run picker: the runs matching the search, plus runs already selected
+    (still known), so a search that hides them does not drop them from the selection."""
+    return matching + [n for n in selected if n in known and n not in matching]
+
+
+def run_colours(names: list[str]) -> dict[str, str]:
+    """One colour per run, fixed by the run's position among all runs of the root (sorted).
+
+    Colours depend on the root's run list, not on the current selection, so a run keeps its
+    colour on every chart and page while the user changes which runs are shown.
+    """
+    import plotly.express as px
+
+    palette = px.colors.qualitative.D3 + px.colors.qualitative.Dark24
+    return {n: palette[i % len(palette)] for i, n in enumerate(sorted(names))}
+
+
+_TABLE_SCHEMA = {
+    "run": pl.String, "status": pl.String, "steps": pl.Int64, "tokens": pl.Int64,
+    "wall_time_h": pl.Float64, "final_loss": pl.Float64, "best_loss": pl.Float64,
+    "mean_mfu": pl.Float64, "peak_mem_gib": pl.Float64, "gpus": pl.Int64, "device": pl.String,
+    "restarts": pl.Int64, "warnings": pl.Int64, "tags": pl.String,
+}
+
+
+def _num(v):
+    """JSON numbers as floats; NaN/inf arrive as floats from Python's json and are kept."""
+    return None if v is None else float(v)
+
+
+def runs_table(runs: list[RunInfo]) -> pl.DataFrame:
+    """One row per run; values missing from a summary (or from a run never ingested) are null."""
+    rows = []
+    for r in runs:
+        s = r.summary or {}
+        wall = _num(s.get("wall_time_s"))
+        mem = s.get("peak_mem_bytes")
+        rows.append({
+            "run": r.name,
+            "status": r.status if r.error is None else f"{r.status}: {r.error}",
+            "steps": s.get("steps"),
+            "tokens": s.get("tokens"),
+            "wall_time_h": None if wall is None else wall / 3600.0,
+            "final_loss": _num(s.get("final_loss")),
+            "best_loss": _num(s.get("best_loss")),
+            "mean_mfu": _num(s.get("mean_mfu")),
+            "peak_mem_gib": None if mem is None else mem / 2**30,
+            "gpus": s.get("world_size"),
+            "device": (s.get("device") or {}).get("name"),
+            "restarts": None if r.summary is None else len(s.get("restarts") or []),
+            "warnings": None if r.summary is None else len(s.get("warnings") or []),
+            "tags": ", ".join(r.tags) or None,
+        })
+    return pl.DataFrame(rows, schema=_TABLE_SCHEMA)
+
+
+def _flatten(d, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def run_config(summary: dict) -> dict[str, object]:
+    """The flat configuration of a run that a config diff compares (hparams first, then setup)."""
+    cfg = _flatten(summary.get("hparams") or {}, "hparams.")
+    cfg.update(_flatten(summary.get("model") or {}, "model."))
+    cfg["world_size"] = summary.get("world_size")
+    cfg["device"] = (summary.get("device") or {}).get("name")
+    cfg["peak_tflops"] = summary.get("peak_tflops")
+    cfg["flops_per_token"] = summary.get("flops_per_token")
+    cfg["tags"] = sorted(summary.get("tags") or [])
+    return cfg
+
+
+def config_diff(runs: list[RunInfo]) -> pl.DataFrame:
+    """Keys whose value differs between the runs: a `key` column, then one column per run.
+
+    Values are shown as JSON text (so 3e-4 and "3e-4" stay distinguishable); a key a run lacks
+    is null in that run's column.
+    """
+    cfgs = {r.name: run_config(r.summary or {}) for r in runs}
+    keys = sorted({k for c in cfgs.values() for k in c})
+    missing = object()  # distinguishes an absent key from a present null
+    rows = []
+    for k in keys:
+        vals = [c.get(k, missing) for c in cfgs.values()]
+        texts = [json.dumps(v, sort_keys=True) for v in vals if v is not missing]
+        if len(texts) == len(vals) and len(set(texts)) <= 1:
+            continue  # same everywhere
+        rows.append({"key": k, **{n: (None if v is missing else json.dumps(v, sort_keys=True))
+                                  for n, v in zip(cfgs, vals)}})
+    schema = {"key": pl.String, **{n: pl.String for n in cfgs}}
+    return pl.DataFrame(rows, schema=schema)

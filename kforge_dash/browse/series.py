@@ -1,0 +1,300 @@
+"""Series for the compare view: x-axis conversion, smoothing, downsampling and markers.
+
+Order matters and is the point of this file: each run's steps.parquet is scanned lazily, the
+x-axis and the smoothed series are computed at full resolution in one polars query per run
+(all runs collected together), and only then is each series downsampled for drawing. Smoothing
+a downsampled series would smooth a different signal; downsampling with MinMaxLTTB keeps local
+extremes, so a one-step spike in a million steps is still drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from tsdownsample import MinMaxLTTBDownsampler
+from kforge_dash.contract import EMA_COLUMNS
+from kforge_dash.ingest.reduce import ema_expr
+
+X_AXES = ("step", "tokens", "wall time", "time since start")
+X_LABELS = {
+    "step": "step",
+    "tokens": "tokens (cumulative, global)",
+    "wall time": "wall time (UTC)",
+    "time since start": "time since start (s)",
+}
+# Charts offered first, in this order; other float columns (user scalars, phases) follow.
+CORE_METRICS = (
+    "loss", "grad_norm", "lr", "tokens_per_sec", "mfu", "step_time_s",
+    "mem_peak_bytes", "mem_allocated_bytes", "mem_reserved_bytes",
+)
+# Columns of steps.parquet that are bookkeeping or already-derived, not metrics to chart.
+_NOT_METRICS = {
+    "step", "time", "slowest_rank", "n_ranks", "attempt", "tokens",
+    "step_time_min_s", "step_time_median_s",
+}
+DEFAULT_POINTS = 2000
+MAX_MARKERS = 500  # per run, metric and kind; the Run detail page lists every non-finite step
+DEFAULT_CHARTS = ("loss", "grad_norm", "lr", "tokens_per_sec", "mfu", "step_time_s", "mem_peak_bytes")
+# Drawn raw even when smoothing is on: a schedule and memory levels are not noisy, and an EMA
+# would only add lag (and cost a full-resolution pass per run).
+UNSMOOTHED = ("lr", "mem_peak_bytes", "mem_allocated_bytes", "mem_reserved_bytes")
+
+
+def smoothed(metric: str) -> bool:
+    return metric not in UNSMOOTHED
+
+
+def available_metrics(schemas: list[pl.Schema]) -> list[str]:
+    """Chartable metrics present in any of the runs' steps.parquet schemas, core metrics first."""
+    names = set()
+    for schema in schemas:
+        for name, dtype in schema.items():
+            if name in _NOT_METRICS or name in EMA_COLUMNS or not dtype.is_numeric():
+                continue
+            names.add(name)
+    core = [m for m in CORE_METRICS if m in names]
+    return core + sorted(names - set(core))
+
+
+def steps_schema(path: str | Path) -> pl.Schema:
+    """Column names and types of an ingested steps.parquet (reads only the footer)."""
+    try:
+        return pl.scan_parquet(path).collect_schema()
+    except Exception as e:  # polars raises several types for a bad file; name the file
+        raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+
+
+def x_expr(axis: str, *, start_time: float | None = None) -> pl.Expr:
+    """The x value of every step for `axis` (an expression over steps.parquet columns).
+
+    - step: the step number.
+    - tokens: cumulative global tokens up to and including the step. A step with unknown
+      tokens keeps the previous total (forward fill); steps before any known count are null.
+    - wall time: the step's end time as a UTC datetime.
+    - time since start: seconds from `start_time` (the run's first launch) to the step's end;
+      without it, from the first step's end.
+    """
+    if axis == "step":
+        return pl.col("step")
+    if axis == "tokens":
+        return pl.col("tokens").cum_sum().forward_fill()
+    if axis == "wall time":
+        return (pl.col("time") * 1e6).round().cast(pl.Int64).cast(pl.Datetime("us", "UTC"))
+    if axis == "time since start":
+        start = pl.lit(start_time, pl.Float64) if start_time is not None else pl.col("time").min()
+        return pl.col("time") - start
+    raise ValueError(f"x axis {axis!r}: expected one of {', '.join(X_AXES)}")
+
+
+def downsample_indices(y: np.ndarray, n_out: int | None, *, finite: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the points of `y` to draw: every finite one when few (or n_out is None),
+    else MinMaxLTTB's choice among the finite ones.
+
+    Non-finite values are left out (they are drawn as markers instead). `finite` is
+    np.isfinite(y) when the caller already has it.
+    """
+    finite = np.isfinite(y) if finite is None else finite
+    all_finite = bool(finite.all())
+    n = len(y) if all_finite else int(np.count_nonzero(finite))
+    if n_out is None or n <= n_out:
+        return np.arange(len(y)) if all_finite else np.flatnonzero(finite)
+    # MinMaxLTTB: min and max of 4*n_out bins are preselected, then LTTB picks among them, so
+    # local extremes survive; it needs at least 3 output points. Sequential: for one series of
+    # 1M points the thread start costs more than it saves, and series are many.
+    ds = MinMaxLTTBDownsampler()
+    if all_finite:  # the common case: no copy
+        return ds.downsample(np.ascontiguousarray(y), n_out=max(n_out, 3), parallel=False)
+    idx = np.flatnonzero(finite)
+    return idx[ds.downsample(np.ascontiguousarray(y[idx]), n_out=max(n_out, 3), parallel=False)]
+
+
+@dataclass
+class Series:
+    """One drawn line: run × metric × kind ('raw' or 'smoothed')."""
+    run: str
+    metric: str
+    kind: str
+    x: np.ndarray
+    y: np.ndarray
+    step: np.ndarray
+    n_total: int  # points before downsampling (finite ones)
+
+
+@dataclass
+class Marker:
+    """Points to mark on a chart: non-finite values ('nan', 'inf', '-inf') or 'restart'."""
+    run: str
+    metric: str
+    kind: str
+    x: np.ndarray
+    y: np.ndarray  # where to draw it: the last finite value before it (a NaN has no height)
+    step: np.ndarray
+    text: list[str]
+    count: int = 0  # how many steps it stands for (more than drawn when capped)
+
+    def __post_init__(self):
+        self.count = self.count or len(self.step)
+
+
+@dataclass
+class CompareData:
+    x_axis: str
+    metrics: list[str]
+    series: list[Series] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. a run without token counts
+
+    def points(self) -> int:
+        return sum(len(s.x) for s in self.series)
+
+    def points_total(self) -> int:
+        return sum(s.n_total for s in self.series)
+
+    def drawn_metrics(self) -> list[str]:
+        """The requested metrics that have at least one line (in request order)."""
+        have = {s.metric for s in self.series}
+        return [m for m in self.metrics if m in have]
+
+    def nonfinite_lines(self) -> list[str]:
+        """One line per (run, metric, kind) of NaN/inf values, for a warning above the charts."""
+        return [f"{m.run}: {m.metric} is {m.kind} at {m.count} step(s), first at step {m.step[0]}"
+                for m in self.markers if m.kind != "restart"]
+
+
+@dataclass
+class RunSource:
+    """What the compare view needs from one run: its steps.parquet and its summary."""
+    name: str
+    steps_path: Path
+    summary: dict
+
+
+def run_start_time(summary: dict) -> float | None:
+    starts = [a.get("start_time") for a in summary.get("attempts") or [] if a.get("start_time") is not None]
+    return min(starts) if starts else None
+
+
+def _scan_run(src: RunSource, metrics: list[str], schema: pl.Schema, *, x_axis: str, alpha: float | None,
+              sort: bool = False) -> pl.LazyFrame:
+    present = [m for m in metrics if m in schema]
+    exprs = [pl.col("step"), x_expr(x_axis, start_time=run_start_time(src.summary)).alias("__x")]
+    exprs += [pl.col(m).cast(pl.Float64) for m in present]
+    if alpha is not None:
+        exprs += [ema_expr(m, alpha=alpha).alias(f"{m}__smoothed") for m in present if smoothed(m)]
+    lf = pl.scan_parquet(src.steps_path)
+    # steps.parquet is sorted by step (CONTRACT); sorting 1M rows again would double the cost,
+    # so the caller checks the order and asks for the sort only for a file that breaks it.
+    return (lf.sort("step") if sort else lf).select(exprs)
+
+
+def _finite_neighbour(y: np.ndarray, finite: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The last finite value at or before each index in `at`, else the first one after it
+    (NaN when the series has no finite value at all): where a marker without a height is drawn."""
+    fin = np.flatnonzero(finite)
+    if len(fin) == 0:
+        return np.full(len(at), np.nan)
+    before = np.searchsorted(fin, at, side="right") - 1
+    return y[fin[np.where(before >= 0, before, 0)]]
+
+
+def _nonfinite_markers(run: str, metric: str, x, y, step, finite) -> list[Marker]:
+    """NaN/inf values (nulls were removed before), each drawn at its finite neighbour's height."""
+    bad = np.flatnonzero(~finite)
+    height = _finite_neighbour(y, finite, bad)
+    out = []
+    for kind, sel in (("nan", np.isnan(y[bad])), ("inf", np.isposinf(y[bad])), ("-inf", np.isneginf(y[bad]))):
+        if sel.any():
+            idx, h, count = bad[sel], height[sel], int(sel.sum())
+            if count > MAX_MARKERS:  # a diverged run: evenly spaced markers, the count stays exact
+                pick = np.linspace(0, count - 1, MAX_MARKERS).round().astype(np.int64)
+                idx, h = idx[pick], h[pick]
+            out.append(Marker(run, metric, kind, x[idx], h, step[idx],
+                              [f"{metric} = {kind} at step {s} ({count} such steps)" for s in step[idx]], count))
+    return out
+
+
+def _restart_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker | None:
+    restarts = summary.get("restarts") or []
+    if not restarts or len(step) == 0:
+        return None
+    at = np.array([r["resumed_at_step"] for r in restarts if r.get("resumed_at_step") is not None], dtype=np.int64)
+    if len(at) == 0:
+        return None
+    pos = np.clip(np.searchsorted(step, at), 0, len(step) - 1)
+    height = _finite_neighbour(y, np.isfinite(y), pos)
+    text = [
+        f"restart: attempt {r.get('attempt')} resumed at step {r.get('resumed_at_step')}"
+        f" (previous attempt reached {r.get('previous_last_step')}, {r.get('superseded_steps')} steps superseded)"
+        for r in restarts if r.get("resumed_at_step") is not None
+    ]
+    return Marker(run, metric, "restart", x[pos], height, step[pos], text)
+
+
+def prepare_compare(
+    runs: list[RunSource],
+    metrics: list[str],
+    *,
+    x_axis: str = "step",
+    smoothing: float = 0.0,
+    max_points: int | None = DEFAULT_POINTS,
+) -> CompareData:
+    """Everything the compare charts draw, for `runs` × `metrics`.
+
+    `smoothing` is TensorBoard's weight in [0, 1): the EMA's alpha is 1 - smoothing, and 0 means
+    no smoothed line. `max_points=None` draws every point (what the benchmark compares against).
+    """
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing {smoothing!r}: must be in [0, 1)")
+    if x_axis not in X_AXES:
+        raise ValueError(f"x axis {x_axis!r}: expected one of {', '.join(X_AXES)}")
+    alpha = None if smoothing == 0.0 else 1.0 - smoothing
+    data = CompareData(x_axis, list(metrics))
+    schemas = [steps_schema(r.steps_path) for r in runs]
+    absent: dict[str, list[str]] = {}  # metric -> runs without a single value of it
+    frames = pl.collect_all([_scan_run(r, metrics, s, x_axis=x_axis, alpha=alpha) for r, s in zip(runs, schemas)])
+    for i, (src, schema) in enumerate(zip(runs, schemas)):
+        if not frames[i]["step"].is_sorted():  # cheap check; the EMA needs step order
+            frames[i] = _scan_run(src, metrics, schema, x_axis=x_axis, alpha=alpha, sort=True).collect()
+    for src, schema, df in zip(runs, schemas, frames):
+        for m in metrics:
+            if m not in schema:
+                absent.setdefault(m, []).append(src.name)
+        if x_axis == "tokens" and (len(df) == 0 or df["__x"].null_count() == len(df)):
+            data.notes.append(f"{src.name}: no token counts, so it has no tokens axis")
+            continue
+        df = df.rechunk()  # one buffer per column, so to_numpy below is a view, not a copy
+        has_x = None if df["__x"].null_count() == 0 else df["__x"].is_not_null().to_numpy()
+        x_all, step_all = df["__x"].to_numpy(), df["step"].to_numpy()
+        for m in metrics:
+            if m not in schema:
+                continue
+            col = df[m]
+            # Nulls are "not reported", not NaN: they are neither drawn nor marked.
+            keep = has_x
+            if col.null_count():
+                keep = col.is_not_null().to_numpy() if keep is None else keep & col.is_not_null().to_numpy()
+            if keep is not None and not keep.any():
+                absent.setdefault(m, []).append(src.name)
+                continue
+            lines = [("raw", col.to_numpy())]
+            if alpha is not None and smoothed(m):
+                lines.append(("smoothed", df[f"{m}__smoothed"].to_numpy()))
+            x, step = (x_all, step_all) if keep is None else (x_all[keep], step_all[keep])
+            for kind, values in lines:
+                values = values.astype(np.float64, copy=False)
+                values = values if keep is None else values[keep]
+                finite = np.isfinite(values)
+                idx = downsample_indices(values, max_points, finite=finite)
+                data.series.append(Series(src.name, m, kind, x[idx], values[idx], step[idx],
+                                          int(np.count_nonzero(finite))))
+                if kind == "raw" and not finite.all():
+                    data.markers += _nonfinite_markers(src.name, m, x, values, step, finite)
+            # Restarts sit on the line the eye follows: the smoothed one when there is one.
+            restart = _restart_markers(src.name, m, src.summary, x, values, step)
+            if restart is not None:
+                data.markers.append(restart)
+    data.notes += [f"no {m} in {', '.join(names)}" for m, names in absent.items()]
+    return data

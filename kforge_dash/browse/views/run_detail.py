@@ -1,0 +1,81 @@
+"""One run in detail: ranks, memory, phases, restarts, non-finite steps, warnings. Render only."""
+
+import streamlit as st
+
+from kforge_dash.browse import figures as prep_figures
+
+from kforge_dash.browse import ranks as prep_ranks
+from kforge_dash.contract import RANKS_FILE, STEPS_FILE
+from kforge_dash.browse.views import common
+
+st.title("Run detail")
+root = common.runs_root()
+runs = {r.name: r for r in common.load_runs(root) if r.ingested}
+if not runs:
+    st.info(f"No ingested runs under {root} yet.")
+    st.stop()
+name = st.selectbox("Run", list(runs), key="run", bind="query-params")
+run = runs[name]
+s = run.summary
+
+c = st.columns(5)
+c[0].metric("steps", s.get("steps"))
+c[1].metric("GPUs", s.get("world_size"))
+c[2].metric("restarts", len(s.get("restarts") or []))
+c[3].metric("final loss", None if s.get("final_loss") is None else f"{s['final_loss']:.5g}")
+c[4].metric("device", (s.get("device") or {}).get("name") or "unknown")
+
+left, right = st.columns([1, 2])
+metric = left.selectbox("per-rank metric", prep_ranks.rank_metrics(run.file(RANKS_FILE)), key="metric",
+                        format_func=lambda m: "step time" if m == "step_time_s" else prep_ranks.phase_name(m) + " phase")
+relative = right.toggle("relative to the median rank of each window", value=True, key="relative")
+try:
+    d = prep_ranks.run_detail(run.file(STEPS_FILE), run.file(RANKS_FILE), s, relative=relative, metric=metric)
+except ValueError as e:  # a damaged ingested file: name it, keep the app up
+    st.error(str(e))
+    st.stop()
+
+st.subheader("Per rank")
+if d.heatmap is None:
+    st.info(f"{run.file('ranks.parquet')} is missing: re-ingest the run for per-rank views.")
+else:
+    st.plotly_chart(prep_figures.heatmap_figure(d.heatmap), key="heatmap")
+if d.phase_by_rank is not None and d.phase_by_rank.width > 1:
+    st.caption("Mean seconds per phase and rank. Under data parallelism all ranks share one step time; "
+               "a straggler shows as the rank with the longest own work (data, fwd_bwd) while the others wait.")
+    st.dataframe(d.phase_by_rank, hide_index=True, key="phase_by_rank")
+left, right = st.columns(2)
+left.plotly_chart(prep_figures.bar_figure(d.slowest["rank"].to_list(), d.slowest["steps_slowest"].to_list(),
+                                          x_title="rank", y_title="steps", title="how often each rank was the slowest"),
+                  key="slowest")
+if d.memory is None:
+    right.info("No memory samples (CPU run, memory sampling off, or no ranks.parquet).")
+else:
+    ranks, values, label = d.memory
+    right.plotly_chart(prep_figures.bar_figure(ranks, values, x_title="rank", y_title="bytes",
+                                               title=f"max {label} per rank"), key="memory")
+
+st.subheader("Phase breakdown")
+if d.phases.is_empty():
+    st.info("No phase timers recorded in this run.")
+else:
+    st.plotly_chart(prep_figures.phase_figure(d.phases), key="phases")
+    st.dataframe(d.phase_totals, hide_index=True, key="phase_totals",
+                 column_config={"share": st.column_config.NumberColumn(format="percent")})
+
+st.subheader("Restarts")
+st.plotly_chart(prep_figures.timeline_figure(d.timeline), key="timeline")
+st.dataframe(d.timeline, hide_index=True, key="restarts")
+
+st.subheader("Non-finite steps")
+if d.nonfinite.is_empty():
+    st.success("No NaN or inf in any metric.")
+else:
+    st.dataframe(d.nonfinite, hide_index=True, key="nonfinite")
+
+st.subheader("Warnings")
+warnings = s.get("warnings") or []
+for w in warnings:
+    st.warning(w)
+if not warnings:
+    st.success("Ingest raised no warnings.")

@@ -1,0 +1,1 @@
+"""Command-line entry points: kforge-ingest (ingest.py) and kforge-dash (dash.py)."""

@@ -1,0 +1,46 @@
+"""`kforge-dash [RUNS_ROOT] [--host 127.0.0.1] [--port 8501]`: start the Streamlit app."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from kforge_dash.browse.runs import ROOT_ENV, default_runs_root
+
+APP = Path(__file__).resolve().parent.parent / "browse" / "app.py"
+
+
+def streamlit_args(*, host: str, port: int) -> list[str]:
+    """`streamlit run` arguments: headless, no usage statistics, no file watcher."""
+    return [
+        "run", str(APP),
+        "--server.address", host, "--server.port", str(port),
+        "--server.headless", "true", "--browser.gatherUsageStats", "false",
+        "--server.fileWatcherType", "none", "--global.developmentMode", "false",
+    ]
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("runs_root", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; the default keeps the app on this machine.")
+@click.option("--port", default=8501, show_default=True, type=click.IntRange(1, 65535))
+def main(runs_root: Path | None, host: str, port: int) -> None:
+    """Browse the ingested runs under RUNS_ROOT (default: the bundled sample_runs/)."""
+    root = (runs_root or default_runs_root()).resolve()
+    if not root.is_dir():
+        raise click.BadParameter(f"{root} is not a directory", param_hint="RUNS_ROOT")
+    # The root travels in the environment, never through a shell or the script's argv parsing.
+    os.environ[ROOT_ENV] = str(root)
+    click.echo(f"kforge-dash: runs root {root}, serving on http://{host}:{port}", err=True)
+    from streamlit.web import cli as streamlit_cli
+
+    # The page scripts live in views/, not pages/: a pages/ folder beside app.py would switch
+    # Streamlit to its legacy file-based multipage mode instead of app.py's st.navigation.
+    # In-process rather than a child process: signals sent to kforge-dash reach the server.
+    streamlit_cli.main(args=streamlit_args(host=host, port=port), prog_name="streamlit")
+
+if __name__ == "__main__":
+    main()

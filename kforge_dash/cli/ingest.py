@@ -1,0 +1,108 @@
+"""`kforge-ingest PATH...`: a thin click wrapper over kforge_dash.pipeline (ingest, export, --watch)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+try:
+    import click
+except ImportError as e:  # optional dependency, imported at the edge
+    raise SystemExit("kforge-ingest needs the ingest extra: pip install 'kforge[ingest]'") from e
+
+
+def _num(v, fmt="{:,.0f}"):
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return fmt.format(v)
+
+
+def _screen(res) -> list[str]:
+    """The one-screen summary of one ingested run."""
+    s = res.summary
+    mfu = s.get("mean_mfu")
+    lines = [
+        f"{s.get('run_name')}  ({res.run_dir}){'  [unchanged]' if res.skipped else '  [new parts appended]' if res.appended else ''}",
+        f"  steps {_num(s.get('steps'))} ({s.get('first_step')}..{s.get('last_step')})   ranks {len(s.get('ranks') or [])}"
+        f"   world size {s.get('world_size')}   attempts {len(s.get('attempts') or [])}   restarts {len(s.get('restarts') or [])}",
+        f"  tokens {_num(s.get('tokens'))}   wall time {_num(s.get('wall_time_s'), '{:,.1f}')} s"
+        f"   tokens/s {_num(s.get('mean_tokens_per_sec'))}",
+        f"  mean MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}   final loss {_num(s.get('final_loss'), '{:.4g}')}"
+        f"   best loss {_num(s.get('best_loss'), '{:.4g}')}",
+    ]
+    nonfinite = {k: v for k, v in (s.get("nonfinite") or {}).items() if v}
+    if nonfinite:
+        lines.append("  non-finite: " + ", ".join(f"{k} {v}" for k, v in nonfinite.items()))
+    for name, e in (s.get("exports") or {}).items():
+        if isinstance(e, dict):
+            lines.append(f"  export {name}: {'ok ' + str(e.get('path') or '') if e.get('ok') else 'FAILED: ' + str(e.get('error'))}")
+    warnings = s.get("warnings") or []
+    if warnings:
+        lines.append(f"  warnings ({len(warnings)}):")
+        lines += [f"    - {w}" for w in warnings[:8]]
+        if len(warnings) > 8:
+            lines.append(f"    ... and {len(warnings) - 8} more in {res.ingested_dir}/summary.json")
+    return lines
+
+
+def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, json_lines: bool = False) -> None:
+    """Print one pass: a screen per run (or JSON on stdout), errors on stderr."""
+    shown = [r for r in result.ok if not (only_changed and r.skipped)]
+    if as_json:
+        click.echo(json.dumps({
+            "runs": [{"run_dir": r.run_dir, "skipped": r.skipped, "appended": r.appended, "summary": r.summary}
+                     for r in shown],
+            "failed": [{"run_dir": f.run_dir, "error": f.error} for f in result.failed]
+            + [{"run_dir": None, "error": e} for e in result.errors],
+        }, indent=None if json_lines else 2, default=str))  # --watch: one JSON document per line and pass
+    elif not quiet:
+        for r in shown:
+            click.echo("\n".join(_screen(r)))
+    for msg in [f.error for f in result.failed] + result.errors:
+        click.echo(f"kforge-ingest: error: {msg}", err=True)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.1, show_default=True, help="EMA smoothing factor.")
+@click.option("--peak-tflops", type=click.FloatRange(0, min_open=True), default=None, help="Peak dense TFLOPS per GPU; beats meta.json and the device table.")
+@click.option("--flops-per-token", type=click.FloatRange(0, min_open=True), default=None, help="Model FLOPs per token; beats meta.json.")
+@click.option("--watch", type=click.FloatRange(0, min_open=True), default=None, metavar="SECONDS", help="Re-ingest every SECONDS as new part files arrive (appending them), until Ctrl-C; the W&B export of changed runs waits until then.")
+@click.option("--force", is_flag=True, help="Re-ingest even when the shards are unchanged.")
+@click.option("--no-tensorboard", is_flag=True, help="Do not export TensorBoard event files.")
+@click.option("--no-wandb", is_flag=True, help="Do not export an offline W&B run.")
+@click.option("--upload", is_flag=True, help="Also sync the W&B run (needs network and a login).")
+@click.option("--wandb-project", default=None, help="W&B project name.")
+@click.option("--wandb-entity", default=None, help="W&B entity (user or team).")
+@click.option("--quiet", "-q", is_flag=True, help="Only errors.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout (with --watch: one JSON line per pass).")
+def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorboard, no_wandb, upload,
+         wandb_project, wandb_entity, quiet, as_json):
+    """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
+
+    Exit status: 0 all ingested, 1 nothing could be ingested, 2 usage error, 3 some runs failed.
+    """
+    import warnings
+
+    from kforge_dash.export.exporters import choose_exporters
+    from kforge_dash.ingest.options import IngestOptions, IngestWarning
+    from kforge_dash.pipeline import ingest_paths, watch as watch_paths
+    from kforge_dash.progress import progress_for
+
+    options = IngestOptions(alpha=alpha, peak_tflops=peak_tflops, flops_per_token=flops_per_token, force=force)
+    exporters = choose_exporters(tensorboard=not no_tensorboard, wandb=not no_wandb, upload=upload,
+                                 wandb_project=wandb_project, wandb_entity=wandb_entity)
+    with warnings.catch_warnings(), progress_for(quiet=quiet or as_json) as progress:
+        warnings.simplefilter("ignore", IngestWarning)  # they are in each run's summary, printed below
+        first = ingest_paths(paths, options=options, exporters=exporters, progress=progress)
+        _report(first, as_json=as_json, quiet=quiet, json_lines=watch is not None)
+        if watch is None:
+            sys.exit(first.exit_code)
+        if any(x.name in ("wandb", "upload") for x in exporters) and not (quiet or as_json):
+            click.echo(f"watching every {watch:g}s; the W&B export of changed runs waits until Ctrl-C", err=True)
+        sys.exit(watch_paths(paths, interval_s=watch, options=options, exporters=exporters, progress=progress,
+                             report=lambda r: _report(r, as_json=as_json, quiet=quiet, only_changed=True,
+                                                      json_lines=True)))

@@ -1,0 +1,65 @@
+"""What ingest hands export and the dashboard: file names, column sets and order, the summary reader.
+
+The one place these are defined (docs/CONTRACT.md, "Ingested outputs"). Kept free of heavy
+imports: ingest, export, browse and the CLIs all import it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from kforge_record.schema import MEM_COLUMNS
+
+INGESTED_DIR = "ingested"  # RUN/ingested/ holds everything below
+STEPS_FILE = "steps.parquet"
+RANKS_FILE = "ranks.parquet"
+SUMMARY_FILE = "summary.json"
+MANIFEST_FILE = "manifest.parquet"  # ingest's own footer cache, safe to delete
+LOCK_FILE = ".ingest.lock"
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"
+
+OUTPUT_SCHEMA_VERSION = "1.0"
+
+# Metrics that get a <name>_ema column in steps.parquet.
+EMA_METRICS = ("loss", "tokens_per_sec", "mfu", "step_time_s")
+EMA_COLUMNS = tuple(f"{m}_ema" for m in EMA_METRICS)
+
+# Columns of steps.parquet that ingest computes after reducing the ranks (over the whole run, so
+# an append recomputes them): throughput, MFU and the EMAs.
+RUN_DERIVED_COLUMNS = frozenset({"tokens_per_sec", "mfu", *EMA_COLUMNS})
+# Every column name ingest itself puts in steps.parquet or ranks.parquet beyond the recorded
+# ones: a user scalar with one of these names is renamed to user/NAME.
+RESERVED_OUTPUT_NAMES = frozenset({"rank", "attempt", "step_time_min_s", "step_time_median_s", "slowest_rank",
+                                   "n_ranks", *RUN_DERIVED_COLUMNS})
+
+# steps.parquet columns before the phases and user scalars; the EMAs come last.
+STEP_HEAD = ("step", "time", "step_time_s", "step_time_min_s", "step_time_median_s", "slowest_rank", "n_ranks",
+             "attempt", "tokens", "tokens_per_sec", "mfu", "loss", "grad_norm", "lr", *MEM_COLUMNS)
+# The same head as the reductions give it, before tokens/s and MFU are derived.
+REDUCED_HEAD = tuple(c for c in STEP_HEAD if c not in RUN_DERIVED_COLUMNS)
+
+
+def ingested_dir(run_dir: str | os.PathLike) -> str:
+    return os.path.join(os.fspath(run_dir), INGESTED_DIR)
+
+
+def read_summary_file(path: str | os.PathLike) -> dict:
+    """An ingested summary.json as a dict; a ValueError naming the file when it is bad.
+
+    The one reader of summary.json: ingest (is the run unchanged?), export and the dashboard.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except FileNotFoundError:
+        raise ValueError(f"{path}: cannot be read (not found; run kforge-ingest on the run first)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+EXPORT_NAMES = ("tensorboard", "wandb", "upload")  # the keys of summary.json "exports"

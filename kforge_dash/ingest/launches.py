@@ -1,0 +1,103 @@
+"""Launches of a job (per-rank attempts that started together), and each one's FLOPs and peak."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kforge_dash.ingest import flops as _flops
+
+if TYPE_CHECKING:
+    from kforge_dash.ingest.options import IngestOptions
+
+
+@dataclass
+class Launch:
+    """One process launch of the job (all ranks' attempts that started together)."""
+
+    index: int
+    attempts: list = field(default_factory=list)
+    flops: dict | None = None  # launch_flops(), filled in by _derive
+
+    @property
+    def ranks(self):
+        return {a.rank for a in self.attempts}
+
+    def parts(self):
+        return [p for a in self.attempts for p in a.parts]
+
+
+def group_launches(attempts: list, warnings: list[str]) -> list[Launch]:
+    """Cluster per-rank attempts into launches, in start-time order.
+
+    Attempt ids differ per rank (they carry the pid), so a launch is recognised by time: walking
+    attempts by start time (unknown starts last, by attempt id), a new launch begins when a rank already seen in the current one
+    appears again, or when world size or the Slurm/torchelastic launch counters change.
+    """
+    launches: list[Launch] = []
+    # An unknown start (None) sorts after every known one, those by attempt id.
+    for a in sorted(attempts, key=lambda a: (a.start_time is None, a.start_time or 0.0, a.attempt_id)):
+        cur = launches[-1] if launches else None
+        new = cur is None or a.rank in cur.ranks
+        if not new and a.meta_ok:
+            ref = next((b for b in cur.attempts if b.meta_ok), None)
+            if ref is not None:
+                new = ref.world_size != a.world_size or (ref.meta.get("launch") or {}) != (a.meta.get("launch") or {})
+        if new:
+            launches.append(Launch(len(launches)))
+        launches[-1].attempts.append(a)
+    for L in launches:
+        sizes = sorted({a.world_size for a in L.attempts if a.world_size is not None})
+        if len(sizes) > 1:
+            warnings.append(f"attempt {L.index}: ranks disagree on world size {sizes}; using {sizes[-1]}")
+    return launches
+
+
+def start_of(L: Launch) -> float | None:
+    """The launch's start: its earliest known attempt start, None when no start is known."""
+    return min((a.start_time for a in L.attempts if a.start_time is not None), default=None)
+
+
+def world_size_of(L: Launch) -> int:
+    sizes = [a.world_size for a in L.attempts if a.world_size is not None]
+    return max(sizes) if sizes else len(L.ranks)
+
+
+def lead_meta(L: Launch) -> dict:
+    """The lowest rank's meta.json that was readable (rank 0 normally)."""
+    ok = sorted((a for a in L.attempts if a.meta_ok), key=lambda a: a.rank)
+    return ok[0].meta if ok else {}
+
+
+def launch_flops(L: Launch, opts: IngestOptions, warnings: list[str]) -> dict:
+    """FLOPs per token, peak TFLOPS and their sources for one launch (None where unknown)."""
+    meta = lead_meta(L)
+    out = {"flops_per_token": None, "flops_source": None, "peak_tflops": None, "peak_source": None,
+           "device": meta.get("device"), "model": meta.get("model")}
+    if opts.flops_per_token is not None:
+        out["flops_per_token"], out["flops_source"] = float(opts.flops_per_token), "override"
+    else:
+        try:
+            out["flops_per_token"], out["flops_source"] = _flops.flops_per_token(meta.get("model"))
+        except (ValueError, TypeError) as e:
+            warnings.append(f"attempt {L.index}: model description unusable for FLOPs ({e}); MFU is null")
+        if out["flops_per_token"] is None and meta.get("model") is None:
+            warnings.append(f"attempt {L.index}: no model description in meta.json; MFU is null (pass --flops-per-token)")
+    recorded = next((a.meta.get("peak_tflops") for a in L.attempts if a.meta.get("peak_tflops")), None)
+    dev = meta.get("device") or {}
+    if opts.peak_tflops is not None:
+        out["peak_tflops"], out["peak_source"] = float(opts.peak_tflops), "override"
+    elif recorded is not None:
+        out["peak_tflops"], out["peak_source"] = float(recorded), "meta.json peak_tflops"
+    else:
+        entry = _flops.peak_for_device(dev.get("name")) if dev.get("type") != "cpu" else None
+        if entry is not None:
+            out["peak_tflops"], out["peak_source"] = entry.tflops, f"table: {dev.get('name')} ({entry.source})"
+        elif dev.get("type") == "cpu":
+            warnings.append(f"attempt {L.index}: ran on CPU; no peak TFLOPS, MFU is null (pass --peak-tflops)")
+        else:
+            warnings.append(
+                f"attempt {L.index}: device {dev.get('name')!r} is not in the peak-TFLOPS table; "
+                "MFU is null (pass --peak-tflops)"
+            )
+    return out

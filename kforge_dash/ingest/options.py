@@ -1,0 +1,57 @@
+"""The types of ingest's interface: its options, its result, its errors."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from kforge_dash.contract import INGESTED_DIR
+
+
+class IngestError(Exception):
+    """Nothing could be ingested from a path; the message names the path and the problem."""
+
+
+class IngestWarning(UserWarning):
+    """Something was skipped or could not be derived; the run was still ingested (see summary)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class IngestOptions:
+    alpha: float = 0.1
+    peak_tflops: float | None = None
+    flops_per_token: float | None = None
+    chunk_rows: int = 4_000_000  # rows held in memory at once (about 100 bytes each, plus polars' work space)
+    lock_timeout_s: float = 600.0
+    force: bool = False
+
+    def __post_init__(self):
+        if not (isinstance(self.alpha, (int, float)) and 0 < self.alpha <= 1):
+            raise ValueError(f"alpha: must be in (0, 1], got {self.alpha!r}")
+        for name in ("peak_tflops", "flops_per_token"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be a positive finite number, got {v!r}")
+        if not (isinstance(self.chunk_rows, int) and self.chunk_rows >= 1):
+            raise ValueError(f"chunk_rows: must be a positive integer, got {self.chunk_rows!r}")
+        if not (isinstance(self.lock_timeout_s, (int, float)) and self.lock_timeout_s >= 0):
+            raise ValueError(f"lock_timeout_s: must be >= 0 seconds, got {self.lock_timeout_s!r}")
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    run_dir: str
+    summary: dict
+    skipped: bool  # True: shards and options unchanged since the last ingest, outputs reused
+    appended: bool = False  # True: only new part files were read, on top of the last outputs (ingest_append.py)
+
+    @property
+    def ingested_dir(self) -> str:
+        return os.path.join(self.run_dir, INGESTED_DIR)
+
+
+@dataclass(frozen=True)
+class IngestFailure:
+    run_dir: str
+    error: str

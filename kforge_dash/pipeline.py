@@ -1,0 +1,185 @@
+"""The pipeline: ingest each run, then run the chosen exporters on it; and the --watch loop.
+
+Ingest (kforge_dash.ingest) knows nothing of export: this module runs one after the other, so
+an export failure is recorded in summary.json's ``exports`` and never costs the Parquet outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kforge_record.atomic import write_json_atomic
+
+from kforge_dash.contract import EXPORT_NAMES, LOCK_FILE, SUMMARY_FILE, read_summary_file
+from kforge_dash.export.exporters import choose_exporters, run_exporters
+from kforge_dash.export.outcome import Exporter
+from kforge_dash.ingest import shards as _shards
+from kforge_dash.ingest.options import IngestError, IngestFailure, IngestOptions, IngestResult
+from kforge_dash.ingest.run import ingest_run
+from kforge_dash.progress import NullProgress
+
+__all__ = ["ingest_path", "ingest_paths", "IngestPass", "watch"]
+
+
+def ingest_path(path, *, exporters: Sequence[Exporter] | None = None, options: IngestOptions | None = None,
+                progress=None, tensorboard: bool = True, wandb: bool = True, upload: bool = False,
+                wandb_project: str | None = None, wandb_entity: str | None = None,
+                **option_kwargs) -> list[IngestResult | IngestFailure]:
+    """Ingest every run at or below ``path``, then export each. One IngestResult or IngestFailure per run.
+
+    ``exporters`` (kforge_dash.export.exporters) beat the switches, which choose them when not given.
+    Raises IngestError when ``path`` does not exist or holds no run at all.
+    """
+    if exporters is None:
+        exporters = choose_exporters(tensorboard=tensorboard, wandb=wandb, upload=upload,
+                                     wandb_project=wandb_project, wandb_entity=wandb_entity)
+    opts = options if options is not None else IngestOptions(**option_kwargs)
+    progress = progress if progress is not None else NullProgress()
+    return [ingest_and_export(run, options=opts, exporters=exporters, progress=progress) for run in _runs_at(path)]
+
+
+def _runs_at(path) -> list[str]:
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.exists(path):
+        raise IngestError(f"{path}: no such file or directory")
+    if not os.path.isdir(path):
+        raise IngestError(f"{path}: not a directory (give a runs root or one run directory)")
+    runs = _shards.discover_runs(path)
+    if not runs:
+        raise IngestError(f"{path}: no kforge runs found (a run directory holds rank-NNNNN/ folders)")
+    return runs
+
+
+def ingest_and_export(run: str, *, options: IngestOptions, exporters: Sequence[Exporter],
+                      progress) -> IngestResult | IngestFailure:
+    """One run: ingest, then export. Any failure of the ingest is this run's, never raised."""
+    try:
+        res = ingest_run(run, options=options, progress=progress)
+    except IngestError as e:
+        return IngestFailure(run, str(e))
+    except Exception as e:  # any failure (even a bug of ours) is this run's: the other runs still ingest
+        return IngestFailure(run, f"{run}: {type(e).__name__}: {e}")
+    exports = _export(res, exporters)
+    if exports is None:
+        return res
+    return IngestResult(res.run_dir, _record_exports(res, exports), res.skipped, res.appended)
+
+
+def _export(res: IngestResult, exporters: Sequence[Exporter]) -> dict | None:
+    """The exporters' outcomes on a fresh ingest, as summary.json's ``exports``; failures recorded, never raised."""
+    if not exporters:
+        return None
+    names = [x.name for x in exporters]
+    prev = res.summary.get("exports") or {}
+    uploading = "upload" in names
+    if res.skipped and not uploading and all((prev.get(n) or {}).get("ok") for n in names):
+        return None  # nothing changed and the last export of each target worked (an upload is always tried)
+    try:
+        return run_exporters(res.run_dir, exporters).to_dict()
+    except Exception as e:  # an export must never cost the Parquet outputs
+        error = f"{type(e).__name__}: {e}"
+        return {k: ({"ok": False, "path": None, "error": error, "points": None, "run_id": None, "seconds": None}
+                    if k in names else None) for k in EXPORT_NAMES}
+
+
+def _record_exports(res: IngestResult, exports: dict) -> dict:
+    from filelock import FileLock
+
+    path = os.path.join(res.ingested_dir, SUMMARY_FILE)
+    with FileLock(os.path.join(res.ingested_dir, LOCK_FILE)):
+        try:
+            summary = read_summary_file(path)
+        except ValueError:
+            summary = dict(res.summary)
+        summary["exports"] = exports
+        write_json_atomic(path, summary)
+    return summary
+
+
+@dataclass
+class IngestPass:
+    """What one pass over the paths gave: runs ingested, runs failed, paths that held no run."""
+
+    ok: list[IngestResult] = field(default_factory=list)
+    failed: list[IngestFailure] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """0 all ingested, 1 nothing ingested, 3 some runs failed (kforge-ingest's exit status)."""
+        if not self.ok:
+            return 1
+        return 3 if self.failed or self.errors else 0
+
+
+class _Tracking(NullProgress):
+    """Forwards to ``inner`` and notes every run that reached a window of rows (began to change)."""
+
+    def __init__(self, inner, changed: set[str]):
+        self.inner, self.changed = inner, changed
+
+    def lock_wait(self, run_dir: str) -> None:
+        self.inner.lock_wait(run_dir)
+
+    def chunk(self, run_dir: str, done: int, total: int) -> None:
+        self.changed.add(run_dir)
+        self.inner.chunk(run_dir, done, total)
+
+    def done(self, run_dir: str) -> None:
+        self.inner.done(run_dir)
+
+
+def ingest_paths(paths: Sequence[str], *, options: IngestOptions, exporters: Sequence[Exporter], progress=None,
+                 changed: set[str] | None = None) -> IngestPass:
+    """One pass over ``paths``. ``changed`` receives every run re-ingested (or begun: a Ctrl-C may stop it)."""
+    progress = progress if progress is not None else NullProgress()
+    if changed is not None:
+        progress = _Tracking(progress, changed)
+    out = IngestPass()
+    for p in paths:
+        try:
+            runs = _runs_at(p)
+        except IngestError as e:
+            out.errors.append(str(e))
+            continue
+        for run in runs:
+            r = ingest_and_export(run, options=options, exporters=exporters, progress=progress)
+            if isinstance(r, IngestFailure):
+                out.failed.append(r)
+                continue
+            out.ok.append(r)
+            if changed is not None and not r.skipped:
+                changed.add(r.run_dir)
+    return out
+
+
+def watch(paths: Sequence[str], *, interval_s: float, options: IngestOptions, exporters: Sequence[Exporter],
+          report: Callable[[IngestPass], None], progress=None) -> int:
+    """Re-ingest ``paths`` every ``interval_s`` until Ctrl-C; the exit status of the final pass.
+
+    A W&B export rewrites the whole offline run (about half a millisecond a step: a minute per
+    poll for a 100k-step run) and nobody syncs it mid-run, so the passes in between export only
+    what has no ``needs`` and is not W&B (TensorBoard follows every pass); W&B and the upload run
+    once, when the watch stops, for the runs that changed. ``report`` is called after each pass.
+    """
+    live = [x for x in exporters if x.name not in ("wandb", "upload")]
+    deferred = len(live) < len(exporters)
+    options = IngestOptions(**{**options.__dict__, "force": False})  # later passes redo only changed runs
+    changed: set[str] = set()
+    try:
+        while True:
+            time.sleep(interval_s)
+            report(ingest_paths(paths, options=options, exporters=live, progress=progress, changed=changed))
+    except KeyboardInterrupt:
+        pass
+    if not (deferred and changed):
+        return 0
+    try:  # the runs whose W&B export (and upload) waited; the others' exports are current
+        final = ingest_paths(sorted(changed), options=options, exporters=exporters, progress=progress)
+    except KeyboardInterrupt:
+        return 130
+    report(final)
+    return final.exit_code
