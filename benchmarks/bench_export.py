@@ -157,8 +157,8 @@ def main() -> None:
             b, k = min(bs), min(ks)
             rows.append(("W&B offline", wsteps, "bare run.log loop", b, k))
         print(f"\n{len(SCALARS)} scalars per step; µs per step (lower is better); ratio = baseline / kforge\n")
-        print(f"| export | steps | baseline | baseline µs/step | kforge µs/step | kforge speed-up |")
-        print(f"| --- | ---: | --- | ---: | ---: | ---: |")
+        print("| export | steps | baseline | baseline µs/step | kforge µs/step | kforge speed-up |")
+        print("| --- | ---: | --- | ---: | ---: | ---: |")
         for name, n, base, b, k in rows:
             print(f"| {name} | {n:,} | {base} | {b / n * 1e6:,.1f} | {k / n * 1e6:,.1f} | {b / k:.2f}x |")
         print("\nGoals: TensorBoard speed-up >= 10x; W&B kforge/baseline <= 1.2 (speed-up >= 0.83x).")

@@ -49,12 +49,11 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from bench_ingest import PEAK  # the child's own peak (VmHWM), as bench_ingest measures it
-from kforge_record import Recorder
-from kforge_record.schema import END_FILE, PARQUET_META_KEY, SCHEMA_VERSION, is_part_file, part_file_name, rank_dir_name
 
 from kforge_dash.contract import INGESTED_DIR, RANKS_FILE, STEPS_FILE, SUMMARY_FILE
+from kforge_record import Recorder
+from kforge_record.schema import END_FILE, PARQUET_META_KEY, SCHEMA_VERSION, is_part_file, part_file_name, rank_dir_name
 
 OUTPUTS = (STEPS_FILE, RANKS_FILE, SUMMARY_FILE)
 SUMMARY_IGNORED = ("ingested_at", "fingerprint", "exports")

@@ -428,8 +428,8 @@ def main() -> None:
     print("µs/step: wall time of the logging loop / steps; the ratios are on it. close: Recorder.close(), "
           "run.finish(),\nSummaryWriter.close(): waits for what background threads had not written yet. "
           "other threads CPU: CPU\ntime of this process's other threads (the recorder's writer) over loop "
-          f"+ close, per step; wandb's separate\nservice process is not counted. paced: after every flush window the "
-          f"loop waits (untimed) until the writer\nhas written it, as steps of milliseconds let it; back to "
+          "+ close, per step; wandb's separate\nservice process is not counted. paced: after every flush window the "
+          "loop waits (untimed) until the writer\nhas written it, as steps of milliseconds let it; back to "
           "back: the writer falls behind and the rest waits for close().\ntensors: loss, grad_norm and "
           "the 3 user scalars are 0-dim CPU tensors (wandb and TensorBoard get floats).")
     print(f"Goal (issue 2): at most 5 µs per step. kforge end_step, paced: {kforge_us:.2f} µs "

@@ -46,8 +46,9 @@ def run(mode: str, steps: int, n: int, tmp: str) -> tuple[float, float, list[flo
     gpu = start.elapsed_time(end) / 1e3
     if rec is not None:
         rec.close()
-        import pyarrow.parquet as pq
         import glob
+
+        import pyarrow.parquet as pq
 
         seen = pq.read_table(sorted(glob.glob(f"{tmp}/{mode}/rank-*/*/part-*.parquet"))).column("loss").to_pylist()
     return host, gpu, seen

@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kforge_record.atomic import write_json_atomic
-
 from kforge_dash.contract import EXPORT_NAMES, LOCK_FILE, SUMMARY_FILE, read_summary_file
 from kforge_dash.export.exporters import choose_exporters, run_exporters
 from kforge_dash.export.outcome import Exporter
@@ -20,6 +18,7 @@ from kforge_dash.ingest import shards as _shards
 from kforge_dash.ingest.options import IngestError, IngestFailure, IngestOptions, IngestResult
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.progress import NullProgress
+from kforge_record.atomic import write_json_atomic
 
 __all__ = ["ingest_path", "ingest_paths", "IngestPass", "watch"]
 

@@ -35,7 +35,7 @@ class ModelSpec:
     moe_shared_experts: int | None = None
     moe_frequency: int | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if v is None:

@@ -306,7 +306,8 @@ class ShardWriter:
                     self._take(rows)
                 except Exception as e:  # rows that cannot become a table are lost: count them
                     self._dropped_in_writer += len(rows)
-                    self.warn(f"convert:{type(e).__name__}", f"{len(rows)} rows could not be converted and were dropped (counted): {e!r}")
+                    self.warn(f"convert:{type(e).__name__}",
+                              f"{len(rows)} rows could not be converted and were dropped (counted): {e!r}")
                 self._write_backlog()
             elif kind == "meta":
                 self.meta = payload
@@ -321,7 +322,8 @@ class ShardWriter:
                     self._backlog.clear()
                 self._guarded("end", lambda: self._write_end(reason))
                 if self.dropped_rows:
-                    self.warn("dropped-final", f"{self.dropped_rows} rows were dropped in all (write errors, a stuck disk or unconvertible values)")
+                    self.warn("dropped-final", f"{self.dropped_rows} rows were dropped in all "
+                              "(write errors, a stuck disk or unconvertible values)")
                 done.set()
                 return "stop"
         except Exception as e:  # never let the thread die: later flushes must still run

@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from streamlit.testing.v1 import AppTest
-
 from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, sample_run_names
+from streamlit.testing.v1 import AppTest
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
 pytestmark = pytest.mark.skipif(not sample_run_names(), reason="sample_runs/ holds no runs")
@@ -278,8 +277,8 @@ def test_damaged_steps_file_is_named_not_a_crash(root, tmp_path, monkeypatch):
 def test_cli_refuses_a_missing_root_and_binds_localhost_by_default(tmp_path):
     from click.testing import CliRunner
 
-    from kforge_dash.cli import dash as cli_dash
     from kforge_dash.browse.runs import default_runs_root
+    from kforge_dash.cli import dash as cli_dash
 
     result = CliRunner().invoke(cli_dash.main, [str(tmp_path / "nope")])
     assert result.exit_code == 2 and f"{tmp_path / 'nope'} is not a directory" in result.output

@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from dash_fixtures import copy_and_ingest_sample_runs, sample_run_names
 
 CHROMIUM = "/usr/bin/chromium"

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from export_fixtures import INF_GRAD_STEP, MISSING_RANK, NAN_LOSS_STEP, make_ingested_run
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from export_fixtures import INF_GRAD_STEP, MISSING_RANK, NAN_LOSS_STEP, make_ingested_run
 from kforge_dash.export.run import export_run
 
 # The documented column -> tag mapping (README / export_history), written out here independently.

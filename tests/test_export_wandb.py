@@ -19,10 +19,10 @@ import warnings
 
 import pyarrow.parquet as pq
 import pytest
-
 from export_fixtures import INF_GRAD_STEP, NAN_LOSS_STEP, make_ingested_run
+from test_export_tensorboard import TAGS, expected_points, read_back, same
+
 from kforge_dash.export.run import export_run
-from test_export_tensorboard import TAGS, read_back, same, expected_points
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 

@@ -1,10 +1,9 @@
 """FLOPs per token and the peak table, against hand arithmetic."""
 
 import pytest
+from ingest_fixtures import LLAMA7B
 
 from kforge_dash.ingest.flops import PEAK_TFLOPS, flops_per_token, peak_for_device
-
-from ingest_fixtures import LLAMA7B
 
 
 def test_llama7b_dense_shape_by_hand():

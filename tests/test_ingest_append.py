@@ -6,8 +6,8 @@ import os
 
 import polars as pl
 import pytest
-
 from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
+
 from kforge_dash.ingest.run import ingest_run
 
 SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}

@@ -2,16 +2,14 @@
 
 import json
 import os
-import sys
 
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
 
 from kforge_dash import pipeline
 from kforge_dash.cli.ingest import main
-
-from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
 
 NO_EXPORT = ["--no-tensorboard", "--no-wandb"]
 
@@ -154,7 +152,8 @@ def test_export_failure_is_recorded_and_parquet_kept(tmp_path, monkeypatch):
     assert "export tensorboard: FAILED: RuntimeError: disk full" in r.stdout
     steps, ranks, summary = read_outputs(run)
     assert steps.height == 10 and ranks.height == 20
-    assert summary["exports"]["tensorboard"] == {"ok": False, "path": None, "error": "RuntimeError: disk full while writing events",
+    assert summary["exports"]["tensorboard"] == {"ok": False, "path": None,
+                                                 "error": "RuntimeError: disk full while writing events",
                                                  "points": None, "run_id": None, "seconds": None}
     assert summary["exports"]["wandb"] is None and summary["exports"]["upload"] is None  # not asked for
 

@@ -5,12 +5,11 @@ import os
 
 import polars as pl
 import pytest
+from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
 
 import kforge_dash.ingest.run as ingest_mod
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.pipeline import ingest_path
-
-from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
 
 
 def test_a_window_of_log_rows_only_is_ingested(tmp_path, monkeypatch):

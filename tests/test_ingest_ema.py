@@ -3,13 +3,10 @@
 import math
 
 import pytest
-
-from kforge_dash.ingest.run import ingest_run
-
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
 from reference_math import ema_loop
 
-
+from kforge_dash.ingest.run import ingest_run
 
 LOSSES = {1: 5.0, 2: 4.0, 3: float("nan"), 4: 3.5, 5: float("inf"), 6: 3.0, 7: None, 8: 2.0, 9: 2.5, 10: float("nan")}
 

@@ -7,10 +7,9 @@ import os
 import statistics
 
 import pytest
+from ingest_fixtures import LLAMA7B, close_all, ingest_whole_and_windowed, open_ranks, read_outputs, run_steps
 
 from kforge_dash.ingest.run import ingest_run
-
-from ingest_fixtures import LLAMA7B, close_all, ingest_whole_and_windowed, open_ranks, read_outputs, run_steps
 
 
 def test_cross_rank_max_min_median_slowest_tokens(tmp_path, monkeypatch):

@@ -9,13 +9,12 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 from filelock import FileLock
+from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run_steps
 
 from kforge_dash.ingest.options import IngestError
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.pipeline import ingest_path
 from kforge_dash.progress import NullProgress
-
-from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run_steps
 
 
 def make_run(path, monkeypatch, *, world=2, steps=20):

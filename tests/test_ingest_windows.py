@@ -4,8 +4,6 @@ plain polars group-by over ranks.parquet)."""
 
 import polars as pl
 import pytest
-
-
 from ingest_fixtures import close_all, ingest_whole_and_windowed, open_ranks, run_steps
 
 

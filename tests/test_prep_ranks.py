@@ -5,8 +5,8 @@ import io
 import numpy as np
 import polars as pl
 import pytest
-
 from dash_fixtures import PHASES, write_run
+
 from kforge_dash.browse import downloads as prep_export
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse.series import RunSource

@@ -5,8 +5,8 @@ import os
 import time
 
 import pytest
-
 from dash_fixtures import write_run, write_shards_only
+
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse.runs import BROKEN, INGESTED, NOT_INGESTED, STALE, RunPathError, run_dir
 

@@ -6,12 +6,11 @@ import numpy as np
 import plotly.io
 import polars as pl
 import pytest
+from reference_math import ema_loop as _ema
 
 from kforge_dash.browse import figures as prep_figures
-
 from kforge_dash.browse import series as prep_series
 from kforge_dash.browse.series import RunSource, downsample_indices, prepare_compare
-from reference_math import ema_loop as _ema
 
 N_BIG = 1_000_000
 

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from kforge_record.schema import PHASE_PREFIX, PHASE_SUFFIX
-
 from kforge_dash.contract import EMA_COLUMNS
+from kforge_record.schema import PHASE_PREFIX, PHASE_SUFFIX
 
 
 @dataclass

@@ -13,10 +13,8 @@ from pathlib import Path
 
 import polars as pl
 
-from kforge_record.schema import RANK_PREFIX
-
 from kforge_dash.contract import INGESTED_DIR, STEPS_FILE, SUMMARY_FILE, read_summary_file
-
+from kforge_record.schema import RANK_PREFIX
 
 ROOT_ENV = "KFORGE_DASH_ROOT"  # how kforge-dash hands the runs root to the Streamlit script
 

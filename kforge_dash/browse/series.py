@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from tsdownsample import MinMaxLTTBDownsampler
+
 from kforge_dash.contract import EMA_COLUMNS
 from kforge_dash.ingest.reduce import ema_expr
 
@@ -233,7 +234,7 @@ def _restart_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker
     return Marker(run, metric, "restart", x[pos], height, step[pos], text)
 
 
-def prepare_compare(
+def prepare_compare(  # noqa: C901  (split in the browse work)
     runs: list[RunSource],
     metrics: list[str],
     *,

@@ -20,14 +20,19 @@ def _num(v, fmt="{:,.0f}"):
     return fmt.format(v)
 
 
+def _how(res) -> str:
+    return "  [unchanged]" if res.skipped else "  [new parts appended]" if res.appended else ""
+
+
 def _screen(res) -> list[str]:
     """The one-screen summary of one ingested run."""
     s = res.summary
     mfu = s.get("mean_mfu")
     lines = [
-        f"{s.get('run_name')}  ({res.run_dir}){'  [unchanged]' if res.skipped else '  [new parts appended]' if res.appended else ''}",
+        f"{s.get('run_name')}  ({res.run_dir}){_how(res)}",
         f"  steps {_num(s.get('steps'))} ({s.get('first_step')}..{s.get('last_step')})   ranks {len(s.get('ranks') or [])}"
-        f"   world size {s.get('world_size')}   attempts {len(s.get('attempts') or [])}   restarts {len(s.get('restarts') or [])}",
+        f"   world size {s.get('world_size')}   attempts {len(s.get('attempts') or [])}"
+        f"   restarts {len(s.get('restarts') or [])}",
         f"  tokens {_num(s.get('tokens'))}   wall time {_num(s.get('wall_time_s'), '{:,.1f}')} s"
         f"   tokens/s {_num(s.get('mean_tokens_per_sec'))}",
         f"  mean MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}   final loss {_num(s.get('final_loss'), '{:.4g}')}"
@@ -38,7 +43,8 @@ def _screen(res) -> list[str]:
         lines.append("  non-finite: " + ", ".join(f"{k} {v}" for k, v in nonfinite.items()))
     for name, e in (s.get("exports") or {}).items():
         if isinstance(e, dict):
-            lines.append(f"  export {name}: {'ok ' + str(e.get('path') or '') if e.get('ok') else 'FAILED: ' + str(e.get('error'))}")
+            done = "ok " + str(e.get("path") or "") if e.get("ok") else "FAILED: " + str(e.get("error"))
+            lines.append(f"  export {name}: {done}")
     warnings = s.get("warnings") or []
     if warnings:
         lines.append(f"  warnings ({len(warnings)}):")
@@ -68,9 +74,13 @@ def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, j
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.1, show_default=True, help="EMA smoothing factor.")
-@click.option("--peak-tflops", type=click.FloatRange(0, min_open=True), default=None, help="Peak dense TFLOPS per GPU; beats meta.json and the device table.")
-@click.option("--flops-per-token", type=click.FloatRange(0, min_open=True), default=None, help="Model FLOPs per token; beats meta.json.")
-@click.option("--watch", type=click.FloatRange(0, min_open=True), default=None, metavar="SECONDS", help="Re-ingest every SECONDS as new part files arrive (appending them), until Ctrl-C; the W&B export of changed runs waits until then.")
+@click.option("--peak-tflops", type=click.FloatRange(0, min_open=True), default=None,
+              help="Peak dense TFLOPS per GPU; beats meta.json and the device table.")
+@click.option("--flops-per-token", type=click.FloatRange(0, min_open=True), default=None,
+              help="Model FLOPs per token; beats meta.json.")
+@click.option("--watch", type=click.FloatRange(0, min_open=True), default=None, metavar="SECONDS",
+              help="Re-ingest every SECONDS as new part files arrive (appending them), until Ctrl-C; "
+                   "the W&B export of changed runs waits until then.")
 @click.option("--force", is_flag=True, help="Re-ingest even when the shards are unchanged.")
 @click.option("--no-tensorboard", is_flag=True, help="Do not export TensorBoard event files.")
 @click.option("--no-wandb", is_flag=True, help="Do not export an offline W&B run.")
@@ -78,7 +88,8 @@ def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, j
 @click.option("--wandb-project", default=None, help="W&B project name.")
 @click.option("--wandb-entity", default=None, help="W&B entity (user or team).")
 @click.option("--quiet", "-q", is_flag=True, help="Only errors.")
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout (with --watch: one JSON line per pass).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a machine-readable summary on stdout (with --watch: one JSON line per pass).")
 def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorboard, no_wandb, upload,
          wandb_project, wandb_entity, quiet, as_json):
     """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
@@ -89,7 +100,8 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
 
     from kforge_dash.export.exporters import choose_exporters
     from kforge_dash.ingest.options import IngestOptions, IngestWarning
-    from kforge_dash.pipeline import ingest_paths, watch as watch_paths
+    from kforge_dash.pipeline import ingest_paths
+    from kforge_dash.pipeline import watch as watch_paths
     from kforge_dash.progress import progress_for
 
     options = IngestOptions(alpha=alpha, peak_tflops=peak_tflops, flops_per_token=flops_per_token, force=force)

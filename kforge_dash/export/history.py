@@ -32,7 +32,6 @@ import polars as pl
 
 from kforge_dash.contract import EMA_COLUMNS, RANKS_FILE, STEPS_FILE, SUMMARY_FILE, ingested_dir, read_summary_file
 
-
 GIB = float(2**30)
 
 _TRAIN = ("loss", "grad_norm", "lr", "tokens", "tokens_per_sec", "mfu",

@@ -22,10 +22,9 @@ import glob
 import os
 import struct
 
-from kforge_record.atomic import atomic_path
-
 from kforge_dash.export.history import History
 from kforge_dash.optional import require
+from kforge_record.atomic import atomic_path
 
 EVENT_SUFFIX = ".kforge"  # marks the event files this module owns (others in the logdir are left alone)
 FILE_VERSION = "brain.Event:2"

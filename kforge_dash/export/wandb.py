@@ -84,7 +84,8 @@ def write_wandb(history: History, *, project: str | None = None, entity: str | N
         )
         tags = [str(t)[:64] for t in (summary.get("tags") or [])]  # W&B caps a tag at 64 characters
         run = wandb.init(
-            dir=tmp, id=run_id, name=summary.get("run_name"), project=project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
+            dir=tmp, id=run_id, name=summary.get("run_name"),
+            project=project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
             entity=entity or os.environ.get("WANDB_ENTITY") or None, config=wandb_config(summary), tags=tags,
             settings=settings, reinit="create_new",
         )
@@ -160,7 +161,8 @@ def sync_wandb(offline_run: str, *, timeout_s: float = 600.0, probe_timeout_s: f
         return SyncOutcome(True, None, _tail(out))
     low = out.lower()
     if "api key" in low or "wandb login" in low or "not logged in" in low:
-        return SyncOutcome(False, "not logged in to W&B: run `wandb login` or set WANDB_API_KEY, then re-run with --upload", _tail(out))
+        return SyncOutcome(False, "not logged in to W&B: run `wandb login` or set WANDB_API_KEY, then re-run with --upload",
+                           _tail(out))
     return SyncOutcome(False, f"wandb sync failed (exit {proc.returncode}): {_tail(out, 400)}", _tail(out))
 
 

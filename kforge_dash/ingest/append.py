@@ -26,12 +26,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kforge_record.schema import META_FILE
-
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
-
 from kforge_dash.ingest import shards as _shards
 from kforge_dash.ingest.manifest import Prior, output_stat
+from kforge_dash.ingest.merge import AppendConflict
+from kforge_record.schema import META_FILE
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,9 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kforge_record.atomic import atomic_path
-
 from kforge_dash.contract import MANIFEST_FILE
 from kforge_dash.ingest import shards as _shards
+from kforge_record.atomic import atomic_path
 
 _STATE_KEY = b"kforge_ingest_state"
 _COLUMNS = ("rel", "size", "mtime_ns", "num_rows", "min_step", "max_step", "has_log_rows",

@@ -12,14 +12,11 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kforge_record.schema import FIXED_NAMES, PHASE_PREFIX
-
-from kforge_record.schema import MEM_COLUMNS
-
 from kforge_dash.contract import RESERVED_OUTPUT_NAMES
 from kforge_dash.ingest.merge import merge_old
 from kforge_dash.ingest.reduce import Buffers
 from kforge_dash.ingest.shards import corrupt_part
+from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS, PHASE_PREFIX
 
 INT_COLS = {"step", "tokens", *MEM_COLUMNS}
 

@@ -19,9 +19,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS
-
 from kforge_dash.contract import REDUCED_HEAD
+from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS
 
 MEM = MEM_COLUMNS
 
@@ -173,7 +172,7 @@ def _aggs(counts_col: bool) -> list[pl.Expr]:
     ]
 
 
-def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool, buf: Buffers) -> pl.DataFrame | None:
+def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool, buf: Buffers) -> pl.DataFrame | None: # noqa: C901
     """The matrix path, or None when the window is not a full (ranks x steps) grid."""
     n = df.height
     if n == 0:

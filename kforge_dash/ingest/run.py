@@ -14,9 +14,8 @@ from __future__ import annotations
 import os
 import warnings as _warnings
 
-from kforge_record.atomic import atomic_path, write_json_atomic
-
 from kforge_dash.contract import (
+    EMA_METRICS,
     INGESTED_DIR,
     LOCK_FILE,
     RANKS_FILE,
@@ -24,16 +23,24 @@ from kforge_dash.contract import (
     STEP_HEAD,
     STEPS_FILE,
     SUMMARY_FILE,
-    EMA_METRICS,
     read_summary_file,
 )
 from kforge_dash.optional import require
+from kforge_record.atomic import atomic_path, write_json_atomic
 
 pl = require("polars", extra="ingest", purpose="kforge-ingest")
 
 from kforge_dash.ingest import shards as _shards  # noqa: E402  (after the polars check)
-from kforge_dash.ingest.append import (AppendPlan, attempts_state, copy_head, old_ranks_parts,  # noqa: E402
-                                       old_rows, old_steps_head, plan_append, recheck_bad)
+from kforge_dash.ingest.append import (  # noqa: E402
+    AppendPlan,
+    attempts_state,
+    copy_head,
+    old_ranks_parts,
+    old_rows,
+    old_steps_head,
+    plan_append,
+    recheck_bad,
+)
 from kforge_dash.ingest.launches import group_launches, launch_flops, world_size_of  # noqa: E402
 from kforge_dash.ingest.manifest import FooterCache, load_prior, output_stat, save_manifest  # noqa: E402
 from kforge_dash.ingest.merge import AppendConflict  # noqa: E402

@@ -256,7 +256,8 @@ def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
         if columns.get(name) != _FIXED_TYPES[name]:
             warnings.append(f"{path}: column {name!r} is {columns.get(name, 'missing')}, expected {_FIXED_TYPES[name]}; skipped")
             return None
-    bad = [n for n, t in columns.items() if n in _FIXED_TYPES and t != _FIXED_TYPES[n] or n not in _FIXED_TYPES and t not in ("double", "null")]
+    bad = [n for n, t in columns.items()
+           if n in _FIXED_TYPES and t != _FIXED_TYPES[n] or n not in _FIXED_TYPES and t not in ("double", "null")]
     if bad:
         warnings.append(f"{path}: unexpected column type(s) for {', '.join(bad)}; skipped")
         return None
@@ -321,7 +322,8 @@ def read_attempt(af: AttemptFiles, warnings: list[str], part_reader=None) -> Att
         return None
     meta, ok = got
     if ok and meta.get("rank") not in (None, af.rank):
-        warnings.append(f"{os.path.join(af.dir, META_FILE)}: says rank {meta.get('rank')} but lies under rank {af.rank}; counted as rank {af.rank}")
+        warnings.append(f"{os.path.join(af.dir, META_FILE)}: says rank {meta.get('rank')} but lies under rank {af.rank}; "
+                        f"counted as rank {af.rank}")
     reader = part_reader or read_part
     parts = tuple(p for p in (reader(path, af.rank, warnings) for path in af.parts) if p is not None)
     start = None if meta["start_time"] is None else float(meta["start_time"])

@@ -11,7 +11,6 @@ import os
 import streamlit as st
 
 from kforge_dash.browse import runs as prep_runs
-
 from kforge_dash.browse import series as prep_series
 from kforge_dash.browse.runs import NOT_INGESTED, STALE, RunInfo
 

@@ -3,11 +3,8 @@
 import streamlit as st
 
 from kforge_dash.browse import downloads as prep_export
-
 from kforge_dash.browse import figures as prep_figures
-
 from kforge_dash.browse import runs as prep_runs
-
 from kforge_dash.browse import series as prep_series
 from kforge_dash.browse.views import common
 

@@ -3,10 +3,9 @@
 import streamlit as st
 
 from kforge_dash.browse import figures as prep_figures
-
 from kforge_dash.browse import ranks as prep_ranks
-from kforge_dash.contract import RANKS_FILE, STEPS_FILE
 from kforge_dash.browse.views import common
+from kforge_dash.contract import RANKS_FILE, STEPS_FILE
 
 st.title("Run detail")
 root = common.runs_root()
