@@ -118,10 +118,13 @@ SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "sample_runs"
 
 
 def sample_run_names() -> list[str]:
-    """The recorded runs bundled in sample_runs/ (directories holding rank-NNNNN/ folders)."""
-    if not SAMPLE_RUNS.is_dir():
-        return []
-    return sorted(p.name for p in SAMPLE_RUNS.iterdir() if p.is_dir() and any(p.glob("rank-*")))
+    """The recorded runs bundled in sample_runs/ (directories holding rank-NNNNN/ folders).
+
+    Never empty: the tests over them must fail, not skip, when the bundle is missing."""
+    names = sorted(p.name for p in SAMPLE_RUNS.iterdir() if p.is_dir() and any(p.glob("rank-*"))) \
+        if SAMPLE_RUNS.is_dir() else []
+    assert names, f"{SAMPLE_RUNS} holds no recorded runs (python examples/make_sample_runs.py makes them)"
+    return names
 
 
 def copy_and_ingest_sample_runs(dst: Path) -> Path:

@@ -15,12 +15,7 @@ from pathlib import Path
 import pytest
 from dash_fixtures import copy_and_ingest_sample_runs, sample_run_names
 
-CHROMIUM = "/usr/bin/chromium"
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (apt-get install chromium)"),
-    pytest.mark.skipif(not sample_run_names(), reason="sample_runs/ holds no runs"),
-]
+pytestmark = [pytest.mark.slow]
 
 
 def free_port() -> int:
@@ -67,7 +62,7 @@ def server(tmp_path):
         log.close()
 
 
-def test_compare_page_in_chromium(server, tmp_path):
+def test_compare_page_in_chromium(server, tmp_path, chromium):
     from playwright.sync_api import sync_playwright
 
     url, root = server
@@ -75,7 +70,7 @@ def test_compare_page_in_chromium(server, tmp_path):
     pick = [n for n in ("baseline-lr1e-3", "spike-nan", "preempted") if n in names] or names[:2]
     shot = Path(os.environ.get("KFORGE_SCREENSHOT") or tmp_path / "screenshot-compare.png")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+        browser = p.chromium.launch(executable_path=chromium, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync"])
         try:

@@ -11,57 +11,12 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from export_fixtures import INF_GRAD_STEP, MISSING_RANK, NAN_LOSS_STEP, make_ingested_run
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from export_fixtures import INF_GRAD_STEP, MISSING_RANK, NAN_LOSS_STEP, expected_points, make_ingested_run, read_back, same
 
 from kforge_dash.export.run import export_run
 
+
 # The documented column -> tag mapping (README / export_history), written out here independently.
-TAGS = {
-    "loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr", "tokens": "train/tokens",
-    "tokens_per_sec": "train/tokens_per_sec", "mfu": "train/mfu", "step_time_s": "train/step_time_s",
-    "step_time_min_s": "train/step_time_min_s", "step_time_median_s": "train/step_time_median_s",
-    "loss_ema": "smoothed/loss_ema", "tokens_per_sec_ema": "smoothed/tokens_per_sec_ema",
-    "mfu_ema": "smoothed/mfu_ema", "step_time_s_ema": "smoothed/step_time_s_ema",
-    "mem_allocated_bytes": "gpu/mem_allocated_gib", "mem_peak_bytes": "gpu/mem_peak_gib",
-    "mem_reserved_bytes": "gpu/mem_reserved_gib", "slowest_rank": "ranks/slowest_rank",
-    "n_ranks": "ranks/n_ranks", "attempt": "run/attempt",
-    "time/data_s": "time/data_s", "time/fwd_bwd_s": "time/fwd_bwd_s", "eval/loss": "eval/loss",
-}
-
-
-def expected_points(run_dir: str, *, with_ranks: bool = True) -> dict[str, list[tuple[int, float, float]]]:
-    """{tag: [(step, wall_time, float32 value)]} computed from the Parquet files with pyarrow."""
-    steps = pq.read_table(os.path.join(run_dir, "ingested", "steps.parquet")).to_pylist()
-    out: dict[str, list] = {}
-    for row in steps:
-        for col, v in row.items():
-            if col in ("step", "time") or v is None:
-                continue
-            if col.startswith("mem_"):
-                v = v / 2**30
-            out.setdefault(TAGS.get(col, col), []).append((row["step"], row["time"], float(np.float32(v))))
-    if with_ranks:
-        time_of = {r["step"]: r["time"] for r in steps}
-        for r in sorted(pq.read_table(os.path.join(run_dir, "ingested", "ranks.parquet")).to_pylist(),
-                        key=lambda r: (r["rank"], r["step"])):
-            out.setdefault(f"ranks/step_time_s/{r['rank']:05d}", []).append(
-                (r["step"], time_of[r["step"]], float(np.float32(r["step_time_s"]))))
-    return out
-
-
-def read_back(path: str) -> dict[str, list[tuple[int, float, float]]]:
-    ea = EventAccumulator(path, size_guidance={"scalars": 0})
-    ea.Reload()
-    return {tag: [(e.step, e.wall_time, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
-
-
-def same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(
-        sa == sb and ta == tb and (va == vb or (math.isnan(va) and math.isnan(vb))) for (sa, ta, va), (sb, tb, vb) in zip(a, b)
-    )
-
-
 def test_every_point_every_tag_matches_steps_parquet(tmp_path):
     run = make_ingested_run(tmp_path, n_steps=40, world_size=3)
     res = export_run(run, wandb=False)
@@ -171,7 +126,6 @@ def test_export_needs_no_torch(tmp_path):
 
 def test_fast_checksum_writes_exactly_tensorboards_record_bytes(tmp_path):
     """The C CRC32C path (google-crc32c) must frame every record as tensorboard's RecordWriter does."""
-    pytest.importorskip("google_crc32c")
     from kforge_dash.export.history import load_history
     from kforge_dash.export.tensorboard import write_tensorboard
 

@@ -18,9 +18,7 @@ import time
 import warnings
 
 import pyarrow.parquet as pq
-import pytest
-from export_fixtures import INF_GRAD_STEP, NAN_LOSS_STEP, make_ingested_run
-from test_export_tensorboard import TAGS, expected_points, read_back, same
+from export_fixtures import INF_GRAD_STEP, NAN_LOSS_STEP, TAGS, expected_points, make_ingested_run, read_back, same
 
 from kforge_dash.export.run import export_run
 
@@ -77,15 +75,6 @@ def check_history(got: dict, run_dir: str) -> None:
         metrics = {k: v for k, v in item.items() if not k.startswith("_")}
         assert metrics.keys() == vals.keys(), step
         assert all(eq(float(metrics[k]), vals[k]) for k in vals), step
-
-
-@pytest.fixture()
-def clean_wandb_env(monkeypatch, tmp_path):
-    for k in list(os.environ):
-        if k.startswith("WANDB_") or k.lower() in ("https_proxy", "http_proxy", "all_proxy"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no ~/.config/wandb
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb-config"))
 
 
 def test_history_config_summary_and_run_id(tmp_path, clean_wandb_env):
@@ -239,7 +228,6 @@ def test_upload_to_a_server_that_never_answers_times_out(tmp_path, clean_wandb_e
 # -- the whole pipeline: shards from the recorder -> kforge ingest -> export -----------------------------
 
 def test_recorder_to_ingest_to_export(tmp_path, clean_wandb_env):
-    pytest.importorskip("kforge_dash.ingest.run")
     from kforge_dash.ingest.run import ingest_run
     from kforge_record import Recorder
 

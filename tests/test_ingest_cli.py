@@ -264,7 +264,6 @@ def test_watch_final_pass_exports_and_uploads_only_the_runs_that_changed(tmp_pat
 
 
 def test_real_tensorboard_export_after_ingest(tmp_path, monkeypatch):
-    pytest.importorskip("tensorboard")
     run, _ = make_run(tmp_path / "run", monkeypatch)
     r = runner().invoke(main, [run, "--no-wandb"])
     assert r.exit_code == 0, r.output

@@ -19,8 +19,8 @@ def sample_runs():
     return sorted(d for d in glob.glob(os.path.join(SAMPLES, "*")) if glob.glob(os.path.join(d, "rank-*", "*", "part-*.parquet")))
 
 
-@pytest.mark.skipif(not sample_runs(), reason="sample_runs/ has no recorded runs yet (made by examples/)")
 def test_ingest_sample_runs_end_to_end(tmp_path):
+    assert sample_runs(), f"{SAMPLES} holds no recorded runs (python examples/make_sample_runs.py makes them)"
     root = tmp_path / "runs"
     for d in sample_runs():
         shutil.copytree(d, root / os.path.basename(d), ignore=shutil.ignore_patterns("ingested"))

@@ -1,5 +1,7 @@
 """Bad constructor arguments fail at construction, with a message naming the argument."""
 
+import dataclasses
+
 import pytest
 
 from kforge_record import ModelSpec, Recorder
@@ -49,7 +51,7 @@ def test_valid_model_descriptions_are_kept():
     moe = ModelSpec(**LLAMA_7B, moe_num_experts=64, moe_top_k=6, moe_shared_experts=2, moe_frequency=1)
     assert moe.moe_top_k == 6
     assert ModelSpec(n_params=7_000_000_000, n_layers=32, dim=4096, seq_len=4096).n_params == 7_000_000_000
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         moe.moe_top_k = 2  # frozen
 
 

@@ -1,0 +1,34 @@
+"""Fixtures shared by the test modules (helpers that are plain functions live in *_fixtures.py)."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture()
+def clean_wandb_env(monkeypatch, tmp_path):
+    for k in list(os.environ):
+        if k.startswith("WANDB_") or k.lower() in ("https_proxy", "http_proxy", "all_proxy"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no ~/.config/wandb
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb-config"))
+
+
+@pytest.fixture()
+def chromium() -> str:
+    """Debian's chromium, driven by playwright (never a downloaded browser). Missing is a failure, not a skip:
+    the README's test command installs it."""
+    assert os.path.exists(CHROMIUM) and shutil.which(CHROMIUM), f"{CHROMIUM} is absent: apt-get install chromium"
+    return CHROMIUM
+
+
+@pytest.fixture()
+def sample_runs_copy(tmp_path) -> Path:
+    """A copy of the bundled sample_runs/, every run ingested (no TB/W&B exports)."""
+    from dash_fixtures import copy_and_ingest_sample_runs
+
+    return copy_and_ingest_sample_runs(tmp_path / "runs")
