@@ -3,10 +3,9 @@
 Imports only pyarrow (and torch when the training process already has it).
 """
 
-__version__ = "0.1.0"
-
 from .model import ModelSpec
 from .recorder import Recorder
 from .schema import SCHEMA_VERSION, SchemaError
+from .version import __version__
 
 __all__ = ["Recorder", "ModelSpec", "SCHEMA_VERSION", "SchemaError", "__version__"]

@@ -11,6 +11,8 @@ import platform
 import socket
 import sys
 
+from .version import __version__
+
 
 def _torch():
     return sys.modules.get("torch")
@@ -104,8 +106,6 @@ def device_info() -> dict:
 
 
 def versions() -> dict:
-    from . import __version__
-
     out = {"kforge": __version__, "python": platform.python_version()}
     for mod in ("torch", "pyarrow", "numpy"):
         m = sys.modules.get(mod)

@@ -1,0 +1,136 @@
+"""The architecture, checked statically: one sub-package per stage, nothing imports upward, no cycle.
+
+kforge_record <- kforge_dash.contract (and its helpers) <- ingest <- {export, browse} <- pipeline <- cli.
+Every import counts, those under `if TYPE_CHECKING:` and inside functions included.
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("kforge_record", "kforge_dash")
+LAYERS = {  # module prefix -> layer; a module may import only from its own layer or below
+    "kforge_record": 0,
+    "kforge_dash.contract": 1, "kforge_dash.optional": 1, "kforge_dash.progress": 1,
+    "kforge_dash.ingest": 2,
+    "kforge_dash.export": 3, "kforge_dash.browse": 3,
+    "kforge_dash.pipeline": 4,
+    "kforge_dash.cli": 5,
+}
+SIBLINGS = {"kforge_dash.export", "kforge_dash.browse"}  # same layer, but neither imports the other
+HEAVY = ("polars", "streamlit", "wandb", "dask", "distributed", "tensorboard", "plotly")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports (resolved to the longest known module name)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if is_pkg else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # `from pkg import mod` depends on pkg.mod; `from pkg import name` on pkg itself
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+            targets = subs + ([base] if len(subs) < len(node.names) else [])
+        for t in targets:
+            hits = [m for m in known if t == m or t.startswith(m + ".")]
+            if hits:
+                found.add(max(hits, key=len))
+    found.discard(name)
+    return found
+
+
+def layer_of(name: str) -> tuple[int, str] | None:
+    best = max((p for p in LAYERS if name == p or name.startswith(p + ".")), key=len, default=None)
+    return (LAYERS[best], best) if best else None
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {n: imports(n, p, set(mods)) for n, p in mods.items()}
+
+
+def test_stages_are_sub_packages():
+    for pkg in ("ingest", "export", "browse", "cli"):
+        assert (ROOT / "kforge_dash" / pkg / "__init__.py").is_file(), pkg
+
+
+def test_nothing_imports_upward():
+    bad = []
+    for mod, deps in graph().items():
+        here = layer_of(mod)
+        if here is None:  # kforge_dash/__init__.py: lazy re-exports only
+            continue
+        for dep in deps:
+            there = layer_of(dep)
+            if there is None:
+                continue
+            if there[0] > here[0] or (here[1] in SIBLINGS and there[1] in SIBLINGS and here[1] != there[1]):
+                bad.append(f"{mod} imports {dep}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_cycle():
+    g = graph()
+    index, low, on, stack, cycles, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+def test_the_recorder_imports_nothing_heavy():
+    for name, path in modules().items():
+        if not name.startswith("kforge_record") or name.startswith("kforge_record.integrations"):
+            continue  # integrations import their own framework, lazily
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            assert not [n for n in names if n.split(".")[0] in HEAVY], f"{name} imports {names}"
+
+
+def test_modules_stay_small():
+    big = [f"{n}: {len(p.read_text().splitlines())} lines" for n, p in modules().items()
+           if len(p.read_text().splitlines()) > 400]
+    assert not big, big
