@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from kforge_dash.contract import EMA_COLUMNS
-from kforge_record.schema import PHASE_PREFIX, PHASE_SUFFIX
+from kforge_record.schema import MEM_COLUMNS, PHASE_PREFIX, PHASE_SUFFIX
 
 
 @dataclass
@@ -111,7 +111,7 @@ def slowest_rank_counts(steps_path: str | Path) -> pl.DataFrame:
     )
 
 
-_MEM = ("mem_peak_bytes", "mem_allocated_bytes", "mem_reserved_bytes")  # MEM_COLUMNS, peak first: the bar drawn
+_MEM = ("mem_peak_bytes", *(c for c in MEM_COLUMNS if c != "mem_peak_bytes"))  # peak first: the bar drawn
 
 
 def memory_per_rank(ranks_path: str | Path) -> pl.DataFrame:

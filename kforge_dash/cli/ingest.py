@@ -6,10 +6,12 @@ import json
 import math
 import sys
 
+from kforge_dash.optional import MissingDependency, require
+
 try:
-    import click
-except ImportError as e:  # optional dependency, imported at the edge
-    raise SystemExit("kforge-ingest needs the ingest extra: pip install 'kforge[ingest]'") from e
+    click = require("click", extra="ingest", purpose="kforge-ingest")
+except MissingDependency as e:  # at the edge: a message, not a traceback
+    raise SystemExit(str(e)) from e
 
 
 def _num(v, fmt="{:,.0f}"):
