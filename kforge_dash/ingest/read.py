@@ -7,6 +7,9 @@ reductions are complete within it and the run can be far larger than memory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -15,10 +18,48 @@ import pyarrow.parquet as pq
 from kforge_dash.contract import RESERVED_OUTPUT_NAMES
 from kforge_dash.ingest.merge import merge_old
 from kforge_dash.ingest.reduce import Buffers
-from kforge_dash.ingest.shards import corrupt_part
+from kforge_dash.ingest.shards import PartInfo, corrupt_part
 from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS, PHASE_PREFIX
 
 INT_COLS = {"step", "tokens", *MEM_COLUMNS}
+
+
+class PartToRead(NamedTuple):
+    """A part file to read in windows, and whose rows it holds. The append's stand-ins for the old
+    ranks.parquet's row groups (append.old_ranks_parts) have rank and launch None."""
+
+    part: PartInfo
+    rank: int | None
+    launch: int | None  # the launch index, written as the ``attempt`` column
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """What every window of one ingest reads with. Plain values (picklable), so a window can be
+    read in another process."""
+
+    cols: list[str]  # the output columns of ranks.parquet, in order (output_columns)
+    rename: dict[str, str]  # recorded name -> output name, for user scalars that clash
+    cutoff: dict[int, int | None]  # launch -> first step a later launch superseded (None: none)
+    counts_tokens: dict[tuple[int, int], bool] | None  # (rank, launch) -> tokens count; None: all do
+
+    @property
+    def scalars(self) -> list[str]:
+        """Phases and user scalars: the columns a Recorder.log row can carry."""
+        return self.cols[len(FIXED_NAMES) + 2:]
+
+    @property
+    def recorded_name(self) -> dict[str, str]:
+        """Output name -> the name in the part files (the inverse of ``rename``)."""
+        return {v: k for k, v in self.rename.items()}
+
+    def empty_frame(self) -> pl.DataFrame:
+        return pl.DataFrame(schema={c: (pl.Int64 if c in INT_COLS | {"rank", "attempt"} else pl.Float64)
+                                    for c in self.cols})
+
+
+def _dtype(col: str):
+    return pl.Int64 if col in INT_COLS else pl.Float64
 
 
 def output_columns(parts: list) -> tuple[list[str], dict[str, str]]:
@@ -34,27 +75,28 @@ def output_columns(parts: list) -> tuple[list[str], dict[str, str]]:
     return ["step", "rank", "attempt", *FIXED_NAMES[1:], *phases, *scalars], rename
 
 
-def _scan(part, rank: int, attempt: int, cols: list[str], rename: dict, lo: int, hi: int, cutoff,
-          counts) -> pl.LazyFrame:
+def _scan_one(item: PartToRead, spec: ReadSpec, lo: int, hi: int) -> pl.LazyFrame:
     """One part file as a lazy frame with every output column (absent ones null) and its step
     window. The filter is pushed into the Parquet reader: rows outside it are never built."""
-    back = {v: k for k, v in rename.items()}
+    part, rank, launch = item
+    recorded = spec.recorded_name
     exprs = []
-    for c in cols:
+    for c in spec.cols:
         if c == "rank":
             exprs.append(pl.lit(rank, pl.Int64).alias("rank"))
         elif c == "attempt":
-            exprs.append(pl.lit(attempt, pl.Int64).alias("attempt"))
+            exprs.append(pl.lit(launch, pl.Int64).alias("attempt"))
         else:
-            src = back.get(c, c)
-            dt = pl.Int64 if c in INT_COLS else pl.Float64
-            exprs.append(pl.col(src).cast(dt).alias(c) if src in part.columns else pl.lit(None, dt).alias(c))
-    if counts is not None:
-        exprs.append(pl.lit(counts).alias("_counts"))
+            src = recorded.get(c, c)
+            exprs.append(pl.col(src).cast(_dtype(c)).alias(c) if src in part.columns else pl.lit(None, _dtype(c)).alias(c))
+    if spec.counts_tokens is not None:
+        exprs.append(pl.lit(spec.counts_tokens[(rank, launch)]).alias("_counts"))
     cond = (pl.col("step") >= lo) & (pl.col("step") < hi)
+    cutoff = spec.cutoff[launch]
     if cutoff is not None:
         cond = cond & (pl.col("step") < cutoff)
-    return pl.scan_parquet(part.path).filter(cond).select(exprs)
+    # glob=False: a run directory may be named like a pattern (sweep[lr=3e-4]); a path is a path.
+    return pl.scan_parquet(part.path, glob=False).filter(cond).select(exprs)
 
 
 def _key(df: pl.DataFrame, as_int: bool) -> pl.Series:
@@ -116,7 +158,7 @@ def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str], b
     return pl.concat([merged, only.select(ends.columns)], how="vertical", rechunk=False) if only.height else merged
 
 
-def plan_windows(files: list, chunk_rows: int) -> list[tuple[int, int]]:
+def plan_windows(files: list[PartToRead], chunk_rows: int) -> list[tuple[int, int]]:
     """Step windows [lo, hi) of about chunk_rows rows each, cut where part files start.
 
     A window closes at the first part-file start after it holds chunk_rows rows (counting each
@@ -124,17 +166,17 @@ def plan_windows(files: list, chunk_rows: int) -> list[tuple[int, int]]:
     in step, as the recorder does by default) and a stray far-away step cannot make one huge
     window. A part that straddles a cut is read by both windows, each keeping its own steps.
     """
-    starts: dict[int, int] = {}
-    for p, _, _ in files:
-        starts[p.min_step] = starts.get(p.min_step, 0) + p.num_rows
-    hi = max(p.max_step for p, _, _ in files) + 1
-    windows, acc = [], 0
-    lo = min(starts)
-    for step in sorted(starts):
-        if acc >= chunk_rows and step > lo:
+    rows_starting_at: dict[int, int] = {}  # step -> rows of the parts that start there
+    for f in files:
+        rows_starting_at[f.part.min_step] = rows_starting_at.get(f.part.min_step, 0) + f.part.num_rows
+    hi = max(f.part.max_step for f in files) + 1
+    windows, held = [], 0
+    lo = min(rows_starting_at)
+    for step in sorted(rows_starting_at):
+        if held >= chunk_rows and step > lo:
             windows.append((lo, step))
-            lo, acc = step, 0
-        acc += starts[step]
+            lo, held = step, 0
+        held += rows_starting_at[step]
     windows.append((lo, hi))
     return windows
 
@@ -196,100 +238,118 @@ class RanksWriter:
                 self.writer.close()
 
 
-def _scan_together(todo, cols, rename, lo, hi, cutoff, counts) -> pl.DataFrame:
+def _scan_schema(todo: list[PartToRead], rename: dict) -> dict:
+    """Every recorded column of the window's files with the type it is read as."""
+    schema = {}
+    for f in todo:
+        for name in f.part.columns:
+            schema.setdefault(name, _dtype(rename.get(name, name)))
+    return schema
+
+
+def _scan_rows(todo: list[PartToRead], schema: dict, lo: int, hi: int):
+    """(rows, file index of each row or None when every file was read whole and in order,
+    rank of each row, launch of each row), from ONE polars scan of the window's files."""
+    paths = [f.part.path for f in todo]
+    num_rows = np.array([f.part.num_rows for f in todo], np.int64)
+    ranks = np.array([f.rank for f in todo], np.int64)
+    launches = np.array([f.launch for f in todo], np.int64)
+    whole = all(lo <= f.part.min_step and f.part.max_step < hi for f in todo)  # no filter when whole files fit
+    if whole:
+        df = pl.scan_parquet(paths, schema=schema, missing_columns="insert", glob=False).collect()
+        if df.height == num_rows.sum():  # every file read whole, in order: its rows are its footer's row count
+            return df, None, np.repeat(ranks, num_rows), np.repeat(launches, num_rows)
+    # The row index counts rows before the filter, across the files in order: with each file's
+    # row count from its footer, a binary search tells every row's file (cheaper than file paths).
+    lf = pl.scan_parquet(paths, schema=schema, missing_columns="insert", row_index_name="_row", glob=False)
+    if not whole:
+        lf = lf.filter((pl.col("step") >= lo) & (pl.col("step") < hi))
+    df = lf.collect()
+    file_of_row = np.searchsorted(np.cumsum(np.r_[0, num_rows]), df["_row"].to_numpy(), side="right") - 1
+    return df, file_of_row, ranks[file_of_row], launches[file_of_row]
+
+
+def _scan_together(todo: list[PartToRead], spec: ReadSpec, lo: int, hi: int) -> pl.DataFrame:
     """The window's part files in ONE polars scan (5x faster than a scan per file): a column a
     file lacks is inserted as null, and each row's file tells its rank and attempt."""
-    back = {v: k for k, v in rename.items()}
-    schema = {}
-    for p, _, _ in todo:
-        for name in p.columns:
-            schema.setdefault(name, pl.Int64 if rename.get(name, name) in INT_COLS else pl.Float64)
-    paths = [p.path for p, _, _ in todo]
-    num_rows = np.array([p.num_rows for p, _, _ in todo], np.int64)
-    whole = all(lo <= p.min_step and p.max_step < hi for p, _, _ in todo)  # no filter when whole files fit
-    if whole:
-        df = pl.scan_parquet(paths, schema=schema, missing_columns="insert").collect()
-    if whole and df.height == num_rows.sum():
-        # Every file read whole, in order: each file's rows are its footer's row count.
-        f = None
-        rank = np.repeat(np.array([r for _, r, _ in todo], np.int64), num_rows)
-        att = np.repeat(np.array([a for _, _, a in todo], np.int64), num_rows)
-    else:
-        # The row index counts rows before the filter, across the files in order: with each file's
-        # row count from its footer, a binary search tells every row's file (cheaper than file paths).
-        lf = pl.scan_parquet(paths, schema=schema, missing_columns="insert", row_index_name="_row")
-        if not whole:
-            lf = lf.filter((pl.col("step") >= lo) & (pl.col("step") < hi))
-        df = lf.collect()
-        f = np.searchsorted(np.cumsum(np.r_[0, num_rows]), df["_row"].to_numpy(), side="right") - 1
-        rank = np.array([r for _, r, _ in todo], np.int64)[f]
-        att = np.array([a for _, _, a in todo], np.int64)[f]
-    if f is None and (counts is not None or any(cutoff[a] is not None for _, _, a in todo)):
-        f = np.repeat(np.arange(len(todo)), num_rows)
+    schema = _scan_schema(todo, spec.rename)
+    df, file_of_row, rank, launch = _scan_rows(todo, schema, lo, hi)
+    if file_of_row is None and (spec.counts_tokens is not None or any(spec.cutoff[f.launch] is not None for f in todo)):
+        file_of_row = np.repeat(np.arange(len(todo)), [f.part.num_rows for f in todo])
+    recorded = spec.recorded_name
     out = []
-    for c in cols:
+    for c in spec.cols:
         if c == "rank":
             out.append(pl.Series("rank", rank))
         elif c == "attempt":
-            out.append(pl.Series("attempt", att))
+            out.append(pl.Series("attempt", launch))
         else:
-            src = back.get(c, c)
-            dt = pl.Int64 if c in INT_COLS else pl.Float64
-            out.append(df[src].alias(c) if src in schema else pl.repeat(None, df.height, dtype=dt, eager=True).alias(c))
-    if counts is not None:
-        out.append(pl.Series("_counts", np.array([counts[(r, a)] for _, r, a in todo])[f]))
+            src = recorded.get(c, c)
+            out.append(df[src].alias(c) if src in schema else pl.repeat(None, df.height, dtype=_dtype(c), eager=True).alias(c))
+    if spec.counts_tokens is not None:
+        out.append(pl.Series("_counts", np.array([spec.counts_tokens[(f.rank, f.launch)] for f in todo])[file_of_row]))
     df = pl.DataFrame(out)
     if len(todo) > 64 and df.height < len(todo) * 2048:
         # Many small part files (the recorder flushes every 100 steps by default): one chunk per
         # file per column makes every later column pass pay per chunk. One copy into single
         # chunks costs less than that overhead.
         df = df.rechunk()
-    cuts = np.array([np.inf if cutoff[a] is None else cutoff[a] for _, _, a in todo])
-    if f is not None and np.isfinite(cuts).any():  # an earlier launch's rows past a later launch's first step
-        df = df.filter(pl.Series(df["step"].to_numpy() < cuts[f]))
+    cuts = np.array([np.inf if spec.cutoff[f.launch] is None else spec.cutoff[f.launch] for f in todo])
+    if file_of_row is not None and np.isfinite(cuts).any():  # an earlier launch's rows past a later launch's first step
+        df = df.filter(pl.Series(df["step"].to_numpy() < cuts[file_of_row]))
     return df
 
 
-def read_window(files, bad, warnings, cols, rename, lo, hi, cutoff, counts, buffers=None, old=None) -> pl.DataFrame:
+def _overlapping(files: list[PartToRead], lo: int, hi: int) -> list[PartToRead]:
+    mins = np.fromiter((f.part.min_step for f in files), np.int64, len(files))
+    maxs = np.fromiter((f.part.max_step for f in files), np.int64, len(files))
+    return [files[i] for i in np.flatnonzero((maxs >= lo) & (mins < hi))]
+
+
+def _read_rows(todo: list[PartToRead], spec: ReadSpec, lo: int, hi: int) -> pl.DataFrame:
+    try:
+        return _scan_together(todo, spec, lo, hi)
+    except pl.exceptions.PolarsError:  # e.g. a column typed differently in one file: cast file by file
+        return pl.concat([_scan_one(f, spec, lo, hi) for f in todo], how="vertical").collect()
+
+
+def _find_corrupt(todo: list[PartToRead], bad: dict, warnings: list[str]) -> bool:
+    """Read each file whole: the ones that fail go into ``bad`` with a warning. True if any did."""
+    found = False
+    for f in todo:
+        try:
+            pq.read_table(f.part.path)
+        except Exception as e:
+            found = True
+            bad[f.part.path] = corrupt_part(f.part.path, e)
+            warnings.append(bad[f.part.path])
+    return found
+
+
+def read_window(files: list[PartToRead], spec: ReadSpec, lo: int, hi: int, *, bad: dict, warnings: list[str],
+                buffers: Buffers | None = None, old: pl.DataFrame | None = None) -> pl.DataFrame:
     """All rows with lo <= step < hi, log rows coalesced. A part file that fails to decode is
     found, reported, put in ``bad`` (path -> warning) and left out (its footer was fine, so only
     a full read tells). ``old``: the last ingest's kept rows of this window (an append, see
-    ingest_append.py), merged in before coalescing."""
-    scalars = cols[len(FIXED_NAMES) + 2:]  # phases and user scalars (what a log row can carry)
-    mins = np.fromiter((p.min_step for p, _, _ in files), np.int64, len(files))
-    maxs = np.fromiter((p.max_step for p, _, _ in files), np.int64, len(files))
-    overlap = np.flatnonzero((maxs >= lo) & (mins < hi))
+    docs/CONTRACT.md "Re-ingest"), merged in before coalescing."""
+    overlap = _overlapping(files, lo, hi)
     while True:
-        todo = [files[i] for i in overlap if files[i][0].path not in bad]
+        todo = [f for f in overlap if f.part.path not in bad]
         if not todo:
             if old is not None:
                 # No new rows here: the last ingest's rows of these steps as they were written,
                 # already coalesced and de-duplicated, each step's rows in rank order.
                 return old
-            return pl.DataFrame(schema={c: (pl.Int64 if c in INT_COLS | {"rank", "attempt"} else pl.Float64) for c in cols})
-
-        def scan(p, rank, att):
-            return _scan(p, rank, att, cols, rename, lo, hi, cutoff[att], None if counts is None else counts[(rank, att)])
+            return spec.empty_frame()
         try:
-            try:
-                df = _scan_together(todo, cols, rename, lo, hi, cutoff, counts)
-            except pl.exceptions.PolarsError:  # e.g. a column typed differently in one file: cast file by file
-                df = pl.concat([scan(p, r, a) for p, r, a in todo], how="vertical").collect()
+            df = _read_rows(todo, spec, lo, hi)
             break
         except Exception:
-            found = False
-            for p, _, _ in todo:
-                try:
-                    pq.read_table(p.path)
-                except Exception as e:
-                    found = True
-                    bad[p.path] = corrupt_part(p.path, e)
-                    warnings.append(bad[p.path])
-            if not found:
+            if not _find_corrupt(todo, bad, warnings):
                 raise
     if old is not None and old.height:
-        df = merge_old(old, df, scalars)
-    elif not any(p.has_log_rows for p, _, _ in todo):
+        df = merge_old(old, df, spec.scalars)
+    elif not any(f.part.has_log_rows for f in todo):
         return df
     is_log = df["step_time_s"].is_null()
-    return _coalesce_logs(df.filter(~is_log), df.filter(is_log), scalars, buffers) if is_log.any() else df
+    return _coalesce_logs(df.filter(~is_log), df.filter(is_log), spec.scalars, buffers) if is_log.any() else df

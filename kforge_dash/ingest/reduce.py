@@ -109,24 +109,24 @@ class Buffers:
         has = None
         if s.null_count():
             has = self.get(role + "/has", np.bool_, len(s))
-            _join(s.is_not_null(), has)
+            _copy_chunks(s.is_not_null(), has)
             if dtype is not None and dtype is not np.bool_:
                 v = self.get(role, dtype, len(s))
-                if _join_values(s, v):  # the values under nulls are arbitrary: overwrite them
+                if _copy_value_buffers(s, v):  # the values under nulls are arbitrary: overwrite them
                     np.copyto(v, fill, where=~has)
                     return v, has
             s = s.fill_null(fill)
         if dtype is None:  # not a type ingest makes; no reuse
             return s.to_numpy(), has
         v = self.get(role, dtype, len(s))
-        _join(s, v)
+        _copy_chunks(s, v)
         return v, has
 
 
 _NP = {pl.Float64: np.float64, pl.Int64: np.int64, pl.Boolean: np.bool_}
 
 
-def _join(s: pl.Series, out: np.ndarray) -> None:
+def _copy_chunks(s: pl.Series, out: np.ndarray) -> None:
     """Copy the chunks of ``s`` (no nulls) into ``out``; each chunk's to_numpy is a view."""
     chunks = s.get_chunks()
     if len(chunks) == 1:
@@ -135,7 +135,7 @@ def _join(s: pl.Series, out: np.ndarray) -> None:
         np.concatenate([c.to_numpy() for c in chunks], out=out)
 
 
-def _join_values(s: pl.Series, out: np.ndarray) -> bool:
+def _copy_value_buffers(s: pl.Series, out: np.ndarray) -> bool:
     """Copy the value buffers of ``s``'s chunks (nulls included, as whatever lies under them) into
     ``out``, with no copy of the chunks first; False (nothing done) when a chunk has no buffer."""
     views = []
@@ -172,79 +172,111 @@ def _aggs(counts_col: bool) -> list[pl.Expr]:
     ]
 
 
-def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool, buf: Buffers) -> pl.DataFrame | None: # noqa: C901
-    """The matrix path, or None when the window is not a full (ranks x steps) grid."""
+class _Grid:
+    """A window that is a full (ranks x steps) grid: every rank reported exactly the same steps,
+    rows rank by rank. Columns are read as (n_ranks, n_steps) matrices from reused buffers."""
+
+    def __init__(self, df: pl.DataFrame, buf: Buffers, ranks: np.ndarray, steps: np.ndarray):
+        self.df, self.buf = df, buf
+        self.ranks = ranks  # the grid's rank ids, ascending
+        self.steps = steps  # the grid's steps (a copy: the buffers are reused)
+        self.n_ranks, self.n_steps = len(ranks), len(steps)
+
+    def __call__(self, col: str, fill, role: str = "v"):
+        """(values, has) as (ranks x steps), nulls = fill; has is None when every value is there.
+        Valid until the next call with the same role."""
+        v, has = self.buf.column(role, self.df[col], fill)
+        shape = (self.n_ranks, self.n_steps)
+        return v.reshape(shape), None if has is None else has.reshape(shape)
+
+
+def _as_grid(df: pl.DataFrame, buf: Buffers) -> _Grid | None:
+    """The window as a grid, or None when it is not one (then the general path reduces it)."""
     n = df.height
     if n == 0:
         return None
-    rank, _ = buf.column("rank", df["rank"])  # kept until ranks = rank[starts] below
+    rank, _ = buf.column("rank", df["rank"])  # kept until rank[starts] below
     starts = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
-    R = len(starts)
-    if n % R:
+    n_ranks = len(starts)
+    if n % n_ranks:
         return None
-    m = n // R
-    if m == 1 and R > 1:
+    n_steps = n // n_ranks
+    if n_steps == 1 and n_ranks > 1:
         # One step: numpy would sum the (R, 1) grid along its contiguous axis, pairwise, not rank
         # after rank; _grouped adds them in order, so means stay bit-identical across windows.
         return None
-    if not np.array_equal(starts, np.arange(0, n, m)) or np.any(np.diff(rank[starts]) <= 0):
+    if not np.array_equal(starts, np.arange(0, n, n_steps)) or np.any(np.diff(rank[starts]) <= 0):
         return None  # blocks of unequal length, or a rank twice (two attempts in the window)
-    step = buf.column("step", df["step"])[0].reshape(R, m)
+    ranks = rank[starts]  # fancy indexing: a copy, safe from the buffer's reuse
+    step = buf.column("step", df["step"])[0].reshape(n_ranks, n_steps)
     if not (step == step[0]).all():
         return None
     st = df["step_time_s"]
     if st.null_count() or st.is_nan().any():
         return None  # log-only rows or odd times: leave them to the general path
-    idx = np.arange(m)
-    ranks = rank[starts]
-    out: dict[str, pa.Array] = {"step": pa.array(step[0].copy())}  # copies: the buffers are reused
+    return _Grid(df, buf, ranks, step[0].copy())
 
-    def grid(c, fill, role="v"):
-        """(values, has) as (ranks x steps), nulls = fill; has is None when every value is there.
-        Valid until the next grid() of the same role."""
-        v, has = buf.column(role, df[c], fill)
-        return v.reshape(R, m), None if has is None else has.reshape(R, m)
 
-    def masked(values, has):
-        return pa.array(values) if has is None else pa.array(values, mask=~has)
+def _masked(values: np.ndarray, has: np.ndarray | None) -> pa.Array:
+    return pa.array(values) if has is None else pa.array(values, mask=~has)
 
-    t = grid("time", -np.inf)[0].max(axis=0)
-    out["time"] = masked(t, np.isfinite(t))
-    s = grid("step_time_s", None, "s")[0]
+
+def _dense_times(g: _Grid, out: dict) -> None:
+    """time, step_time_s/min/median, slowest_rank, n_ranks, attempt."""
+    t = g("time", -np.inf)[0].max(axis=0)
+    out["time"] = _masked(t, np.isfinite(t))
+    s = g("step_time_s", None, "s")[0]
     out["step_time_s"] = pa.array(s.max(axis=0))
     out["step_time_min_s"] = pa.array(s.min(axis=0))
     # The median from a sort down the rank axis: ~4x faster than np.median's partition along
     # axis 0 of this layout; the same values (the middle one, or the mean of the two middle ones).
-    srt = buf.get("sorted", np.float64, n).reshape(R, m)
+    srt = g.buf.get("sorted", np.float64, g.n_ranks * g.n_steps).reshape(g.n_ranks, g.n_steps)
     srt[:] = s
     srt.sort(axis=0)
-    h = R // 2
-    out["step_time_median_s"] = pa.array(srt[h].copy() if R % 2 else (srt[h - 1] + srt[h]) / 2)
-    out["slowest_rank"] = pa.array(ranks[s.argmax(axis=0)].astype(np.int64))  # argmax: first = lowest rank
-    out["n_ranks"] = pa.array(np.full(m, R, np.int64))
-    out["attempt"] = pa.array(grid("attempt", None)[0].max(axis=0).astype(np.int64))
-    v, has = grid("tokens", 0)
+    h = g.n_ranks // 2
+    out["step_time_median_s"] = pa.array(srt[h].copy() if g.n_ranks % 2 else (srt[h - 1] + srt[h]) / 2)
+    out["slowest_rank"] = pa.array(g.ranks[s.argmax(axis=0)].astype(np.int64))  # argmax: first = lowest rank
+    out["n_ranks"] = pa.array(np.full(g.n_steps, g.n_ranks, np.int64))
+    out["attempt"] = pa.array(g("attempt", None)[0].max(axis=0).astype(np.int64))
+
+
+def _dense_tokens(g: _Grid, counts_col: bool) -> pa.Array:
+    """Global tokens: the sum over the ranks that count them; null where none reported any."""
+    v, has = g("tokens", 0)
     if counts_col:
-        counted = grid("_counts", False, "counted")[0]
+        counted = g("_counts", False, "counted")[0]
         has = counted if has is None else has & counted
         v = np.where(has, v, 0)
     if has is None:
-        out["tokens"] = pa.array(v.sum(axis=0))
-    else:
-        out["tokens"] = masked(v.sum(axis=0), has.any(axis=0))  # v is 0 where has is False
-    out["loss"] = _mean(*grid("loss", 0.0))
+        return pa.array(v.sum(axis=0))
+    return _masked(v.sum(axis=0), has.any(axis=0))  # v is 0 where has is False
+
+
+def _dense_lowest_rank(g: _Grid, col: str) -> pa.Array:
+    """The value of the lowest rank that reported one (grad_norm, lr)."""
+    v, has = g(col, 0.0)
+    if has is None:
+        return pa.array(v[0].copy())  # the lowest rank reported it
+    return _masked(v[has.argmax(axis=0), np.arange(g.n_steps)], has.any(axis=0))
+
+
+def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool, buf: Buffers) -> pl.DataFrame | None:
+    """The matrix path, or None when the window is not a full (ranks x steps) grid."""
+    g = _as_grid(df, buf)
+    if g is None:
+        return None
+    out: dict[str, pa.Array] = {"step": pa.array(g.steps)}
+    _dense_times(g, out)
+    out["tokens"] = _dense_tokens(g, counts_col)
+    out["loss"] = _mean(*g("loss", 0.0))
     for c in ("grad_norm", "lr"):
-        v, has = grid(c, 0.0)
-        if has is None:
-            out[c] = pa.array(v[0].copy())  # the lowest rank reported it
-        else:
-            out[c] = masked(v[has.argmax(axis=0), idx], has.any(axis=0))
+        out[c] = _dense_lowest_rank(g, c)
     for c in MEM:
-        v, has = grid(c, np.iinfo(np.int64).min)
-        out[c] = pa.array(v.max(axis=0)) if has is None else masked(v.max(axis=0), has.any(axis=0))
+        v, has = g(c, np.iinfo(np.int64).min)
+        out[c] = pa.array(v.max(axis=0)) if has is None else _masked(v.max(axis=0), has.any(axis=0))
     for c in cols:
         if c not in _NOT_MEAN:
-            out[c] = _mean(*grid(c, 0.0))
+            out[c] = _mean(*g(c, 0.0))
     return pl.from_arrow(pa.table(out))
 
 

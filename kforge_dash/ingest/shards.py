@@ -140,7 +140,7 @@ def rel_path(run_dir: str, path: str) -> str:
 
 def stat_inputs(attempts: list[AttemptFiles]) -> dict[str, tuple[int, int] | None]:
     """(size, mtime_ns) of every input file (meta.json, end.json, parts); None when it cannot be
-    stat'ed (absent). One stat per file, shared by the fingerprint and the footer cache."""
+    stat'ed (absent). One stat per file, shared by input_digest and the footer cache."""
     out: dict[str, tuple[int, int] | None] = {}
     for a in attempts:
         for p in (os.path.join(a.dir, META_FILE), os.path.join(a.dir, END_FILE), *a.parts):
@@ -152,9 +152,9 @@ def stat_inputs(attempts: list[AttemptFiles]) -> dict[str, tuple[int, int] | Non
     return out
 
 
-def fingerprint(run_dir: str, stats: dict, extra: dict) -> str:
-    """Names, sizes and mtimes of every input file (``stat_inputs``), plus the ingest options:
-    equal means nothing to redo."""
+def input_digest(run_dir: str, stats: dict, extra: dict) -> str:
+    """A sha256 of the names, sizes and mtimes of every input file (``stat_inputs``), plus the
+    ingest options: equal means nothing to redo. summary.json keeps it as "fingerprint"."""
     h = hashlib.sha256(json.dumps(extra, sort_keys=True, default=str).encode())
     for p, st in stats.items():
         tail = "-" if st is None else f"{st[0]}\0{st[1]}"

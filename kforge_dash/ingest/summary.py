@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -11,30 +12,64 @@ from kforge_dash.contract import EMA_METRICS, OUTPUT_SCHEMA_VERSION
 from kforge_dash.ingest.launches import lead_meta, start_of, world_size_of
 
 
-def build_summary(run_dir, steps: pl.DataFrame, launches, first, last, ranks, attempts, opts, warnings, fp) -> dict:
-    live = [L for L in launches if L.parts()]
+@dataclass(frozen=True)
+class SummaryInput:
+    """What summary.json is made from."""
+
+    run_dir: str
+    steps: pl.DataFrame  # steps.parquet as written
+    launches: list  # launches.Launch, each with its .flops filled in
+    first_ended: dict  # launch -> lowest ended step (None: none)
+    last_ended: dict  # launch -> highest ended step
+    ranks: list[int]
+    attempts: list  # shards.Attempt
+    alpha: float
+    warnings: list[str]  # the run's warnings so far; build_summary adds its own and keeps the list
+    input_digest: str  # written as "fingerprint" (docs/CONTRACT.md)
+
+
+def build_summary(inp: SummaryInput) -> dict:
+    """summary.json's content (docs/CONTRACT.md, "Ingested outputs")."""
+    live = [launch for launch in inp.launches if launch.parts()]
     cur = live[-1]
-    info = cur.flops
+    _warn_mixed_launches(live, inp.warnings)
+    dropped_rows = _dropped_rows(inp.attempts)
+    if dropped_rows:
+        inp.warnings.append(f"the recorder dropped {dropped_rows} row(s) on disk errors (see end.json / part metadata)")
     meta = lead_meta(cur)
+    return {
+        "schema_version": OUTPUT_SCHEMA_VERSION,
+        "run_name": meta.get("run_name") or os.path.basename(inp.run_dir),
+        "ingested_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "world_size": world_size_of(cur),
+        "ranks": inp.ranks,
+        "attempts": _attempt_entries(inp),
+        "restarts": _restarts(inp),
+        **_step_figures(inp.steps),
+        **_flops_entries(cur.flops),
+        "alpha": inp.alpha,
+        "hparams": meta.get("hparams"),
+        "tags": meta.get("tags"),
+        "nonfinite": _nonfinite_counts(inp.steps),
+        "dropped_rows": dropped_rows,
+        "warnings": inp.warnings,
+        "exports": None,
+        "fingerprint": inp.input_digest,
+    }
+
+
+def _warn_mixed_launches(live: list, warnings: list[str]) -> None:
     for key in ("flops_per_token", "peak_tflops"):
-        vals = {L.flops[key] for L in live}
+        vals = {launch.flops[key] for launch in live}
         if len(vals) > 1:
             warnings.append(f"{key} differs between attempts ({sorted(vals, key=str)}); MFU uses each attempt's own")
-    sizes = [world_size_of(L) for L in live]
+    sizes = [world_size_of(launch) for launch in live]
     if len(set(sizes)) > 1:
         warnings.append(f"world size changed across attempts ({' -> '.join(map(str, sizes))}); MFU uses each attempt's own")
 
-    both = steps.filter(pl.col("tokens").is_not_null() & pl.col("step_time_s").is_not_null())
-    t_both = both["step_time_s"].sum() if both.height else None
-    mfu_ok = steps.filter(pl.col("mfu").is_finite() & pl.col("step_time_s").is_not_null())
-    loss = steps["loss"].drop_nulls()
-    finite_loss = loss.filter(loss.is_finite())
-    nonfinite = {}
-    for c, dt in steps.schema.items():
-        if dt == pl.Float64 and not c.endswith("_ema"):
-            n = int(steps[c].drop_nulls().is_finite().not_().sum())
-            if n or c in EMA_METRICS:
-                nonfinite[c] = n
+
+def _dropped_rows(attempts: list) -> int | None:
+    """Rows the recorder dropped, over every attempt: end.json's total, else the last part's."""
     dropped = []
     for a in attempts:
         if a.end is not None and a.end.get("dropped_rows_total") is not None:
@@ -43,43 +78,60 @@ def build_summary(run_dir, steps: pl.DataFrame, launches, first, last, ranks, at
             known = [p.dropped_rows_total for p in a.parts if p.dropped_rows_total is not None]
             if known:
                 dropped.append(max(known))
-    dropped_rows = sum(dropped) if dropped else None
-    if dropped_rows:
-        warnings.append(f"the recorder dropped {dropped_rows} row(s) on disk errors (see end.json / part metadata)")
-    peak_mem = steps["mem_peak_bytes"].max()
+    return sum(dropped) if dropped else None
 
+
+def _nonfinite_counts(steps: pl.DataFrame) -> dict[str, int]:
+    nonfinite = {}
+    for c, dt in steps.schema.items():
+        if dt == pl.Float64 and not c.endswith("_ema"):
+            n = int(steps[c].drop_nulls().is_finite().not_().sum())
+            if n or c in EMA_METRICS:
+                nonfinite[c] = n
+    return nonfinite
+
+
+def _attempt_entries(inp: SummaryInput) -> list[dict]:
+    return [{
+        "attempt": launch.index,
+        "attempt_ids": sorted({a.attempt_id for a in launch.attempts}),
+        "start_time": start_of(launch),
+        "first_step": inp.first_ended[launch.index],
+        "last_step": inp.last_ended[launch.index],
+        "world_size": world_size_of(launch),
+    } for launch in inp.launches]
+
+
+def _restarts(inp: SummaryInput) -> list[dict]:
     restarts = []
     prev_last = None
-    for L in launches:
-        if L.index and first[L.index] is not None and prev_last is not None:
+    for launch in inp.launches:
+        first, last = inp.first_ended[launch.index], inp.last_ended[launch.index]
+        if launch.index and first is not None and prev_last is not None:
             restarts.append({
-                "attempt": L.index,
-                "resumed_at_step": first[L.index],
+                "attempt": launch.index,
+                "resumed_at_step": first,
                 "previous_last_step": prev_last,
                 # step numbers the earlier attempt(s) had reached and this one redid
-                "superseded_steps": max(0, prev_last - first[L.index] + 1),
-                "time": start_of(L),
+                "superseded_steps": max(0, prev_last - first + 1),
+                "time": start_of(launch),
             })
-        if last[L.index] is not None:
-            prev_last = last[L.index] if prev_last is None else max(prev_last, last[L.index])
+        if last is not None:
+            prev_last = last if prev_last is None else max(prev_last, last)
+    return restarts
+
+
+def _step_figures(steps: pl.DataFrame) -> dict:
+    """The run's figures from its steps: counts, totals, means, losses, peak memory."""
+    both = steps.filter(pl.col("tokens").is_not_null() & pl.col("step_time_s").is_not_null())
+    t_both = both["step_time_s"].sum() if both.height else None
+    mfu_ok = steps.filter(pl.col("mfu").is_finite() & pl.col("step_time_s").is_not_null())
+    loss = steps["loss"].drop_nulls()
+    finite_loss = loss.filter(loss.is_finite())
     return {
-        "schema_version": OUTPUT_SCHEMA_VERSION,
-        "run_name": meta.get("run_name") or os.path.basename(run_dir),
-        "ingested_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "steps": steps.height,
         "first_step": steps["step"].min(),
         "last_step": steps["step"].max(),
-        "world_size": world_size_of(cur),
-        "ranks": ranks,
-        "attempts": [{
-            "attempt": L.index,
-            "attempt_ids": sorted({a.attempt_id for a in L.attempts}),
-            "start_time": start_of(L),
-            "first_step": first[L.index],
-            "last_step": last[L.index],
-            "world_size": world_size_of(L),
-        } for L in launches],
-        "restarts": restarts,
         "tokens": steps["tokens"].sum() if steps["tokens"].null_count() < steps.height else None,
         # Training wall time: the sum of per-step times of the kept steps (restart downtime excluded).
         "wall_time_s": steps["step_time_s"].sum() if steps["step_time_s"].null_count() < steps.height else None,
@@ -89,22 +141,9 @@ def build_summary(run_dir, steps: pl.DataFrame, launches, first, last, ranks, at
                      if mfu_ok.height and mfu_ok["step_time_s"].sum() else None),
         "final_loss": loss[-1] if loss.len() else None,  # NaN stays NaN: a diverged run must show it
         "best_loss": finite_loss.min() if finite_loss.len() else None,
-        "peak_mem_bytes": peak_mem,
-        "device": info["device"],
-        "model": info["model"],
-        "flops_per_token": info["flops_per_token"],
-        "flops_source": info["flops_source"],
-        "peak_tflops": info["peak_tflops"],
-        "peak_source": info["peak_source"],
-        "alpha": opts.alpha,
-        "hparams": meta.get("hparams"),
-        "tags": meta.get("tags"),
-        "nonfinite": nonfinite,
-        "dropped_rows": dropped_rows,
-        "warnings": warnings,
-        "exports": None,
-        "fingerprint": fp,
+        "peak_mem_bytes": steps["mem_peak_bytes"].max(),
     }
 
 
-# -- many runs, and the exports that follow an ingest ----------------------------------------
+def _flops_entries(info: dict) -> dict:
+    return {k: info[k] for k in ("device", "model", "flops_per_token", "flops_source", "peak_tflops", "peak_source")}

@@ -1,0 +1,129 @@
+"""The row pass of one ingest: every window of rows into ranks.parquet and per-step rows, from
+scratch or (with an AppendPlan) on top of the last ingest's outputs (docs/CONTRACT.md, "Re-ingest")."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import polars as pl
+
+from kforge_dash.contract import RANKS_FILE, RUN_DERIVED_COLUMNS
+from kforge_dash.ingest.append import AppendPlan, copy_head, old_ranks_parts, old_steps_head, recheck_bad
+from kforge_dash.ingest.merge import AppendConflict
+from kforge_dash.ingest.options import IngestError
+from kforge_dash.ingest.plan import IngestPlan
+from kforge_dash.ingest.read import PartToRead, RanksWriter, plan_windows
+from kforge_dash.ingest.reduce import Buffers, step_columns
+from kforge_dash.ingest.window import WindowTask, ingest_window
+from kforge_record.atomic import atomic_path
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What the row pass gave."""
+
+    steps: pl.DataFrame  # one row per step, before tokens/s, MFU and the EMAs
+    rank_ids: set[int]
+    repeats: dict[tuple[int, int], int]  # (rank, launch) -> steps recorded more than once
+    bad: dict[str, str]  # part path -> warning: failed to decode, left out
+    wrote: bool  # ranks.parquet was written, and steps.parquet needs writing
+    appended: bool  # only new part files were read, on top of the last outputs
+
+
+def read_rows(plan: IngestPlan, progress, warnings: list[str]) -> Rows:
+    """The row pass; an append whose new rows cannot be merged exactly starts again from scratch."""
+    mark = len(warnings)
+    try:
+        return _row_pass(plan, plan.append, progress, warnings)
+    except AppendConflict:  # as if there were no last ingest
+        del warnings[mark:]
+        return _row_pass(plan, None, progress, warnings)
+
+
+@dataclass
+class _Acc:
+    """What the windows add up to, window after window."""
+
+    repeats: dict
+    rank_ids: set
+    step_parts: list
+    bad: dict
+
+    def add(self, got) -> None:
+        self.bad.update(got.bad)
+        for key, n in got.repeats.items():
+            self.repeats[key] = self.repeats.get(key, 0) + n
+        if got.steps is not None:
+            self.step_parts.append(got.steps)
+            self.rank_ids.update(got.rank_ids)
+
+
+def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: list[str]) -> Rows:
+    acc = _Acc({}, set(), [], {})
+    files, extra = list(plan.files), []
+    if append is not None:
+        for r, a, n in append.state.get("repeats", []):
+            acc.repeats[(r, a)] = n
+        acc.rank_ids.update(append.state.get("ranks", []))
+        head = old_steps_head(append.steps_path, append.start, RUN_DERIVED_COLUMNS)
+        recheck_bad(plan.cache.known_bad, acc.bad, warnings)
+        if append.start is None:  # no new rows: the outputs stand, only the summary is redone
+            _warn_repeats(acc.repeats, warnings)
+            return Rows(head, acc.rank_ids, acc.repeats, acc.bad, wrote=False, appended=True)
+        acc.step_parts.append(head)
+        files = append.new_files
+        # (PartInfo, None, None) stand-ins for the old rows from ``start`` on: their step ranges and row counts
+        extra = [PartToRead(*t) for t in old_ranks_parts(append.ranks_path, append.start)]
+    if not files:
+        raise IngestError(f"{plan.run_dir}: no readable rows (all rows superseded)")
+    with atomic_path(os.path.join(plan.out_dir, RANKS_FILE)) as ranks_tmp:
+        n_new = _write_windows(plan, ranks_tmp, files, extra, append, acc, warnings, progress)
+        if not n_new and append is None:  # (an append keeps the old rows, even if every new part is bad)
+            raise IngestError(f"{plan.run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
+    _warn_repeats(acc.repeats, warnings)
+    return Rows(_stack_steps(acc.step_parts, plan.spec.cols, append is not None), acc.rank_ids, acc.repeats,
+                acc.bad, wrote=True, appended=append is not None)
+
+
+def _stack_steps(step_parts: list[pl.DataFrame], cols: list[str], appended: bool) -> pl.DataFrame:
+    if not appended:
+        return pl.concat(step_parts, how="vertical").sort("step")
+    # The old head may lack a column first recorded in the new parts: it is null there, and
+    # the columns come in the order a full ingest gives.
+    steps = pl.concat(step_parts, how="diagonal")
+    have = set(steps.columns)
+    steps = steps.select([pl.col(c) if c in have else pl.lit(None, pl.Float64).alias(c) for c in step_columns(cols)])
+    return steps.sort("step")
+
+
+def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, append: AppendPlan | None,
+                   acc: _Acc, warnings: list[str], progress) -> int:
+    """Every window through ingest_window, its rows into ``ranks_tmp`` (on a background thread)
+    and its steps into ``acc``. The number of windows that held rows."""
+    windows = plan_windows(files + extra, plan.chunk_rows)
+    writer = RanksWriter(ranks_tmp)
+    buffers = Buffers()  # numpy work space of the reductions, reused window after window
+    old_ranks_path = append.ranks_path if append is not None else None
+    n_new = 0
+    try:
+        if append is not None:
+            copy_head(append.ranks_path, append.start, plan.spec.cols, writer.put)
+        for i, (lo, hi) in enumerate(windows):
+            writer.wait()  # the last window is written and freed: this one reuses its memory (no page faults)
+            task = WindowTask(lo, hi, files, plan.spec, skip=acc.bad, old_ranks_path=old_ranks_path)
+            got = ingest_window(task, buffers=buffers, put_rows=writer.put)
+            warnings.extend(got.warnings)
+            acc.add(got)
+            n_new += got.steps is not None
+            got = None
+            progress.chunk(plan.run_dir, i + 1, len(windows))
+        writer.close()
+    finally:
+        writer.close()
+    return n_new
+
+
+def _warn_repeats(repeats: dict, warnings: list[str]) -> None:
+    for (rank, att), n in sorted(repeats.items()):
+        warnings.append(f"rank {rank}: {n} steps recorded more than once in attempt {att}; the last kept")
