@@ -44,7 +44,7 @@ class IngestResult:
     run_dir: str
     summary: dict
     skipped: bool  # True: shards and options unchanged since the last ingest, outputs reused
-    appended: bool = False  # True: only new part files were read, on top of the last outputs (ingest_append.py)
+    appended: bool = False  # True: only new part files were read, on top of the last outputs (docs/CONTRACT.md, "Re-ingest")
 
     @property
     def ingested_dir(self) -> str:

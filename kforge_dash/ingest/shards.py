@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kforge_dash.contract import INGESTED_DIR
+from kforge_dash.ingest.meta_fields import typed_fields
 from kforge_record.schema import (
     END_FILE,
     FIXED_COLUMNS,
@@ -109,13 +110,13 @@ def discover_runs(path: str) -> list[str]:
 def list_attempts(run_dir: str, warnings: list[str]) -> list[AttemptFiles]:
     """Every rank/attempt folder of a run, with its part files. Opens no file."""
     out = []
-    for rank_entry in sorted(os.scandir(run_dir), key=lambda e: e.name):
+    for rank_entry in _entries(run_dir, warnings):
         m = _RANK_DIR.match(rank_entry.name)
-        if not m or not rank_entry.is_dir():
+        if not m or not _is_dir(rank_entry, warnings):
             continue
         rank = int(m.group(1))
-        for att in sorted(os.scandir(rank_entry.path), key=lambda e: e.name):
-            if not att.is_dir() or att.name.startswith("."):
+        for att in _entries(rank_entry.path, warnings):
+            if att.name.startswith(".") or not _is_dir(att, warnings):
                 continue
             try:
                 listed = os.listdir(att.path)
@@ -128,6 +129,32 @@ def list_attempts(run_dir: str, warnings: list[str]) -> list[AttemptFiles]:
                 continue
             out.append(AttemptFiles(rank, att.name, att.path, tuple(os.path.join(att.path, n) for n in names)))
     return out
+
+
+def _entries(path: str, warnings: list[str]) -> list[os.DirEntry]:
+    """The entries of a folder by name; none (and a warning) when it cannot be listed, e.g. a
+    symlink that points at itself (ELOOP)."""
+    try:
+        return sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError as e:
+        warnings.append(f"{path}: cannot list the folder ({e.strerror or e}); skipped")
+        return []
+
+
+def _is_dir(entry: os.DirEntry, warnings: list[str]) -> bool:
+    """A folder, following symlinks; False (and a warning) for a symlink loop or a broken link
+    that cannot be told apart from one."""
+    try:
+        if entry.is_dir():
+            return True
+        if entry.is_symlink() and not os.path.exists(entry.path):
+            os.stat(entry.path)  # tells why: ELOOP for a loop, ENOENT for a dangling link
+        return False
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        warnings.append(f"{entry.path}: cannot be followed ({e.strerror or e}); skipped")
+        return False
 
 
 def rel_path(run_dir: str, path: str) -> str:
@@ -185,9 +212,9 @@ def read_meta(af: AttemptFiles, warnings: list[str]) -> tuple[dict, bool] | None
     try:
         meta = _read_json(path)
         check_schema_version(meta.get("schema_version"), source=path)
-        if not isinstance(meta.get("start_time"), (int, float)):
+        if not isinstance(meta.get("start_time"), (int, float)) or isinstance(meta.get("start_time"), bool):
             raise ValueError("start_time is missing or not a number")
-        return meta, True
+        return typed_fields(meta, path, warnings), True
     except SchemaError as e:
         warnings.append(f"{e}; its {len(af.parts)} part file(s) were skipped")
         return None
@@ -231,59 +258,101 @@ def corrupt_part(path: str, e: Exception) -> str:
 
 def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
     """The footer of one part file, validated. None (and a warning naming the file) when unusable."""
-    try:
-        md = pq.read_metadata(path)
-        schema = md.schema.to_arrow_schema()
-    except Exception as e:  # truncated, not Parquet, unreadable: pyarrow raises several types
-        warnings.append(f"{path}: corrupt or truncated part file ({type(e).__name__}: {e}); skipped")
+    footer = _open_footer(path, warnings)
+    if footer is None:
         return None
-    kv = {}
-    raw = (schema.metadata or {}).get(PARQUET_META_KEY)
-    if raw is not None:
-        try:
-            kv = json.loads(raw)
-            check_schema_version(kv.get("schema_version"), source=path)
-        except SchemaError as e:
-            warnings.append(f"{e}; skipped")
-            return None
-        except ValueError as e:
-            warnings.append(f"{path}: unreadable kforge metadata ({e}); rows kept")
-            kv = {}
+    md, schema = footer
+    kv = _kforge_metadata(path, schema, warnings)
+    if kv is None:
+        return None
     if kv.get("rank") not in (None, rank):
         warnings.append(f"{path}: says rank {kv.get('rank')} but lies under rank {rank}; counted as rank {rank}")
     columns = _interned({f.name: str(f.type) for f in schema})
+    problem = _column_problem(columns)
+    if problem is not None:
+        warnings.append(f"{path}: {problem}; skipped")
+        return None
+    steps = _step_facts(path, md, schema, warnings)
+    if steps is None:
+        return None
+    lo, hi, log_rows = steps
+    return PartInfo(path, md.num_rows, columns, lo, hi, log_rows > 0, kv.get("dropped_rows_total"), log_rows < md.num_rows)
+
+
+def _open_footer(path: str, warnings: list[str]):
+    """(FileMetaData, arrow schema), or None with a warning."""
+    try:
+        md = pq.read_metadata(path)
+        return md, md.schema.to_arrow_schema()
+    except Exception as e:  # truncated, not Parquet, unreadable, a symlink loop: pyarrow raises several types
+        warnings.append(f"{path}: corrupt or truncated part file ({type(e).__name__}: {e}); skipped")
+        return None
+
+
+def _kforge_metadata(path: str, schema, warnings: list[str]) -> dict | None:
+    """The part's ``kforge`` key-value metadata ({} when absent or unreadable); None when it
+    comes from a newer schema major (the part is refused)."""
+    raw = (schema.metadata or {}).get(PARQUET_META_KEY)
+    if raw is None:
+        return {}
+    try:
+        kv = json.loads(raw)
+        check_schema_version(kv.get("schema_version"), source=path)
+    except SchemaError as e:
+        warnings.append(f"{e}; skipped")
+        return None
+    except ValueError as e:
+        warnings.append(f"{path}: unreadable kforge metadata ({e}); rows kept")
+        return {}
+    return kv if isinstance(kv, dict) else {}
+
+
+def _column_problem(columns: dict) -> str | None:
+    """Why the part's columns cannot be read, or None."""
     for name in ("step", "step_time_s"):
         if columns.get(name) != _FIXED_TYPES[name]:
-            warnings.append(f"{path}: column {name!r} is {columns.get(name, 'missing')}, expected {_FIXED_TYPES[name]}; skipped")
-            return None
+            return f"column {name!r} is {columns.get(name, 'missing')}, expected {_FIXED_TYPES[name]}"
     bad = [n for n, t in columns.items()
            if n in _FIXED_TYPES and t != _FIXED_TYPES[n] or n not in _FIXED_TYPES and t not in ("double", "null")]
     if bad:
-        warnings.append(f"{path}: unexpected column type(s) for {', '.join(bad)}; skipped")
-        return None
+        return f"unexpected column type(s) for {', '.join(bad)}"
+    # A NUL cannot pass into polars (it panics on such a name): the recorder never writes one.
+    nul = [n for n in columns if "\0" in n]
+    if nul:
+        return f"column name(s) with a NUL character {', '.join(repr(n) for n in nul)}"
+    return None
+
+
+def _step_facts(path: str, md, schema, warnings: list[str]) -> tuple[int | None, int | None, int] | None:
+    """(min step, max step, rows from Recorder.log) from the row-group statistics, else from the
+    two small columns. None with a warning when a step is null (a row that belongs nowhere)."""
     lo = hi = None
-    nulls = 0
+    null_steps = log_rows = 0
     stats_ok = md.num_rows == 0 or md.num_row_groups > 0
     i_step, i_time = schema.get_field_index("step"), schema.get_field_index("step_time_s")
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
         s, t = rg.column(i_step).statistics, rg.column(i_time).statistics
-        if s is None or not s.has_min_max or t is None or not t.has_null_count:
+        if s is None or not s.has_min_max or not s.has_null_count or t is None or not t.has_null_count:
             stats_ok = False
             break
         lo = s.min if lo is None else min(lo, s.min)
         hi = s.max if hi is None else max(hi, s.max)
-        nulls += t.null_count
-    if not stats_ok:  # a writer without statistics: read the two small columns instead
+        null_steps += s.null_count
+        log_rows += t.null_count
+    if not stats_ok:  # a writer without statistics (or only nulls in a row group): read the two small columns
         try:
             tbl = pq.read_table(path, columns=["step", "step_time_s"])
         except Exception as e:
             warnings.append(corrupt_part(path, e))
             return None
-        steps = tbl.column("step").to_pylist()
-        lo, hi = (min(steps), max(steps)) if steps else (None, None)
-        nulls = tbl.column("step_time_s").null_count
-    return PartInfo(path, md.num_rows, columns, lo, hi, nulls > 0, kv.get("dropped_rows_total"), nulls < md.num_rows)
+        mm = pc.min_max(tbl.column("step"))
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        null_steps, log_rows = tbl.column("step").null_count, tbl.column("step_time_s").null_count
+    if null_steps:
+        warnings.append(f"{path}: {null_steps} of {md.num_rows} row(s) have no step (null); part file skipped")
+        return None
+    return lo, hi, log_rows
 
 
 _COLUMN_SETS: dict[tuple, dict] = {}
