@@ -15,19 +15,26 @@ from kforge_dash.contract import EXPORT_NAMES, LOCK_FILE, SUMMARY_FILE, read_sum
 from kforge_dash.export.exporters import choose_exporters, run_exporters
 from kforge_dash.export.outcome import Exporter
 from kforge_dash.ingest import shards as _shards
-from kforge_dash.ingest.options import IngestError, IngestFailure, IngestOptions, IngestResult
+from kforge_dash.ingest.options import (
+    IngestError,
+    IngestFailure,
+    IngestNotReady,
+    IngestOptions,
+    IngestResult,
+    IngestWaiting,
+)
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.progress import NullProgress
 from kforge_record.atomic import write_json_atomic
 
-__all__ = ["ingest_path", "ingest_paths", "IngestPass", "watch"]
+__all__ = ["failed_exports", "ingest_path", "ingest_paths", "IngestPass", "watch"]
 
 
 def ingest_path(path, *, exporters: Sequence[Exporter] | None = None, options: IngestOptions | None = None,
                 progress=None, tensorboard: bool = True, wandb: bool = True, upload: bool = False,
                 wandb_project: str | None = None, wandb_entity: str | None = None,
-                **option_kwargs) -> list[IngestResult | IngestFailure]:
-    """Ingest every run at or below ``path``, then export each. One IngestResult or IngestFailure per run.
+                **option_kwargs) -> list[IngestResult | IngestFailure | IngestWaiting]:
+    """Ingest every run at or below ``path``, then export each. One IngestResult, IngestFailure or IngestWaiting per run.
 
     ``exporters`` (kforge_dash.export.exporters) beat the switches, which choose them when not given.
     Raises IngestError when ``path`` does not exist or holds no run at all.
@@ -53,18 +60,28 @@ def _runs_at(path) -> list[str]:
 
 
 def ingest_and_export(run: str, *, options: IngestOptions, exporters: Sequence[Exporter],
-                      progress) -> IngestResult | IngestFailure:
+                      progress) -> IngestResult | IngestFailure | IngestWaiting:
     """One run: ingest, then export. Any failure of the ingest is this run's, never raised."""
     try:
         res = ingest_run(run, options=options, progress=progress)
+    except IngestNotReady as e:  # a job before its first flush: nothing to do yet, nothing wrong
+        return IngestWaiting(run, str(e))
     except IngestError as e:
         return IngestFailure(run, str(e))
-    except Exception as e:  # any failure (even a bug of ours) is this run's: the other runs still ingest
+    except BaseException as e:  # any failure (a bug of ours, a polars panic) is this run's: the others still ingest
+        _reraise_interrupts(e)
         return IngestFailure(run, f"{run}: {type(e).__name__}: {e}")
     exports = _export(res, exporters)
     if exports is None:
         return res
     return IngestResult(res.run_dir, _record_exports(res, exports), res.skipped, res.appended)
+
+
+def _reraise_interrupts(e: BaseException) -> None:
+    """Ctrl-C and sys.exit end the program; every other BaseException is a run's failure. (polars
+    raises pyo3's PanicException, a BaseException, when it panics: e.g. on a NUL in a column name.)"""
+    if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        raise e
 
 
 def _export(res: IngestResult, exporters: Sequence[Exporter]) -> dict | None:
@@ -78,7 +95,8 @@ def _export(res: IngestResult, exporters: Sequence[Exporter]) -> dict | None:
         return None  # nothing changed and the last export of each target worked (an upload is always tried)
     try:
         return run_exporters(res.run_dir, exporters).to_dict()
-    except Exception as e:  # an export must never cost the Parquet outputs
+    except BaseException as e:  # an export must never cost the Parquet outputs (nor end the other runs)
+        _reraise_interrupts(e)
         error = f"{type(e).__name__}: {e}"
         return {k: ({"ok": False, "path": None, "error": error, "points": None, "run_id": None, "seconds": None}
                     if k in names else None) for k in EXPORT_NAMES}
@@ -100,18 +118,30 @@ def _record_exports(res: IngestResult, exports: dict) -> dict:
 
 @dataclass
 class IngestPass:
-    """What one pass over the paths gave: runs ingested, runs failed, paths that held no run."""
+    """What one pass over the paths gave: runs ingested, runs failed, runs with nothing recorded
+    yet (waiting: a job before its first flush), paths that held no run."""
 
     ok: list[IngestResult] = field(default_factory=list)
     failed: list[IngestFailure] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    waiting: list[IngestWaiting] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
-        """0 all ingested, 1 nothing ingested, 3 some runs failed (kforge-ingest's exit status)."""
-        if not self.ok:
+        """0 all ingested (or waiting for a first flush), 1 nothing ingested, 3 some runs or an
+        upload failed (kforge-ingest's exit status). A failed TensorBoard or W&B export is
+        recorded in summary.json and tried again by the next ingest; an upload is only ever
+        tried when asked for, so its failure is the command's."""
+        if not self.ok and not self.waiting:
             return 1
-        return 3 if self.failed or self.errors else 0
+        return 3 if self.failed or self.errors or failed_exports(self.ok, ("upload",)) else 0
+
+
+def failed_exports(results: Sequence[IngestResult], names: Sequence[str] = EXPORT_NAMES) -> list[str]:
+    """One message per failed export among ``names`` recorded in the runs' summaries."""
+    return [f"{r.run_dir}: {name} export failed: {e.get('error')}" for r in results
+            for name, e in (r.summary.get("exports") or {}).items()
+            if name in names and isinstance(e, dict) and not e.get("ok")]
 
 
 class _Tracking(NullProgress):
@@ -148,6 +178,9 @@ def ingest_paths(paths: Sequence[str], *, options: IngestOptions, exporters: Seq
             r = ingest_and_export(run, options=options, exporters=exporters, progress=progress)
             if isinstance(r, IngestFailure):
                 out.failed.append(r)
+                continue
+            if isinstance(r, IngestWaiting):
+                out.waiting.append(r)
                 continue
             out.ok.append(r)
             if changed is not None and not r.skipped:

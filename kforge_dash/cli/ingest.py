@@ -58,18 +58,24 @@ def _screen(res) -> list[str]:
 
 def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, json_lines: bool = False) -> None:
     """Print one pass: a screen per run (or JSON on stdout), errors on stderr."""
+    from kforge_dash.pipeline import failed_exports
+
     shown = [r for r in result.ok if not (only_changed and r.skipped)]
+    waiting = [] if only_changed else result.waiting  # --watch: said once, not on every poll
     if as_json:
         click.echo(json.dumps({
             "runs": [{"run_dir": r.run_dir, "skipped": r.skipped, "appended": r.appended, "summary": r.summary}
                      for r in shown],
             "failed": [{"run_dir": f.run_dir, "error": f.error} for f in result.failed]
             + [{"run_dir": None, "error": e} for e in result.errors],
+            "waiting": [{"run_dir": w.run_dir, "reason": w.reason} for w in result.waiting],
         }, indent=None if json_lines else 2, default=str))  # --watch: one JSON document per line and pass
     elif not quiet:
         for r in shown:
             click.echo("\n".join(_screen(r)))
-    for msg in [f.error for f in result.failed] + result.errors:
+        for w in waiting:  # not an error: a job before its first flush
+            click.echo(f"{w.run_dir}  [waiting: no part file yet]")
+    for msg in [f.error for f in result.failed] + result.errors + failed_exports(shown):  # even with --quiet
         click.echo(f"kforge-ingest: error: {msg}", err=True)
 
 
@@ -96,7 +102,8 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
          wandb_project, wandb_entity, quiet, as_json):
     """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
 
-    Exit status: 0 all ingested, 1 nothing could be ingested, 2 usage error, 3 some runs failed.
+    Exit status: 0 all ingested (a run with no part file yet is waiting, not failed), 1 nothing could be
+    ingested, 2 usage error, 3 some runs or an --upload failed.
     """
     import warnings
 

@@ -162,7 +162,7 @@ def load_history(run_dir: str | os.PathLike, *, max_rank_tags: int = 64) -> Hist
 def _scan(path: str) -> pl.LazyFrame:
     if not os.path.isfile(path):
         raise ExportInputError(f"{path}: not found; run kforge-ingest on the run first")
-    return pl.scan_parquet(path)
+    return pl.scan_parquet(path, glob=False)  # a run directory may be named like a pattern (sweep[lr=3e-4])
 
 
 def _schema(lf: pl.LazyFrame, path: str) -> pl.Schema:

@@ -13,7 +13,8 @@
 """
 
 _LAZY = {"ingest_run": "run", "IngestError": "options", "IngestFailure": "options", "IngestOptions": "options",
-         "IngestResult": "options", "IngestWarning": "options"}
+         "IngestResult": "options", "IngestWarning": "options", "IngestNotReady": "options",
+         "IngestWaiting": "options"}
 
 
 def __getattr__(name):

@@ -137,7 +137,7 @@ def old_rows(path: str, lo: int, hi: int, cols: list[str], counts: dict | None) 
     """The old ranks.parquet's rows with lo <= step < hi (row groups pruned by their statistics)
     with the columns ``cols`` (new ones null), plus the _counts column the reductions need when
     some ranks' tokens do not count."""
-    lf = pl.scan_parquet(path)
+    lf = pl.scan_parquet(path, glob=False)  # a path, never a pattern (run dirs named sweep[lr=3e-4])
     have = set(lf.collect_schema().names())
     lf = lf.filter((pl.col("step") >= lo) & (pl.col("step") < hi))
     df = lf.select([pl.col(c) if c in have else pl.lit(None, pl.Float64).alias(c) for c in cols]).collect()
@@ -151,7 +151,7 @@ def old_rows(path: str, lo: int, hi: int, cols: list[str], counts: dict | None) 
 def old_steps_head(path: str, start: int | None, derived: set) -> pl.DataFrame:
     """The old steps.parquet's rows below ``start`` (all when None), without the derived columns
     (tokens/s, MFU, EMAs), which are computed again over the whole run."""
-    lf = pl.scan_parquet(path)
+    lf = pl.scan_parquet(path, glob=False)  # a path, never a pattern (run dirs named sweep[lr=3e-4])
     if start is not None:
         lf = lf.filter(pl.col("step") < start)
     return lf.drop([c for c in lf.collect_schema().names() if c in derived]).collect()

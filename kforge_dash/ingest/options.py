@@ -13,6 +13,11 @@ class IngestError(Exception):
     """Nothing could be ingested from a path; the message names the path and the problem."""
 
 
+class IngestNotReady(IngestError):
+    """The run has recorded nothing yet (no part file, and the job has not closed): a job before
+    its first flush. Not a failure: ``kforge-ingest --watch`` reports the run as waiting."""
+
+
 class IngestWarning(UserWarning):
     """Something was skipped or could not be derived; the run was still ingested (see summary)."""
 
@@ -55,3 +60,11 @@ class IngestResult:
 class IngestFailure:
     run_dir: str
     error: str
+
+
+@dataclass(frozen=True)
+class IngestWaiting:
+    """A run with nothing to ingest yet (IngestNotReady): ``reason`` says what is missing."""
+
+    run_dir: str
+    reason: str

@@ -10,7 +10,7 @@ from kforge_dash.ingest import shards as _shards
 from kforge_dash.ingest.append import AppendPlan, plan_append
 from kforge_dash.ingest.launches import Launch, group_launches
 from kforge_dash.ingest.manifest import FooterCache, load_prior
-from kforge_dash.ingest.options import IngestError, IngestOptions
+from kforge_dash.ingest.options import IngestError, IngestNotReady, IngestOptions
 from kforge_dash.ingest.read import PartToRead, ReadSpec, output_columns
 
 
@@ -53,8 +53,7 @@ def make_plan(inputs: IngestInputs, opts: IngestOptions, warnings: list[str]) ->
     launches = group_launches(attempts, warnings)
     files = _files_with_rows(launches)
     if not files:
-        problems = "; ".join(warnings[:5]) or "every part file is empty"
-        raise IngestError(f"{inputs.run_dir}: no readable rows ({problems})")
+        _no_rows(inputs, attempts, warnings)
     first = {launch.index: ended_bound(launch.parts(), lowest=True) for launch in launches}
     last = {launch.index: ended_bound(launch.parts(), lowest=False) for launch in launches}
     cutoff = _restart_cutoffs(launches, first)
@@ -72,6 +71,14 @@ def make_plan(inputs: IngestInputs, opts: IngestOptions, warnings: list[str]) ->
                              rename=rename)
     return IngestPlan(inputs.run_dir, inputs.out_dir, inputs, cache, attempts, launches, first, last, files, spec,
                       opts.chunk_rows, append)
+
+
+def _no_rows(inputs: IngestInputs, attempts: list, warnings: list[str]):
+    """Raise why there is nothing to read: not yet (no part file, a job still running) or never."""
+    if not any(af.parts for af in inputs.listing) and any(a.end is None for a in attempts):
+        raise IngestNotReady(f"{inputs.run_dir}: no readable rows yet (no part file: the job has not flushed; waiting)")
+    problems = "; ".join(warnings[:5]) or "every part file is empty"
+    raise IngestError(f"{inputs.run_dir}: no readable rows ({problems})")
 
 
 def _files_with_rows(launches: list[Launch]) -> list[PartToRead]:

@@ -32,7 +32,13 @@ from kforge_dash.ingest import shards as _shards  # noqa: E402  (after the polar
 from kforge_dash.ingest.append import attempts_state  # noqa: E402
 from kforge_dash.ingest.launches import launch_flops, world_size_of  # noqa: E402
 from kforge_dash.ingest.manifest import output_stat, save_manifest  # noqa: E402
-from kforge_dash.ingest.options import IngestError, IngestOptions, IngestResult, IngestWarning  # noqa: E402
+from kforge_dash.ingest.options import (  # noqa: E402
+    IngestError,
+    IngestNotReady,
+    IngestOptions,
+    IngestResult,
+    IngestWarning,
+)
 from kforge_dash.ingest.plan import IngestInputs, IngestPlan, make_plan  # noqa: E402
 from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402,F401  (public: kforge_dash.ingest.run.*)
 from kforge_dash.ingest.reduce import ema_expr, reduce_steps  # noqa: E402,F401
@@ -110,7 +116,7 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
 def _list_inputs(run_dir: str, out_dir: str, opts: IngestOptions, warnings: list[str]) -> IngestInputs:
     listing = _shards.list_attempts(run_dir, warnings)
     if not listing:
-        raise IngestError(f"{run_dir}: no attempt folders under its rank-NNNNN/ folders (nothing recorded yet)")
+        raise IngestNotReady(f"{run_dir}: no attempt folders under its rank-NNNNN/ folders (nothing recorded yet)")
     stats = _shards.stat_inputs(listing)
     option_key = {"v": INGEST_VERSION, "alpha": opts.alpha, "peak": opts.peak_tflops, "fpt": opts.flops_per_token}
     return IngestInputs(run_dir, out_dir, listing, stats, option_key, _shards.input_digest(run_dir, stats, option_key))
