@@ -71,10 +71,8 @@ def ingest_and_export(run: str, *, options: IngestOptions, exporters: Sequence[E
     except BaseException as e:  # any failure (a bug of ours, a polars panic) is this run's: the others still ingest
         _reraise_interrupts(e)
         return IngestFailure(run, f"{run}: {type(e).__name__}: {e}")
-    exports = _export(res, exporters)
-    if exports is None:
-        return res
-    return IngestResult(res.run_dir, _record_exports(res, exports), res.skipped, res.appended)
+    summary = _export_and_record(res, exporters, lock_timeout_s=options.lock_timeout_s)
+    return res if summary is None else IngestResult(res.run_dir, summary, res.skipped, res.appended)
 
 
 def _reraise_interrupts(e: BaseException) -> None:
@@ -97,23 +95,40 @@ def _export(res: IngestResult, exporters: Sequence[Exporter]) -> dict | None:
         return run_exporters(res.run_dir, exporters).to_dict()
     except BaseException as e:  # an export must never cost the Parquet outputs (nor end the other runs)
         _reraise_interrupts(e)
-        error = f"{type(e).__name__}: {e}"
-        return {k: ({"ok": False, "path": None, "error": error, "points": None, "run_id": None, "seconds": None}
-                    if k in names else None) for k in EXPORT_NAMES}
+        return _all_failed(names, f"{type(e).__name__}: {e}")
 
 
-def _record_exports(res: IngestResult, exports: dict) -> dict:
-    from filelock import FileLock
+def _export_and_record(res: IngestResult, exporters: Sequence[Exporter], *, lock_timeout_s: float) -> dict | None:
+    """Export, and record the outcomes in summary.json; None when no export ran. Under the run's
+    ingest lock, so an ingest that finds a temp file in RUN/ingested/ knows it is a dead export's
+    (kforge_dash.ingest.temps), and two exports of one run never write at once."""
+    from filelock import FileLock, Timeout
 
-    path = os.path.join(res.ingested_dir, SUMMARY_FILE)
-    with FileLock(os.path.join(res.ingested_dir, LOCK_FILE)):
+    lock = FileLock(os.path.join(res.ingested_dir, LOCK_FILE))
+    try:
+        lock.acquire(timeout=lock_timeout_s)
+    except Timeout:
+        error = f"another kforge-ingest of this run held {lock.lock_file} for over {lock_timeout_s:g}s; not exported"
+        return dict(res.summary, exports=_all_failed([x.name for x in exporters], error)) if exporters else None
+    try:
+        exports = _export(res, exporters)
+        if exports is None:
+            return None
+        path = os.path.join(res.ingested_dir, SUMMARY_FILE)
         try:
             summary = read_summary_file(path)
         except ValueError:
             summary = dict(res.summary)
         summary["exports"] = exports
         write_json_atomic(path, summary)
-    return summary
+        return summary
+    finally:
+        lock.release()
+
+
+def _all_failed(names: list[str], error: str) -> dict:
+    return {k: ({"ok": False, "path": None, "error": error, "points": None, "run_id": None, "seconds": None}
+                if k in names else None) for k in EXPORT_NAMES}
 
 
 @dataclass

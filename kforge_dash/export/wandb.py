@@ -6,7 +6,8 @@
   only ever one offline run to sync. (Between the two renames ``wandb/`` is briefly absent; a
   leftover ``.wandb-*.tmp`` from a crash is removed by the next export.)
 * History: one ``run.log(row, step=step)`` per step, the row holding only that step's non-null values
-  and ``_timestamp`` = the recorded step time (W&B keeps it as the point's wall time).
+  and ``_timestamp`` = the recorded step time (W&B keeps it as the point's wall time). W&B keeps only
+  steps >= 0: steps below 0 are left out with a RuntimeWarning, and ``points`` counts the rows logged.
 * Non-finite values: logged as they are (the .wandb file keeps NaN/inf; the W&B charts skip them), and
   the summary carries ``nonfinite/<tag>`` = how many NaN/inf points that metric has, so a diverged
   run is visible in the runs table even where the chart shows a gap.
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -92,8 +94,11 @@ def write_wandb(history: History, *, project: str | None = None, entity: str | N
         try:
             keys = ("_timestamp",) + history.tags
             log = run.log
-            n = 0
+            n = below_zero = 0
             for row in history.rows(with_ranks=False):
+                if row[0] < 0:  # W&B drops a step below 0 without a word: count it and say so
+                    below_zero += 1
+                    continue
                 log({k: v for k, v in zip(keys, row[1:]) if v is not None}, step=row[0])
                 n += 1
             run.summary.update(wandb_summary(history))
@@ -103,6 +108,10 @@ def write_wandb(history: History, *, project: str | None = None, entity: str | N
         if len(runs) != 1:
             raise RuntimeError(f"{tmp}: expected one offline run from wandb, found {runs}")
         _swap(os.path.join(tmp, WANDB_DIR), final, ing)
+        if below_zero:
+            warnings.warn(f"{history.run_dir}: W&B keeps only steps >= 0; {below_zero} step(s) below 0 were not "
+                          f"exported to W&B ({n} were; TensorBoard and the dashboard have them all)",
+                          RuntimeWarning, stacklevel=2)
         return os.path.join(final, runs[0]), run_id, n
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -44,6 +44,7 @@ from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402,F401
 from kforge_dash.ingest.reduce import ema_expr, reduce_steps  # noqa: E402,F401
 from kforge_dash.ingest.rows import Rows, read_rows  # noqa: E402
 from kforge_dash.ingest.summary import SummaryInput, build_summary  # noqa: E402
+from kforge_dash.ingest.temps import remove_stale_temps  # noqa: E402
 from kforge_dash.ingest.window import WindowTask, ingest_window  # noqa: E402,F401
 from kforge_dash.progress import NullProgress  # noqa: E402
 
@@ -86,6 +87,7 @@ def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, 
                 f"{opts.lock_timeout_s:g}s; try again when it finishes"
             ) from None
     try:
+        remove_stale_temps(out_dir)  # also when the run turns out unchanged
         result = _ingest_locked(run_dir, out_dir, opts, progress)
     finally:
         lock.release()
