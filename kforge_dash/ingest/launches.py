@@ -42,7 +42,9 @@ def group_launches(attempts: list, warnings: list[str]) -> list[Launch]:
         if not new and a.meta_ok:
             ref = next((b for b in cur.attempts if b.meta_ok), None)
             if ref is not None:
-                new = ref.world_size != a.world_size or (ref.meta.get("launch") or {}) != (a.meta.get("launch") or {})
+                # An unknown world size (a meta.json field ignored for its type) differs from none.
+                sizes_differ = None not in (ref.world_size, a.world_size) and ref.world_size != a.world_size
+                new = sizes_differ or (ref.meta.get("launch") or {}) != (a.meta.get("launch") or {})
         if new:
             launches.append(Launch(len(launches)))
         launches[-1].attempts.append(a)
