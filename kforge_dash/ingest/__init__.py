@@ -4,17 +4,28 @@
     manifest.py   the footer cache and the state an append checks (ingested/manifest.parquet)
     footers.py    footers of many parts read by worker processes
     launches.py   attempts grouped into launches; FLOPs and peak per launch (flops.py)
+    meta_fields.py  the types of the meta.json fields ingest reads
+    plan.py       the plan, from metadata only: launches, parts to read, cut-offs, append or not
     read.py       rows of one step window, coalesced; ranks.parquet writer
+    window.py     ingest_window: one window's rows -> de-duplicated -> one row per step
+    rows.py       the row pass: every window, into ranks.parquet and per-step rows
     merge.py      old kept rows merged with new ones (append)
     append.py     the plan of an append and its old outputs
     reduce.py     per-step reductions over ranks
     summary.py    summary.json
+    temps.py      temp files a killed ingest or export left behind
     run.py        ingest_run: unchanged? -> plan -> rows -> derive -> write -> summarise
+
+The per-window work is ``ingest_window(WindowTask)``: plain values in, plain values out, so a
+scheduler (Dask, a process pool) can run windows elsewhere; ``plan_windows`` cuts the windows.
 """
 
-_LAZY = {"ingest_run": "run", "IngestError": "options", "IngestFailure": "options", "IngestOptions": "options",
-         "IngestResult": "options", "IngestWarning": "options", "IngestNotReady": "options",
-         "IngestWaiting": "options"}
+_LAZY = {
+    "ingest_run": "run", "ingest_window": "window", "WindowTask": "window", "WindowRows": "window",
+    "plan_windows": "read", "read_window": "read", "reduce_steps": "reduce",
+    "IngestError": "options", "IngestFailure": "options", "IngestNotReady": "options", "IngestOptions": "options",
+    "IngestResult": "options", "IngestWaiting": "options", "IngestWarning": "options",
+}
 
 
 def __getattr__(name):
