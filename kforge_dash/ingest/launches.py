@@ -48,32 +48,32 @@ def group_launches(attempts: list, warnings: list[str]) -> list[Launch]:
         if new:
             launches.append(Launch(len(launches)))
         launches[-1].attempts.append(a)
-    for L in launches:
-        sizes = sorted({a.world_size for a in L.attempts if a.world_size is not None})
+    for launch in launches:
+        sizes = sorted({a.world_size for a in launch.attempts if a.world_size is not None})
         if len(sizes) > 1:
-            warnings.append(f"attempt {L.index}: ranks disagree on world size {sizes}; using {sizes[-1]}")
+            warnings.append(f"attempt {launch.index}: ranks disagree on world size {sizes}; using {sizes[-1]}")
     return launches
 
 
-def start_of(L: Launch) -> float | None:
+def start_of(launch: Launch) -> float | None:
     """The launch's start: its earliest known attempt start, None when no start is known."""
-    return min((a.start_time for a in L.attempts if a.start_time is not None), default=None)
+    return min((a.start_time for a in launch.attempts if a.start_time is not None), default=None)
 
 
-def world_size_of(L: Launch) -> int:
-    sizes = [a.world_size for a in L.attempts if a.world_size is not None]
-    return max(sizes) if sizes else len(L.ranks)
+def world_size_of(launch: Launch) -> int:
+    sizes = [a.world_size for a in launch.attempts if a.world_size is not None]
+    return max(sizes) if sizes else len(launch.ranks)
 
 
-def lead_meta(L: Launch) -> dict:
+def lead_meta(launch: Launch) -> dict:
     """The lowest rank's meta.json that was readable (rank 0 normally)."""
-    ok = sorted((a for a in L.attempts if a.meta_ok), key=lambda a: a.rank)
+    ok = sorted((a for a in launch.attempts if a.meta_ok), key=lambda a: a.rank)
     return ok[0].meta if ok else {}
 
 
-def launch_flops(L: Launch, opts: IngestOptions, warnings: list[str]) -> dict:
+def launch_flops(launch: Launch, opts: IngestOptions, warnings: list[str]) -> dict:
     """FLOPs per token, peak TFLOPS and their sources for one launch (None where unknown)."""
-    meta = lead_meta(L)
+    meta = lead_meta(launch)
     out = {"flops_per_token": None, "flops_source": None, "peak_tflops": None, "peak_source": None,
            "device": meta.get("device"), "model": meta.get("model")}
     if opts.flops_per_token is not None:
@@ -82,10 +82,10 @@ def launch_flops(L: Launch, opts: IngestOptions, warnings: list[str]) -> dict:
         try:
             out["flops_per_token"], out["flops_source"] = _flops.flops_per_token(meta.get("model"))
         except (ValueError, TypeError) as e:
-            warnings.append(f"attempt {L.index}: model description unusable for FLOPs ({e}); MFU is null")
+            warnings.append(f"attempt {launch.index}: model description unusable for FLOPs ({e}); MFU is null")
         if out["flops_per_token"] is None and meta.get("model") is None:
-            warnings.append(f"attempt {L.index}: no model description in meta.json; MFU is null (pass --flops-per-token)")
-    recorded = next((a.meta.get("peak_tflops") for a in L.attempts if a.meta.get("peak_tflops")), None)
+            warnings.append(f"attempt {launch.index}: no model description in meta.json; MFU is null (pass --flops-per-token)")
+    recorded = next((a.meta.get("peak_tflops") for a in launch.attempts if a.meta.get("peak_tflops")), None)
     dev = meta.get("device") or {}
     if opts.peak_tflops is not None:
         out["peak_tflops"], out["peak_source"] = float(opts.peak_tflops), "override"
@@ -96,10 +96,10 @@ def launch_flops(L: Launch, opts: IngestOptions, warnings: list[str]) -> dict:
         if entry is not None:
             out["peak_tflops"], out["peak_source"] = entry.tflops, f"table: {dev.get('name')} ({entry.source})"
         elif dev.get("type") == "cpu":
-            warnings.append(f"attempt {L.index}: ran on CPU; no peak TFLOPS, MFU is null (pass --peak-tflops)")
+            warnings.append(f"attempt {launch.index}: ran on CPU; no peak TFLOPS, MFU is null (pass --peak-tflops)")
         else:
             warnings.append(
-                f"attempt {L.index}: device {dev.get('name')!r} is not in the peak-TFLOPS table; "
+                f"attempt {launch.index}: device {dev.get('name')!r} is not in the peak-TFLOPS table; "
                 "MFU is null (pass --peak-tflops)"
             )
     return out

@@ -64,28 +64,10 @@ def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, 
     if options is not None and option_kwargs:
         raise TypeError("ingest_run: give options= or option keywords, not both")
     progress = progress if progress is not None else NullProgress()
-    filelock = require("filelock", extra="ingest", purpose="kforge-ingest")
-    FileLock, Timeout = filelock.FileLock, filelock.Timeout
-
-    run_dir = os.path.abspath(os.fspath(run_dir))
-    if not os.path.isdir(run_dir):
-        raise IngestError(f"{run_dir}: {'not a directory' if os.path.exists(run_dir) else 'no such directory'}")
-    if not _shards.is_run_dir(run_dir):
-        raise IngestError(f"{run_dir}: not a kforge run (no rank-NNNNN/ folders inside)")
+    run_dir = _checked_run_dir(run_dir)
     out_dir = os.path.join(run_dir, INGESTED_DIR)
     os.makedirs(out_dir, exist_ok=True)
-    lock = FileLock(os.path.join(out_dir, LOCK_FILE))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        progress.lock_wait(run_dir)
-        try:
-            lock.acquire(timeout=opts.lock_timeout_s)
-        except Timeout:
-            raise IngestError(
-                f"{run_dir}: another kforge-ingest of this run held {lock.lock_file} for over "
-                f"{opts.lock_timeout_s:g}s; try again when it finishes"
-            ) from None
+    lock = _acquire_lock(os.path.join(out_dir, LOCK_FILE), run_dir, opts.lock_timeout_s, progress)
     try:
         remove_stale_temps(out_dir)  # also when the run turns out unchanged
         result = _ingest_locked(run_dir, out_dir, opts, progress)
@@ -95,6 +77,33 @@ def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, 
         _warnings.warn(w, IngestWarning, stacklevel=2)
     progress.done(run_dir)
     return result
+
+
+def _checked_run_dir(run_dir) -> str:
+    run_dir = os.path.abspath(os.fspath(run_dir))
+    if not os.path.isdir(run_dir):
+        raise IngestError(f"{run_dir}: {'not a directory' if os.path.exists(run_dir) else 'no such directory'}")
+    if not _shards.is_run_dir(run_dir):
+        raise IngestError(f"{run_dir}: not a kforge run (no rank-NNNNN/ folders inside)")
+    return run_dir
+
+
+def _acquire_lock(path: str, run_dir: str, timeout_s: float, progress):
+    """The run's ingest lock, held; another ingest holding it is waited for up to ``timeout_s``."""
+    filelock = require("filelock", extra="ingest", purpose="kforge-ingest")
+    lock = filelock.FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        progress.lock_wait(run_dir)
+        try:
+            lock.acquire(timeout=timeout_s)
+        except filelock.Timeout:
+            raise IngestError(
+                f"{run_dir}: another kforge-ingest of this run held {lock.lock_file} for over "
+                f"{timeout_s:g}s; try again when it finishes"
+            ) from None
+    return lock
 
 
 def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) -> IngestResult:
