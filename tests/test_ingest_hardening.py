@@ -346,6 +346,7 @@ def test_a_failed_upload_is_printed_even_quiet_and_exits_non_zero(tmp_path, monk
 
 def test_the_window_work_is_one_function_of_plain_values(tmp_path, monkeypatch):
     from kforge_dash.ingest.plan import make_plan
+    from kforge_dash.ingest.read import overlapping_parts
     from kforge_dash.ingest.run import WindowTask, ingest_window, plan_windows
 
     run = make_run(tmp_path / "run", monkeypatch, world=2)
@@ -354,8 +355,8 @@ def test_the_window_work_is_one_function_of_plain_values(tmp_path, monkeypatch):
     plan = make_plan(inputs, ingest_mod.IngestOptions(force=True, chunk_rows=10), [])
     windows = plan_windows(plan.files, 10)
     assert len(windows) > 1
-    got = [pickle.loads(pickle.dumps(ingest_window(pickle.loads(pickle.dumps(WindowTask(lo, hi, plan.files, plan.spec))))))
-           for lo, hi in windows]
+    tasks = [WindowTask(lo, hi, overlapping_parts(plan.files, lo, hi), plan.spec) for lo, hi in windows]
+    got = [pickle.loads(pickle.dumps(ingest_window(pickle.loads(pickle.dumps(t))))) for t in tasks]
     steps = pl.concat([g.steps for g in got]).sort("step")
     want = read_outputs(run)[0].select(steps.columns)
     assert steps.equals(want)

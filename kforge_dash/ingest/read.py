@@ -300,7 +300,8 @@ def _scan_together(todo: list[PartToRead], spec: ReadSpec, lo: int, hi: int) -> 
     return df
 
 
-def _overlapping(files: list[PartToRead], lo: int, hi: int) -> list[PartToRead]:
+def overlapping_parts(files: list[PartToRead], lo: int, hi: int) -> list[PartToRead]:
+    """The parts that hold steps in [lo, hi), by their footers' step ranges: all a window reads."""
     mins = np.fromiter((f.part.min_step for f in files), np.int64, len(files))
     maxs = np.fromiter((f.part.max_step for f in files), np.int64, len(files))
     return [files[i] for i in np.flatnonzero((maxs >= lo) & (mins < hi))]
@@ -332,7 +333,7 @@ def read_window(files: list[PartToRead], spec: ReadSpec, lo: int, hi: int, *, ba
     found, reported, put in ``bad`` (path -> warning) and left out (its footer was fine, so only
     a full read tells). ``old``: the last ingest's kept rows of this window (an append, see
     docs/CONTRACT.md "Re-ingest"), merged in before coalescing."""
-    overlap = _overlapping(files, lo, hi)
+    overlap = overlapping_parts(files, lo, hi)
     while True:
         todo = [f for f in overlap if f.part.path not in bad]
         if not todo:

@@ -25,7 +25,9 @@ class WindowTask:
 
     lo: int
     hi: int
-    files: list[PartToRead]  # the part files to read (those outside the window are passed over)
+    # The part files to read; those outside the window are passed over, so a scheduler that ships
+    # tasks elsewhere can send only read.overlapping_parts(files, lo, hi).
+    files: list[PartToRead]
     spec: ReadSpec
     skip: dict[str, str] = field(default_factory=dict)  # path -> warning: parts found corrupt before
     old_ranks_path: str | None = None  # an append: the last ingest's ranks.parquet, merged in
