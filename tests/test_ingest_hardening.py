@@ -193,11 +193,9 @@ def wandb_steps(offline_run: str) -> list[int]:
     return [int(rec["history"]["step"]["num"]) for rec in map(json.loads, out.splitlines()) if rec["type"] == "history"]
 
 
-def test_wandb_export_of_negative_steps_warns_and_counts_what_it_kept(tmp_path, monkeypatch):
+def test_wandb_export_of_negative_steps_warns_and_counts_what_it_kept(tmp_path, monkeypatch, clean_wandb_env):
     from kforge_dash.export.run import export_run
 
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb-config"))
     run = str(tmp_path / "run")
     recs = open_ranks(run, 1)
     run_steps(monkeypatch, recs, range(-5, 7), step_time=lambda r, s: 0.5,  # steps -5..6 (a warm-up before 0)
