@@ -104,12 +104,14 @@ def _export_and_record(res: IngestResult, exporters: Sequence[Exporter], *, lock
     (kforge_dash.ingest.temps), and two exports of one run never write at once."""
     from filelock import FileLock, Timeout
 
+    if not exporters:
+        return None
     lock = FileLock(os.path.join(res.ingested_dir, LOCK_FILE))
     try:
         lock.acquire(timeout=lock_timeout_s)
     except Timeout:
         error = f"another kforge-ingest of this run held {lock.lock_file} for over {lock_timeout_s:g}s; not exported"
-        return dict(res.summary, exports=_all_failed([x.name for x in exporters], error)) if exporters else None
+        return dict(res.summary, exports=_all_failed([x.name for x in exporters], error))
     try:
         exports = _export(res, exporters)
         if exports is None:
