@@ -40,12 +40,12 @@ from kforge_dash.ingest.options import (  # noqa: E402
     IngestWarning,
 )
 from kforge_dash.ingest.plan import IngestInputs, IngestPlan, make_plan  # noqa: E402
-from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402,F401  (public: kforge_dash.ingest.run.*)
-from kforge_dash.ingest.reduce import ema_expr, reduce_steps  # noqa: E402,F401
+from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402  (public here too: see __all__)
+from kforge_dash.ingest.reduce import ema_expr, reduce_steps  # noqa: E402
 from kforge_dash.ingest.rows import Rows, read_rows  # noqa: E402
 from kforge_dash.ingest.summary import SummaryInput, build_summary  # noqa: E402
 from kforge_dash.ingest.temps import remove_stale_temps  # noqa: E402
-from kforge_dash.ingest.window import WindowTask, ingest_window  # noqa: E402,F401
+from kforge_dash.ingest.window import WindowTask, ingest_window  # noqa: E402
 from kforge_dash.progress import NullProgress  # noqa: E402
 
 __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce_steps", "WindowTask"]
