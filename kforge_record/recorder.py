@@ -240,13 +240,17 @@ class Recorder:
         except Exception as e:  # the loop must go on
             self._warn(f"end_step:{type(e).__name__}", f"end_step failed and the step was not recorded: {e!r}")
 
-    def log(self, step: int, **scalars) -> None:
-        """Extra scalars for a step (for example an eval loss after the step ended)."""
+    def log(self, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
+        """Values for a step that already ended (or not yet): an eval loss, or the loss, grad norm,
+        lr and tokens that the loop knows only after ``end_step`` (a framework's logging hook).
+        Ingest fills them into the step's ``end_step`` row; a value set by both keeps the
+        ``end_step`` one, and among several ``log`` calls the last written wins (with a warning)."""
         try:
+            fixed = [v if v is None or v.__class__ is float else _capture(v) for v in (loss, grad_norm, lr, tokens)]
             for k, v in scalars.items():
                 if v is not None and v.__class__ is not float:
                     scalars[k] = _capture(v)
-            self._rows.append((step, time.time(), None, None, None, None, None, None, None, None, scalars))
+            self._rows.append((step, time.time(), None, *fixed, None, None, None, scalars))
             t = perf_counter()
             if len(self._rows) >= self._flush_every_steps or t - self._last_flush >= self._flush_every_s:
                 self._handoff(t)

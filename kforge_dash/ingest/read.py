@@ -22,6 +22,7 @@ from kforge_dash.ingest.shards import PartInfo, corrupt_part
 from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS, PHASE_PREFIX
 
 INT_COLS = {"step", "tokens", *MEM_COLUMNS}
+LOGGED_FIXED = ("loss", "grad_norm", "lr", "tokens")  # fixed columns a Recorder.log row may fill
 
 
 class PartToRead(NamedTuple):
@@ -122,14 +123,28 @@ def _match_sorted(ends: pl.DataFrame, agg: pl.DataFrame, buffers: Buffers):
     return pl.Series(pos[got], dtype=pl.UInt32), pl.Series(got)
 
 
-def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str], buffers: Buffers | None = None) -> pl.DataFrame:
+def _twice(logs: pl.DataFrame, scalars: list[str], warnings: list[str] | None) -> None:
+    """Warn about values logged more than once, differently, for one (rank, step): the last wins."""
+    if warnings is None or logs.select(pl.struct("rank", "step").is_unique().all()).item():
+        return
+    n = logs.group_by(["rank", "step"]).agg(*[(pl.col(c).drop_nulls().n_unique() > 1).alias(c) for c in scalars])
+    for c in scalars:
+        if (k := int(n[c].sum())):
+            warnings.append(f"{c!r} logged with different values more than once for {k} (rank, step) "
+                            f"(steps {int(n.filter(pl.col(c))['step'].min())}...): the last logged kept")
+
+
+def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str], buffers: Buffers | None = None,
+                   warnings: list[str] | None = None) -> pl.DataFrame:
     """Fold Recorder.log rows (step_time_s null) into the end_step row of the same (rank, step).
 
     The end_step row's values win; log rows fill the columns it left null (the last logged value
-    when several). A log for a step the rank never ended stays a row of its own. Log rows are
-    few, so instead of joining the big frame (slow), the matching end rows are found with a
-    hash lookup and only those cells are written (scatter).
+    when several). Either kind of clash (end_step and log, or log twice, with different values)
+    adds a warning to ``warnings``. A log for a step the rank never ended stays a row of its own.
+    Log rows are few, so instead of joining the big frame (slow), the matching end rows are found
+    with a hash lookup and only those cells are written (scatter).
     """
+    _twice(logs, scalars, warnings)
     agg = logs.group_by(["rank", "step"], maintain_order=True).agg(
         pl.all().exclude("rank", "step", *scalars).last(), *[pl.col(c).drop_nulls().last() for c in scalars]
     )
@@ -150,7 +165,11 @@ def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str], b
         if agg[c].null_count() == agg.height:
             continue  # this column never appears in a log row
         col = ends[c].clone()
-        col.scatter(hit, pl.select(pl.coalesce(col.gather(hit), at[c])).to_series())
+        was = col.gather(hit)
+        if warnings is not None and (k := int((was.is_not_null() & at[c].is_not_null() & (was != at[c])).sum())):
+            warnings.append(f"{c!r} given by both end_step and log, differently, for {k} (rank, step) "
+                            f"(steps {int(ends['step'].gather(hit).filter(was != at[c]).min())}...): the end_step value kept")
+        col.scatter(hit, pl.select(pl.coalesce(was, at[c])).to_series())
         updates.append(col)
     merged = ends.with_columns(updates) if updates else ends
     if only is None:
@@ -334,6 +353,8 @@ def read_window(files: list[PartToRead], spec: ReadSpec, lo: int, hi: int, *, ba
     a full read tells). ``old``: the last ingest's kept rows of this window (an append, see
     docs/CONTRACT.md "Re-ingest"), merged in before coalescing."""
     overlap = overlapping_parts(files, lo, hi)
+    # What a log row can carry: the values Recorder.log takes by name, phases and user scalars.
+    fill = [*LOGGED_FIXED, *spec.scalars]
     while True:
         todo = [f for f in overlap if f.part.path not in bad]
         if not todo:
@@ -349,8 +370,8 @@ def read_window(files: list[PartToRead], spec: ReadSpec, lo: int, hi: int, *, ba
             if not _find_corrupt(todo, bad, warnings):
                 raise
     if old is not None and old.height:
-        df = merge_old(old, df, spec.scalars)
+        df = merge_old(old, df, fill)
     elif not any(f.part.has_log_rows for f in todo):
         return df
     is_log = df["step_time_s"].is_null()
-    return _coalesce_logs(df.filter(~is_log), df.filter(is_log), spec.scalars, buffers) if is_log.any() else df
+    return _coalesce_logs(df.filter(~is_log), df.filter(is_log), fill, buffers, warnings) if is_log.any() else df
