@@ -1,0 +1,5 @@
+"""Adapters that record a framework's training with kforge_record (docs: README "Recording").
+
+Each module imports its framework when it is imported, never before: ``import kforge_record``
+stays free of them. ``hf`` (transformers Trainer), ``lightning``, ``accelerate``, ``kempnerforge``.
+"""
