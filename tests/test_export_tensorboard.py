@@ -14,14 +14,14 @@ import pytest
 from export_fixtures import INF_GRAD_STEP, MISSING_RANK, NAN_LOSS_STEP, expected_points, make_ingested_run, read_back, same
 
 from kforge_dash.export.run import export_run
-
+from kforge_dash.export.tensorboard import kforge_event_files
 
 # The documented column -> tag mapping (README / export_history), written out here independently.
 def test_every_point_every_tag_matches_steps_parquet(tmp_path):
     run = make_ingested_run(tmp_path, n_steps=40, world_size=3)
     res = export_run(run, wandb=False)
     assert res.ok and res.wandb is None and res.upload is None
-    got = read_back(os.path.join(run, "ingested", "tensorboard"))  # the whole logdir: every file in it
+    got = read_back(run)  # the whole run directory: every event file in it
     want = expected_points(run)
     assert set(got) == set(want)
     for tag in want:
@@ -52,14 +52,22 @@ def test_reexport_replaces_the_event_file_never_duplicates(tmp_path):
     # The run grew and its first step moved (a different file name): still exactly one file, the new history.
     make_ingested_run(tmp_path, n_steps=30, t0=1_790_000_500.0)
     grown = export_run(run, wandb=False).tensorboard
-    logdir = os.path.join(run, "ingested", "tensorboard")
-    assert os.listdir(logdir) == [os.path.basename(grown.path)] and grown.path != first.path
+    logdir = run
+    # The file before a rewrite stays (a running TensorBoard moves on from it); the new one's
+    # SessionLog.START drops its points, so TensorBoard's own reader shows each point once.
+    assert kforge_event_files(logdir) == [first.path, grown.path] and grown.path > first.path
+    assert sorted(n for n in os.listdir(run) if "tfevents" in n) == [os.path.basename(first.path),
+                                                                      os.path.basename(grown.path)]
     got, want = read_back(logdir), expected_points(run)
     assert set(got) == set(want) and all(same(got[t], want[t]) for t in want)
     assert len(got["train/loss"]) == 30
-    # Same input, same bytes: a re-export is reproducible (TensorBoard reloading it sees no change).
+    # Same input, same bytes (under a later name: a rewrite that a running TensorBoard reads next).
     make_ingested_run(tmp_path, n_steps=20)
-    assert open(export_run(run, wandb=False).tensorboard.path, "rb").read() == data
+    again = export_run(run, wandb=False).tensorboard.path
+    assert open(again, "rb").read() == data and os.path.basename(again) > os.path.basename(grown.path)
+    assert kforge_event_files(logdir) == [grown.path, again]  # never more than two
+    got, want = read_back(logdir), expected_points(run)
+    assert set(got) == set(want) and all(same(got[t], want[t]) for t in want)
 
 
 def test_no_rank_tags_above_the_limit(tmp_path):
@@ -73,8 +81,7 @@ def test_no_rank_tags_above_the_limit(tmp_path):
 
 def test_other_event_files_in_the_logdir_are_left_alone(tmp_path):
     run = make_ingested_run(tmp_path, n_steps=5)
-    logdir = os.path.join(run, "ingested", "tensorboard")
-    os.makedirs(logdir)
+    logdir = run
     mine = os.path.join(logdir, "events.out.tfevents.1.user-host")
     open(mine, "wb").close()
     export_run(run, wandb=False)
@@ -111,7 +118,7 @@ def test_bad_input_is_reported_naming_the_file_and_loses_nothing(tmp_path, damag
         assert outcome.ok is False and bad in outcome.error and why in outcome.error
     after = {p: open(p, "rb").read() for p in before}
     assert after == before
-    assert not os.path.exists(os.path.join(ing, "tensorboard")) and not os.path.exists(os.path.join(ing, "wandb"))
+    assert not kforge_event_files(run) and not os.path.exists(os.path.join(ing, "wandb"))
 
 
 def test_export_needs_no_torch(tmp_path):
@@ -138,8 +145,7 @@ def test_fast_checksum_writes_exactly_tensorboards_record_bytes(tmp_path):
 
 def test_one_exporter_failing_does_not_stop_the_other(tmp_path):
     run = make_ingested_run(tmp_path, n_steps=5)
-    with open(os.path.join(run, "ingested", "tensorboard"), "w") as f:  # a file where the logdir should be
-        f.write("in the way")
+    os.makedirs(os.path.join(run, f".kforge-events.{os.getpid()}.tmp"))  # a folder where the temp file goes
     res = export_run(run, wandb=True)
     assert not res.ok and not res.tensorboard.ok and res.tensorboard.error
     assert res.wandb.ok and os.path.isdir(res.wandb.path)

@@ -249,7 +249,7 @@ def test_recorder_to_ingest_to_export(tmp_path, clean_wandb_env):
     res = export_run(run, upload=False)
     assert res.ok, res.errors
     # TensorBoard: every point of every tag equals ingest's steps.parquet / ranks.parquet.
-    got, want = read_back(os.path.join(run, "ingested", "tensorboard")), expected_points(run)
+    got, want = read_back(run), expected_points(run)
     assert set(got) == set(want) and all(same(got[t], want[t]) for t in want)
     assert {"train/loss", "time/fwd_bwd_s", "acc", "eval/loss", "ranks/step_time_s/00001"} <= set(got)
     assert math.isnan(dict((s, v) for s, _, v in got["train/loss"])[13])

@@ -268,4 +268,4 @@ def test_real_tensorboard_export_after_ingest(tmp_path, monkeypatch):
     r = runner().invoke(main, [run, "--no-wandb"])
     assert r.exit_code == 0, r.output
     tb = read_outputs(run)[2]["exports"]["tensorboard"]
-    assert tb["ok"] is True and os.path.exists(tb["path"]) and tb["path"].startswith(os.path.join(run, "ingested"))
+    assert tb["ok"] is True and os.path.exists(tb["path"]) and os.path.dirname(tb["path"]) == run

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from kforge_dash.contract import TENSORBOARD_DIR, WANDB_DIR, ingested_dir
+from kforge_dash.contract import WANDB_DIR, ingested_dir
 from kforge_dash.export.history import ExportInputError, History, load_history
 from kforge_dash.export.outcome import Exporter, ExporterOutcome, ExportResult
 from kforge_dash.export.tensorboard import write_tensorboard
@@ -24,7 +24,7 @@ def _describe(e: BaseException) -> str:
 
 
 class TensorBoardExporter:
-    """RUN/ingested/tensorboard/: one event file, replaced atomically."""
+    """RUN/events.out.tfevents.<N>.kforge: one event file, appended to or rewritten (tensorboard.py)."""
 
     name = "tensorboard"
     needs = None
@@ -32,7 +32,7 @@ class TensorBoardExporter:
     def export(self, history: History) -> ExporterOutcome:
         t0 = time.perf_counter()
         try:
-            path, points = write_tensorboard(history, os.path.join(ingested_dir(history.run_dir), TENSORBOARD_DIR))
+            path, points = write_tensorboard(history, history.run_dir)
         except Exception as e:  # reported, never raised: the other exporters and the Parquet outputs stand
             return ExporterOutcome(ok=False, error=_describe(e), seconds=time.perf_counter() - t0)
         return ExporterOutcome(ok=True, path=path, points=points, seconds=time.perf_counter() - t0)
