@@ -6,6 +6,7 @@ in wandb-core, exposed as `wandb leet inspect --json FILE`: one JSON record per 
 
 from __future__ import annotations
 
+import datetime
 import glob
 import json
 import math
@@ -83,7 +84,7 @@ def test_history_config_summary_and_run_id(tmp_path, clean_wandb_env):
     assert res.ok and res.tensorboard is None, res.errors
     got = read_wandb(one_offline_run(run))
     check_history(got, run)
-    assert res.wandb.points == 30 and got["exit"] == {"exit_code": 0}
+    assert res.wandb.points == 30 and got["exit"]["exit_code"] == 0  # its runtime: the export's own (module doc)
     loss = dict((s, i["train/loss"]) for s, i in got["history"])
     assert math.isnan(loss[NAN_LOSS_STEP])  # NaN is carried as it is ...
     assert dict((s, i["train/grad_norm"]) for s, i in got["history"])[INF_GRAD_STEP] == math.inf
@@ -93,12 +94,20 @@ def test_history_config_summary_and_run_id(tmp_path, clean_wandb_env):
     assert r["run_id"] == res.wandb.run_id and r["project"] == "kforge" and r["display_name"] == "run-w"
     assert r["tags"] == ["baseline"]
     config = {k: v for k, v in r["config"]["update"].items() if k != "_wandb"}
-    assert config == {**summary["hparams"], "model": summary["model"], "world_size": 2, "device": summary["device"]}
+    compared = ("final_loss", "best_loss", "mean_mfu", "mean_tokens_per_sec", "tokens", "steps", "wall_time_s")
+    rest = {k: v for k, v in summary.items() if k not in (*compared, "hparams", "model", "world_size", "device", "exports")}
+    assert config == {**summary["hparams"], "model": summary["model"], "world_size": 2, "device": summary["device"],
+                      "kforge": rest}
     s = got["summary"]
-    for k, v in summary.items():
-        if k != "exports":
-            assert s[f"kforge/{k}"] == v, k
-    assert "kforge/exports" not in s
+    # The summary keeps what a W&B user compares across runs; the rest is in config (above).
+    ours = {k: v for k, v in s.items() if k.startswith("kforge/")}
+    assert ours == {**{f"kforge/{k}": summary[k] for k in compared}, "kforge/restarts": len(summary["restarts"])}
+    # The run starts when the training did (the first launch), and runs as long as it did.
+    start = datetime.datetime.fromisoformat(r["start_time"].replace("Z", "+00:00")).timestamp()
+    first_start = min(a["start_time"] for a in summary["attempts"])
+    assert start == pytest.approx(first_start, abs=1e-3)
+    last_time = pq.read_table(os.path.join(run, "ingested", "steps.parquet"))["time"].to_pylist()[-1]
+    assert int(r["runtime"]) == round(last_time - first_start) > 0
     # ... and counted, since W&B charts skip non-finite points: counts computed here from the Parquet file.
     rows = pq.read_table(os.path.join(run, "ingested", "steps.parquet")).to_pylist()
     for col in ("loss", "grad_norm"):
@@ -157,6 +166,18 @@ def test_hparam_named_like_a_kforge_key_keeps_its_name(tmp_path, clean_wandb_env
     export_run(run, tensorboard=False)
     config = read_wandb(one_offline_run(run))["run"]["config"]["update"]
     assert config["model"] == "llama-7b" and config["kforge/model"] == {"flops_per_token": 6.7e9}
+
+
+def test_summary_carries_goodput_and_findings_when_ingest_has_them(tmp_path, clean_wandb_env):
+    run = make_ingested_run(tmp_path, n_steps=5)
+    path = os.path.join(run, "ingested", "summary.json")
+    summary = json.load(open(path))
+    summary.update(goodput={"fraction": 0.87, "lost_s": 12.0}, findings=[{"kind": "straggler"}, {"kind": "spike"}])
+    json.dump(summary, open(path, "w"))
+    export_run(run, tensorboard=False)
+    got = read_wandb(one_offline_run(run))
+    assert got["summary"]["kforge/goodput"] == 0.87 and got["summary"]["kforge/findings"] == 2
+    assert got["run"]["config"]["update"]["kforge"]["goodput"] == {"fraction": 0.87, "lost_s": 12.0}
 
 
 # -- upload: every failure is reported, quickly, and the offline run stays ---------------------------------

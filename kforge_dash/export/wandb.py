@@ -13,14 +13,29 @@
   run is visible in the runs table even where the chart shows a gap.
 * Config: the hyperparameters at top level (as ``wandb.init(config=hparams)`` would), plus ``model``,
   ``world_size``, ``device``; a hyperparameter with one of those names wins and kforge's value moves
-  to ``kforge/<name>``. Summary: every summary.json key as ``kforge/<key>`` (namespaced: ``tokens``
-  is also a per-step metric, whose summary is its last value), except ``exports``.
+  to ``kforge/<name>``. The rest of summary.json (attempts, restarts, FLOPs and peak sources,
+  warnings, ...) is config ``kforge`` (one nested dict), except ``exports``.
+* Summary: only what a W&B user compares across runs, as ``kforge/<key>`` (namespaced: a user
+  scalar may be called ``tokens``): ``final_loss, best_loss, mean_mfu, mean_tokens_per_sec, tokens,
+  steps, wall_time_s, restarts`` (how many), ``goodput`` (summary ``goodput.fraction``) and
+  ``findings`` (how many), when summary.json has them; plus ``nonfinite/<tag>``.
+* Time: the run's start is the training's (the first launch's ``start_time``), and its runtime
+  the training's wall span (last step's time - start), written into the run record, so the W&B
+  "Relative Time (Wall)" axis and the run's start are the training's; each history row's
+  ``_timestamp`` is the step's recorded time. The SDK has no public way to set either: ``wandb.init``
+  overwrites ``settings.x_start_time`` with the export's clock, so kforge sets the ``Run``'s start
+  time and runtime just before its run record is built (``_start_time``, ``_start_runtime``: wandb
+  internals, checked to exist; without them the run keeps the export's time, with a warning). What
+  cannot be set at all: ``_runtime`` in each history row and the summary's ``_wandb.runtime``
+  and the exit record's runtime are wandb-core's own clock of the export process (about a second).
 * Offline only, no console capture, no system stats, no code, no git, no requirements file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import math
 import os
 import shutil
 import signal
@@ -28,6 +43,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -51,18 +67,78 @@ def run_id_for(summary: dict) -> str:
     return "kf-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+# summary.json keys a W&B user compares across runs (the runs table); the rest goes to config.
+SUMMARY_KEYS = ("final_loss", "best_loss", "mean_mfu", "mean_tokens_per_sec", "tokens", "steps", "wall_time_s")
+
+
 def wandb_config(summary: dict) -> dict:
     hparams = dict(summary.get("hparams") or {})
     ours = {"model": summary.get("model"), "world_size": summary.get("world_size"), "device": summary.get("device")}
     for k, v in ours.items():
         hparams[f"kforge/{k}" if k in hparams else k] = v
+    rest = {k: v for k, v in summary.items() if k not in (*SUMMARY_KEYS, *ours, "hparams", "exports")}
+    hparams["kforge/summary" if "kforge" in hparams else "kforge"] = rest
     return hparams
 
 
 def wandb_summary(history: History) -> dict:
-    out = {f"kforge/{k}": v for k, v in history.summary.items() if k != "exports"}
+    summary = history.summary
+    out = {f"kforge/{k}": summary[k] for k in SUMMARY_KEYS if k in summary}
+    if isinstance(summary.get("restarts"), list):
+        out["kforge/restarts"] = len(summary["restarts"])
+    goodput = summary.get("goodput")
+    if isinstance(goodput, dict) and isinstance(goodput.get("fraction"), (int, float)):
+        out["kforge/goodput"] = goodput["fraction"]
+    if isinstance(summary.get("findings"), list):
+        out["kforge/findings"] = len(summary["findings"])
     out.update({f"nonfinite/{tag}": n for tag, n in history.nonfinite_counts().items()})
     return out
+
+
+def training_span(history: History) -> tuple[float | None, int | None]:
+    """(start time, whole seconds from it to the last step's end) of the training, or Nones."""
+    if not history.n_steps:
+        return None, None
+    starts = [a.get("start_time") for a in history.summary.get("attempts") or [] if isinstance(a, dict)]
+    starts = [float(t) for t in starts if isinstance(t, (int, float)) and math.isfinite(t)]
+    first, last = float(history.frame["time"][0]), float(history.frame["time"][-1])
+    start = min(starts) if starts else first
+    start = min(start, first)
+    return start, int(round(last - start))
+
+
+_INIT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _run_record_time(start: float | None, runtime: int | None):
+    """Have the next wandb.init put ``start``/``runtime`` in its run record (module doc: "Time")."""
+    try:
+        from wandb.sdk.interface.interface import InterfaceBase
+    except ImportError:
+        InterfaceBase = None
+    make = getattr(InterfaceBase, "_make_run", None)
+    if start is None or make is None:
+        if start is not None:
+            warnings.warn("this wandb has no InterfaceBase._make_run: the W&B run keeps the export's start time",
+                          RuntimeWarning, stacklevel=3)
+        yield
+        return
+
+    def make_run(self, run):
+        if hasattr(run, "_start_time") and hasattr(run, "_start_runtime"):
+            run._start_time, run._start_runtime = start, runtime or 0
+        else:
+            warnings.warn("this wandb's Run has no _start_time/_start_runtime: the W&B run keeps the export's "
+                          "start time", RuntimeWarning, stacklevel=2)
+        return make(self, run)
+
+    with _INIT_LOCK:
+        InterfaceBase._make_run = make_run
+        try:
+            yield
+        finally:
+            InterfaceBase._make_run = make
 
 
 def _wandb():
@@ -85,12 +161,13 @@ def write_wandb(history: History, *, project: str | None = None, entity: str | N
             save_code=False, disable_git=True, disable_job_creation=True,
         )
         tags = [str(t)[:64] for t in (summary.get("tags") or [])]  # W&B caps a tag at 64 characters
-        run = wandb.init(
-            dir=tmp, id=run_id, name=summary.get("run_name"),
-            project=project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
-            entity=entity or os.environ.get("WANDB_ENTITY") or None, config=wandb_config(summary), tags=tags,
-            settings=settings, reinit="create_new",
-        )
+        with _run_record_time(*training_span(history)):
+            run = wandb.init(
+                dir=tmp, id=run_id, name=summary.get("run_name"),
+                project=project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
+                entity=entity or os.environ.get("WANDB_ENTITY") or None, config=wandb_config(summary), tags=tags,
+                settings=settings, reinit="create_new",
+            )
         try:
             keys = ("_timestamp",) + history.tags
             log = run.log
