@@ -178,3 +178,23 @@ def test_user_scalar_named_like_a_kforge_tag_is_exported_under_user(tmp_path):
     assert [v for _, _, v in got["user/train/loss"]] == [float(s * 10) for s in steps["step"].to_list()]
     expected_loss = [float(np.float32(v)) for v in steps["loss"].to_list() if v is not None]
     assert [v for _, _, v in got["train/loss"] if not math.isnan(v)] == [v for v in expected_loss if not math.isnan(v)]
+
+
+def test_no_tensorboard_says_an_earlier_event_file_was_left_in_place(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from ingest_fixtures import open_ranks, run_steps
+
+    from kforge_dash.cli.ingest import main
+
+    run = str(tmp_path / "run")
+    recs = open_ranks(run, 1)
+    run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 0.1)
+    for rec in recs.values():
+        rec.close()
+    first = CliRunner().invoke(main, [run, "--no-wandb", "-q"])
+    assert first.exit_code == 0 and "note" not in first.stderr
+    [old] = kforge_event_files(run)
+    r = CliRunner().invoke(main, [run, "--no-wandb", "--no-tensorboard", "--force", "-q"])
+    assert r.exit_code == 0, r.output
+    assert f"kforge-ingest: note: {old}: TensorBoard export switched off (--no-tensorboard)" in r.stderr
+    assert "left as it is" in r.stderr and kforge_event_files(run) == [old]

@@ -79,6 +79,16 @@ def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, j
         click.echo(f"kforge-ingest: error: {msg}", err=True)
 
 
+def _note_stale_tensorboard(result) -> None:
+    """--no-tensorboard leaves an earlier export's event file in place: say so (once, on stderr)."""
+    from kforge_dash.export.tensorboard import stale_export
+
+    for r in result.ok:
+        note = stale_export(r.run_dir)
+        if note:
+            click.echo(f"kforge-ingest: note: {note}", err=True)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.1, show_default=True, help="EMA smoothing factor.")
@@ -120,6 +130,8 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
         warnings.simplefilter("ignore", IngestWarning)  # they are in each run's summary, printed below
         first = ingest_paths(paths, options=options, exporters=exporters, progress=progress)
         _report(first, as_json=as_json, quiet=quiet, json_lines=watch is not None)
+        if no_tensorboard:
+            _note_stale_tensorboard(first)
         if watch is None:
             sys.exit(first.exit_code)
         if any(x.name in ("wandb", "upload") for x in exporters) and not (quiet or as_json):
