@@ -16,6 +16,7 @@ from export_fixtures import INF_GRAD_STEP, MISSING_RANK, NAN_LOSS_STEP, expected
 from kforge_dash.export.run import export_run
 from kforge_dash.export.tensorboard import kforge_event_files
 
+
 # The documented column -> tag mapping (README / export_history), written out here independently.
 def test_every_point_every_tag_matches_steps_parquet(tmp_path):
     run = make_ingested_run(tmp_path, n_steps=40, world_size=3)

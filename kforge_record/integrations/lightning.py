@@ -119,9 +119,8 @@ class KforgeCallback(Callback):
         if self._phases is None:
             return
         self._phases.enter("fwd_bwd")
-        n = self._tokens_per_step if self._tokens_per_step is not None else None
-        if n is None:
-            got = tokens_in(batch)
+        if self._tokens_per_step is None:
+            got = tokens_in(batch)  # numel: host-side, no sync
             if got is not None:
                 self._tokens = (self._tokens or 0) + got
 
