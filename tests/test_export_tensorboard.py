@@ -199,15 +199,3 @@ def test_no_tensorboard_says_an_earlier_event_file_was_left_in_place(tmp_path, m
     assert r.exit_code == 0, r.output
     assert f"kforge-ingest: note: {old}: TensorBoard export switched off (--no-tensorboard)" in r.stderr
     assert "left as it is" in r.stderr and kforge_event_files(run) == [old]
-
-
-def test_a_temp_file_of_a_killed_export_is_removed_a_live_ones_kept(tmp_path):
-    run = make_ingested_run(tmp_path, n_steps=5)
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    left = os.path.join(run, f".kforge-events.{dead.pid}.tmp")  # its process is gone
-    live = os.path.join(run, f".kforge-events.{os.getppid()}.tmp")  # a running process's
-    for p in (left, live):
-        open(p, "wb").close()
-    assert export_run(run, wandb=False).tensorboard.ok
-    assert not os.path.exists(left) and os.path.exists(live)

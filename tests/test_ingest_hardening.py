@@ -213,7 +213,7 @@ def test_wandb_export_of_negative_steps_warns_and_counts_what_it_kept(tmp_path, 
 def plant_temps(run) -> list[str]:
     ing = os.path.join(run, "ingested")
     paths = [os.path.join(ing, ".ranks.parquet.4194301.tmp"), os.path.join(ing, ".summary.json.77.tmp"),
-             os.path.join(ing, "tensorboard", ".kforge-events.4194301.tmp")]
+             os.path.join(run, ".kforge-events.4194301.tmp")]  # TensorBoard's temp: in RUN/ itself
     for p in paths:
         with open(p, "wb") as f:
             f.write(b"half written")
@@ -224,7 +224,7 @@ def plant_temps(run) -> list[str]:
 
 def test_temp_files_left_by_a_killed_ingest_are_removed_even_when_the_run_is_unchanged(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run", monkeypatch)
-    ingest_path(run, wandb=False)  # with the TensorBoard export: ingested/tensorboard/ exists
+    ingest_path(run, wandb=False)  # with the TensorBoard export
     before = {n: open(os.path.join(run, "ingested", n), "rb").read() for n in ("steps.parquet", "ranks.parquet")}
     temps = plant_temps(run)
     res = ingest_run(run)

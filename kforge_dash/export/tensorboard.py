@@ -193,23 +193,7 @@ def write_tensorboard(history: History, logdir: str, *, with_ranks: bool = True,
         if old not in (path, current):
             _remove(old)
     _remove_old_layout(logdir)
-    _remove_dead_temps(logdir)
     return path, points
-
-
-def _remove_dead_temps(logdir: str) -> None:
-    """Temp files of exports killed midway (``.kforge-events.<pid>.tmp`` whose process is gone)."""
-    for tmp in glob.glob(os.path.join(glob.escape(logdir), ".kforge-events.*.tmp")):
-        try:
-            pid = int(os.path.basename(tmp).split(".")[2])
-        except (IndexError, ValueError):
-            continue
-        try:
-            os.kill(pid, 0)  # signal 0: only asks whether the process exists
-        except ProcessLookupError:
-            _remove(tmp)
-        except OSError:
-            pass  # it exists (another user's): leave it
 
 
 def _remove_old_layout(run_dir: str) -> None:
