@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from kforge_dash.contract import INGESTED_DIR
+from kforge_dash.ingest.findings.options import FindingsOptions
 
 
 class IngestError(Exception):
@@ -30,6 +31,7 @@ class IngestOptions:
     chunk_rows: int = 4_000_000  # rows held in memory at once (about 100 bytes each, plus polars' work space)
     lock_timeout_s: float = 600.0
     force: bool = False
+    findings: FindingsOptions = FindingsOptions()  # thresholds of summary.json findings
 
     def __post_init__(self):
         if not (isinstance(self.alpha, (int, float)) and 0 < self.alpha <= 1):
@@ -42,6 +44,8 @@ class IngestOptions:
             raise ValueError(f"chunk_rows: must be a positive integer, got {self.chunk_rows!r}")
         if not (isinstance(self.lock_timeout_s, (int, float)) and self.lock_timeout_s >= 0):
             raise ValueError(f"lock_timeout_s: must be >= 0 seconds, got {self.lock_timeout_s!r}")
+        if not isinstance(self.findings, FindingsOptions):
+            raise TypeError(f"findings: must be a FindingsOptions, got {type(self.findings).__name__}")
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from kforge_dash.ingest.options import (  # noqa: E402
     IngestResult,
     IngestWarning,
 )
+from kforge_dash.ingest.findings import analyse_run  # noqa: E402
 from kforge_dash.ingest.plan import IngestInputs, IngestPlan, make_plan  # noqa: E402
 from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402  (public here too: see __all__)
 from kforge_dash.ingest.reduce import ema_expr, reduce_steps  # noqa: E402
@@ -51,7 +52,7 @@ from kforge_dash.progress import NullProgress  # noqa: E402
 __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce_steps", "WindowTask"]
 
 # Bump when the outputs' meaning changes: a new version re-ingests unchanged shards.
-INGEST_VERSION = "2"
+INGEST_VERSION = "3"
 
 
 def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, **option_kwargs) -> IngestResult:
@@ -120,6 +121,7 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) ->
         run_dir=run_dir, steps=steps, launches=plan.launches, first_ended=plan.first_ended,
         last_ended=plan.last_ended, ranks=sorted(rows.rank_ids), attempts=plan.attempts, alpha=opts.alpha,
         warnings=warnings, input_digest=inputs.digest))
+    summary.update(analyse_run(out_dir, steps, plan.launches, summary, opts.findings, warnings))  # findings, goodput
     write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), summary)
     return IngestResult(run_dir, summary, False, appended=rows.appended)
 
@@ -129,7 +131,8 @@ def _list_inputs(run_dir: str, out_dir: str, opts: IngestOptions, warnings: list
     if not listing:
         raise IngestNotReady(f"{run_dir}: no attempt folders under its rank-NNNNN/ folders (nothing recorded yet)")
     stats = _shards.stat_inputs(listing)
-    option_key = {"v": INGEST_VERSION, "alpha": opts.alpha, "peak": opts.peak_tflops, "fpt": opts.flops_per_token}
+    option_key = {"v": INGEST_VERSION, "alpha": opts.alpha, "peak": opts.peak_tflops, "fpt": opts.flops_per_token,
+                  "findings": opts.findings.to_dict()}
     return IngestInputs(run_dir, out_dir, listing, stats, option_key, _shards.input_digest(run_dir, stats, option_key))
 
 

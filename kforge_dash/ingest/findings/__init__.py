@@ -1,0 +1,56 @@
+"""Findings and goodput of one ingested run: what went wrong, where, and what it cost.
+
+    spikes.py      loss and grad-norm spikes (robust rule against a trailing baseline)
+    nonfinite.py   the first NaN/inf per metric, and the ranks where it began
+    stragglers.py  ranks whose own work is slower than the median rank's (not their step time)
+    timeline.py    step-time regressions, memory growth, data stalls, restarts
+    goodput.py     the wall clock cut into productive time and badput buckets
+    perstep.py     per-step facts over ranks, one lazy pass over ranks.parquet
+    options.py     the thresholds (kforge-ingest options)
+
+``analyse_run`` is ingest's one call; everything is computed from the ingested outputs
+(steps.parquet, ranks.parquet), the launches and their meta.json, so it is recomputable.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kforge_dash.contract import RANKS_FILE
+from kforge_dash.ingest.findings.options import FindingsOptions
+
+__all__ = ["analyse_run", "FindingsOptions"]
+
+
+def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOptions, warnings: list[str]) -> dict:
+    """``{"findings": [...], "goodput": {...}}`` for summary.json. A detector that fails on odd
+    input costs its own findings and one warning, never the ingest."""
+    from kforge_dash.ingest.findings import goodput, nonfinite, perstep, spikes, stragglers, timeline
+    from kforge_dash.ingest.findings.model import RunFacts, classify_phases, sort_key
+
+    facts = RunFacts(steps=steps, ranks_path=os.path.join(out_dir, RANKS_FILE), launches=launches, summary=summary,
+                     opts=opts, phases=classify_phases(steps.columns, opts),
+                     hosts={(L.index, a.rank): a.meta.get("host") for L in launches for a in L.attempts})
+    found, good = [], None
+
+    def attempt(name, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - reported, the rest of the summary stands
+            warnings.append(f"findings: {name} could not be computed ({type(e).__name__}: {e})")
+            return None
+
+    med = attempt("per-step rank facts", perstep.per_step, facts)
+    if med is None:
+        import polars as pl
+
+        med = pl.DataFrame({"step": []}, schema={"step": pl.Int64})
+    good = attempt("goodput", goodput.goodput, facts, med)
+    for name, fn, args in (("spikes", spikes.spike_findings, ()), ("nonfinite", nonfinite.nonfinite_findings, ()),
+                           ("stragglers", stragglers.straggler_findings, (med,)),
+                           ("step time", timeline.regression_findings, ()),
+                           ("memory", timeline.memory_findings, ()),
+                           ("data stalls", timeline.data_stall_findings, (med,)),
+                           ("restarts", timeline.restart_findings, (good,))):
+        found += attempt(name, fn, facts, *args) or []
+    return {"findings": [f.to_dict() for f in sorted(found, key=sort_key)], "goodput": good}

@@ -1,0 +1,156 @@
+"""Goodput: where the wall clock of a job went, from the first launch's start to the last record.
+
+The definitions follow Google's ml-goodput-measurement (goodput = productive training time / total
+time; badput buckets: program startup, wasted progress from disruptions, infrastructure
+downtime, checkpointing, data loading, other) and Meta's ETTR (effective training time ratio:
+productive time over the job's wall time, restarts and recomputation counted against it).
+The timeline is cut into consecutive pieces, each in exactly one bucket, so
+``productive_s + sum(buckets) == total_s`` to rounding:
+
+- ``downtime``: from a launch's last record (end.json, else its last row) to the next launch's
+  start (meta.json ``start_time``), plus the earlier launch's shutdown after its last step.
+- ``startup``: a launch's start to the start of its first step (its end minus its step time).
+- ``wasted_progress``: an earlier launch's time after its last kept step, i.e. the steps a later
+  launch recomputed after resuming from an older checkpoint (``wasted_steps`` counts them).
+- Between two steps of a launch (time not inside any step): ``eval`` after a step that logged an
+  ``eval*`` scalar (an evaluation between steps), else ``other``.
+- Inside a step (its slowest rank's step time), in this order and never more than is left:
+  ``checkpoint`` (slowest rank's ``checkpoint*``/``ckpt*`` phases), ``eval`` (``eval*`` phases),
+  ``warmup`` (the launch's first steps above its median + 3 MAD: their excess over the median),
+  ``data_stall`` (the median rank's data phase), ``straggler_wait`` (slowest rank's own work minus
+  the median rank's: what the others waited); the rest is ``productive``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from kforge_dash.ingest.findings.model import RunFacts
+from kforge_dash.ingest.launches import start_of
+
+BUCKETS = ("startup", "warmup", "wasted_progress", "downtime", "checkpoint", "data_stall", "straggler_wait", "eval",
+           "other")
+_INSIDE = ("checkpoint", "eval_in", "warmup", "data_stall", "straggler_wait")
+
+
+def last_record(L) -> tuple[float | None, float | None]:
+    """(time of the launch's last row, time of its last record: end.json's end_time or that row)."""
+    last_row, end = None, None
+    for a in L.attempts:
+        if a.end and isinstance(a.end.get("end_time"), (int, float)):
+            end = max(end or a.end["end_time"], a.end["end_time"])
+        parts = [p for p in a.parts if p.num_rows and p.max_step is not None]
+        if not parts:
+            continue
+        p = max(parts, key=lambda p: (p.max_step, os.path.basename(p.path)))
+        try:
+            t = pq.read_table(p.path, columns=["time"]).column("time")
+            v = max((x for x in t.to_pylist() if x is not None), default=None)
+        except Exception:  # unreadable: ingest already warned about that part
+            v = None
+        if v is not None:
+            last_row = max(last_row or v, v)
+    return last_row, max(x for x in (last_row, end) if x is not None) if (last_row or end) else None
+
+
+def _inside(kept: pl.DataFrame, med: pl.DataFrame) -> pl.DataFrame:
+    """Per kept step of one launch: the wall time since the previous step's end, cut into buckets."""
+    df = kept.join(med, on="step", how="left") if med.height else kept.with_columns(
+        *[pl.lit(None, pl.Float64).alias(c) for c in ("ckpt_max", "eval_max", "data_med", "own_max", "own_med")])
+    st = pl.col("step_time_s").fill_null(0.0)
+    typical = kept["step_time_s"].drop_nulls()
+    m = typical.median() if typical.len() else 0.0
+    mad = (typical - m).abs().median() if typical.len() else 0.0
+    thr = m + 3 * 1.4826 * max(mad or 0.0, 0.01 * (m or 0.0))
+    df = df.with_columns(
+        part=pl.min_horizontal(st, pl.col("_d")),
+        warm=pl.when(((pl.col("step_time_s") <= thr).fill_null(True).cum_sum() == 0)).then(st - m).otherwise(0.0),
+        strag=(pl.col("own_max") - pl.col("own_med")),
+    )
+    df = df.with_columns(gap=pl.col("_d") - pl.col("part"))
+    rem = pl.col("part")
+    exprs = []
+    for name, src in zip(_INSIDE, ("ckpt_max", "eval_max", "warm", "data_med", "strag")):
+        take = pl.min_horizontal(pl.col(src).fill_null(0.0).clip(lower_bound=0.0), rem)
+        exprs.append(take.alias(name))
+        rem = rem - take
+    exprs.append(rem.alias("productive"))
+    return df.with_columns(exprs)
+
+
+def goodput(facts: RunFacts, med: pl.DataFrame) -> dict:
+    steps, summary = facts.steps, facts.summary
+    eval_cols = [c for c in steps.columns if c.lower().startswith("eval") and steps.schema[c].is_numeric()]
+    has_eval = pl.any_horizontal([pl.col(c).is_not_null() for c in eval_cols]) if eval_cols else pl.lit(False)
+    steps = steps.select("step", "time", "step_time_s", "attempt", has_eval.alias("_eval")).sort("step")
+    att = {a["attempt"]: a for a in summary.get("attempts") or []}
+    live = [L for L in facts.launches if L.parts()]
+    t0 = t = None
+    per_attempt = []
+    for i, L in enumerate(live):
+        kept = steps.filter(pl.col("attempt") == L.index)
+        last_row, end = last_record(L)
+        first_start = None
+        if kept.height:
+            first_start = kept["time"][0] - (kept["step_time_s"][0] or 0.0)
+        start = start_of(L)
+        start = start if start is not None else first_start if first_start is not None else last_row
+        if start is None:
+            continue
+        if t is None:
+            t0 = t = start
+        b = dict.fromkeys(BUCKETS, 0.0)
+        b_prod = 0.0
+        a_start = t
+        wait = max(0.0, start - t)
+        b["downtime"] += wait
+        t = max(t, start)
+        if kept.height:
+            e = pl.max_horizontal(pl.col("time").cum_max(), pl.lit(t))
+            kept = kept.with_columns(_e=e).with_columns(_d=pl.col("_e") - pl.col("_e").shift(1).fill_null(t))
+            cut = _inside(kept, med)
+            gaps = cut.with_columns(prev_eval=pl.col("_eval").shift(1).fill_null(False), first=pl.int_range(pl.len()) == 0)
+            b["startup"] += float(gaps.filter("first")["gap"].sum())
+            b["eval"] += float(gaps.filter(~pl.col("first") & pl.col("prev_eval"))["gap"].sum())
+            b["other"] += float(gaps.filter(~pl.col("first") & ~pl.col("prev_eval"))["gap"].sum())
+            for name in _INSIDE:
+                b["eval" if name == "eval_in" else name] += float(cut[name].sum())
+            b_prod += float(cut["productive"].sum())
+            t = float(cut["_e"][-1])
+            last_eval = bool(cut["_eval"][-1])
+        else:
+            last_eval = False
+        later = [att[M.index]["first_step"] for M in live[i + 1:] if att.get(M.index, {}).get("first_step") is not None]
+        cutoff = min(later) if later else None
+        mine = att.get(L.index, {})
+        wasted_steps = 0
+        if cutoff is not None and mine.get("last_step") is not None:
+            wasted_steps = max(0, mine["last_step"] - cutoff + 1)
+        if wasted_steps and last_row is not None and last_row > t:
+            b["wasted_progress"] += last_row - t
+            t = last_row
+        tail = max(0.0, end - t) if end is not None else 0.0  # after the last row: shutdown (and a last eval)
+        shutdown = tail if i < len(live) - 1 else 0.0
+        b["downtime" if shutdown else "eval" if last_eval else "other"] += tail
+        t += tail
+        entry = _entry(L.index, a_start, t, b_prod, b, wasted_steps)
+        per_attempt.append({**entry, "downtime_before_s": wait, "shutdown_s": shutdown})
+    if t0 is None:
+        return None
+    tot = dict.fromkeys(BUCKETS, 0.0)
+    for a in per_attempt:
+        for k in BUCKETS:
+            tot[k] += a["buckets"][k]
+    out = _entry(None, t0, t, sum(a["productive_s"] for a in per_attempt), tot, sum(a["wasted_steps"] for a in per_attempt))
+    out.pop("attempt")
+    out["per_attempt"] = per_attempt
+    return out
+
+
+def _entry(attempt, start, end, productive, buckets, wasted_steps) -> dict:
+    total = end - start
+    return {"attempt": attempt, "start_time": start, "end_time": end, "total_s": total, "productive_s": productive,
+            "fraction": productive / total if total > 0 else None, "buckets": buckets, "wasted_steps": wasted_steps}

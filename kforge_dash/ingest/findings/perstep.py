@@ -1,0 +1,38 @@
+"""Per-step facts over ranks that steps.parquet does not hold, in one lazy pass over ranks.parquet.
+
+"The median rank" is the lower median (an actual rank's value: with two ranks, the faster one),
+so a straggler is compared with a rank that did not straggle, however few ranks there are.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kforge_dash.ingest.findings.model import RunFacts
+
+
+def lower_median(e: pl.Expr) -> pl.Expr:
+    return e.quantile(0.5, interpolation="lower")
+
+
+def own_work(cols) -> pl.Expr:
+    """A rank's own work in a step: the sum of its own-work phases (null when it timed none)."""
+    if not cols:
+        return pl.lit(None, pl.Float64)
+    return pl.when(pl.any_horizontal([pl.col(c).is_not_null() for c in cols])).then(
+        pl.sum_horizontal([pl.col(c).fill_null(0.0) for c in cols]))
+
+
+def per_step(facts: RunFacts) -> pl.DataFrame:
+    """One row per step: ``own_max``/``own_med`` (own work of the slowest / the median rank),
+    ``data_med``, ``ckpt_max``, ``eval_max`` and ``<phase>\\0med`` for each own-work phase."""
+    ph = facts.phases
+    lf = pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null())
+    lf = lf.with_columns(own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
+                         own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"))
+    return lf.group_by("step").agg(
+        pl.col("_own").max().alias("own_max"), lower_median(pl.col("_own")).alias("own_med"),
+        lower_median(pl.col("_data")).alias("data_med"), pl.col("_ckpt").max().alias("ckpt_max"),
+        pl.col("_eval").max().alias("eval_max"),
+        *[lower_median(pl.col(c)).alias(f"{c}\0med") for c in ph.own],
+    ).sort("step").collect()

@@ -1,0 +1,130 @@
+"""Findings along a launch's timeline: step-time regressions, memory growth, data stalls, restarts."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kforge_dash.ingest.findings.model import Finding, RunFacts, phase_name, steps_range
+
+GIB = float(2**30)
+
+
+def _stretches(flags: pl.DataFrame, min_steps: int) -> list[tuple[int, int]]:
+    """(first, last) step of each run of consecutive flagged rows covering >= min_steps steps."""
+    runs = (flags.with_columns((pl.col("flag") != pl.col("flag").shift(1)).fill_null(True).cum_sum().alias("_run"))
+            .filter("flag").group_by("_run").agg(pl.col("step").min().alias("a"), pl.col("step").max().alias("b"))
+            .sort("a"))
+    return [(a, b) for a, b in runs.select("a", "b").iter_rows() if b - a + 1 >= min_steps]
+
+
+def regression_findings(facts: RunFacts) -> list[Finding]:
+    """Step time shifted up for a sustained stretch: a rolling median above the launch's early
+    baseline median + k * 1.4826 * MAD (Google's median + 3 MAD rule) and above (1 + min_rel) x it."""
+    opts, out = facts.opts, []
+    w = opts.regression_window
+    for att in facts.steps["attempt"].unique().sort().to_list():
+        s = facts.steps.filter((pl.col("attempt") == att) & pl.col("step_time_s").is_finite()).select("step", "step_time_s")
+        if s.height < 4 * w:
+            continue
+        base = s.head(max(w, s.height // 4)).tail(max(w, s.height // 4) - 2)  # the early stretch, warm-up steps off
+        m = base["step_time_s"].median()
+        mad = (base["step_time_s"] - m).abs().median()
+        thr = max(m + opts.regression_k * 1.4826 * mad, (1 + opts.regression_min_rel) * m)
+        s = s.with_columns(r=pl.col("step_time_s").rolling_median(window_size=w, min_samples=w))
+        for a, b in _stretches(s.with_columns(flag=(pl.col("r") > thr).fill_null(False)), opts.regression_min_steps):
+            # The window ends at a flagged step: the shift began up to w - 1 steps before.
+            a = max(s["step"][0], a - (w - 1))
+            slow = s.filter(pl.col("step").is_between(a, b))["step_time_s"].median()
+            out.append(Finding(
+                kind="step_time_regression", metric="step_time_s", severity="warning", first_step=a, last_step=b,
+                ranks=facts.ranks_of(att), hosts=facts.hosts_of(facts.ranks_of(att), {att}), score=slow / m if m else None,
+                message=(f"Step time rose to {slow:.3g} s (median) at {steps_range(a, b)}, {slow / m:.2f}x the "
+                         f"{m:.3g} s this launch started at: look for what changed then (data, other jobs, throttling)."),
+            ))
+    return out
+
+
+def memory_findings(facts: RunFacts) -> list[Finding]:
+    """Allocated memory creeping up over a launch (a leak: tensors kept alive, a growing cache)."""
+    out = []
+    if "mem_allocated_bytes" not in facts.steps.columns:
+        return out
+    lf = pl.scan_parquet(facts.ranks_path).filter(pl.col("mem_allocated_bytes").is_not_null())
+    for att in facts.steps["attempt"].unique().sort().to_list():
+        span = facts.steps.filter(pl.col("attempt") == att)["step"]
+        lo, hi = span.min(), span.max()
+        if hi is None or hi - lo < 20:
+            continue
+        n = hi - lo + 1
+        early = (lo + n // 10, lo + n // 4)  # past the first steps' allocations (optimizer state)
+        late = (hi - n // 10, hi)
+        per = (lf.filter(pl.col("attempt") == att).group_by("rank").agg(
+            pl.col("mem_allocated_bytes").filter(pl.col("step").is_between(*early)).median().alias("early"),
+            pl.col("mem_allocated_bytes").filter(pl.col("step").is_between(*late)).median().alias("late"),
+        ).filter(pl.col("early") > 0).with_columns(g=pl.col("late") / pl.col("early") - 1).collect())
+        grown = per.filter(pl.col("g") > facts.opts.memory_growth_frac).sort("rank")
+        if grown.height == 0:
+            continue
+        ranks = tuple(grown["rank"].to_list())
+        g = grown["g"].max()
+        worst = grown.sort("g", descending=True).row(0, named=True)
+        out.append(Finding(
+            kind="memory_growth", metric="mem_allocated_bytes", severity="warning", first_step=early[0], last_step=hi,
+            ranks=ranks, hosts=facts.hosts_of(ranks, {att}), score=g,
+            message=(f"Allocated memory grew {100 * g:.0f}% over {steps_range(early[0], hi)} on rank "
+                     f"{worst['rank']} ({worst['early'] / GIB:.2f} -> {worst['late'] / GIB:.2f} GiB; "
+                     f"{len(ranks)} rank{'s' if len(ranks) > 1 else ''} grew): look for tensors kept across steps "
+                     "(losses summed without .item()/.detach(), growing caches)."),
+        ))
+    return out
+
+
+def data_stall_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
+    """The median rank's data phase takes over ``data_stall_frac`` of the step for a stretch:
+    every rank waits for input (a slow loader everywhere, not one straggler)."""
+    if not facts.phases.data or med.height == 0:
+        return []
+    opts = facts.opts
+    s = facts.steps.select("step", "step_time_s").join(med.select("step", "data_med"), on="step", how="inner")
+    s = s.with_columns(share=(pl.col("data_med") / pl.col("step_time_s")))
+    w = opts.regression_window
+    s = s.with_columns(r=pl.col("share").rolling_median(window_size=w, min_samples=w))
+    out = []
+    for a, b in _stretches(s.with_columns(flag=(pl.col("r") > opts.data_stall_frac).fill_null(False)),
+                           opts.regression_min_steps):
+        a = max(s["step"][0], a - (w - 1))
+        part = s.filter(pl.col("step").is_between(a, b))
+        share = part["share"].median()
+        lost = float(part["data_med"].sum())
+        names = ", ".join(repr(phase_name(c)) for c in facts.phases.data)
+        out.append(Finding(
+            kind="data_stall", phase=phase_name(facts.phases.data[0]), metric=facts.phases.data[0], severity="warning",
+            first_step=a, last_step=b, ranks=facts.ranks_of(), hosts=facts.hosts_of(facts.ranks_of()), score=share,
+            message=(f"The data phase ({names}) took {100 * share:.0f}% of each step at {steps_range(a, b)} on the "
+                     f"median rank ({lost:.1f} s in all): add loader workers or prefetch."),
+        ))
+    return out
+
+
+def restart_findings(facts: RunFacts, good: dict | None) -> list[Finding]:
+    """Each relaunch: where it resumed, the steps it recomputed, the time lost and the time down."""
+    per = {a["attempt"]: a for a in (good or {}).get("per_attempt", [])}
+    out = []
+    for r in facts.summary.get("restarts") or []:
+        k = r["attempt"]
+        before = [a for i, a in per.items() if i < k]
+        # down: the previous launch's shutdown after its last row, then the wait for this one
+        down = (before[-1]["shutdown_s"] if before else 0.0) + (per[k]["downtime_before_s"] if k in per else 0.0)
+        lost = sum(a["buckets"]["wasted_progress"] for a in before)
+        n = r["superseded_steps"]
+        first = r["resumed_at_step"]
+        last = r["previous_last_step"] if n else first
+        ranks = facts.ranks_of(k)
+        out.append(Finding(
+            kind="restart", severity="info", first_step=first, last_step=last, ranks=ranks,
+            hosts=facts.hosts_of(ranks, {k}), score=down,
+            message=(f"Launch {k} resumed at step {first} after the job had reached step {r['previous_last_step']}: "
+                     f"{n} step{'s' if n != 1 else ''} recomputed ({lost:.1f} s of lost progress) and {down:.1f} s "
+                     "down between launches; checkpoint more often to lose less."),
+        ))
+    return out
