@@ -10,6 +10,7 @@ import os
 import platform
 import socket
 import sys
+import time
 
 from .version import __version__
 
@@ -94,6 +95,22 @@ def cuda_in_use() -> bool:
     """True when this process has initialised CUDA (we never initialise it ourselves)."""
     torch = _torch()
     return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def process_start_time() -> float | None:
+    """Unix time this process started (Linux: /proc), None where unknown.
+
+    The recorder is built after imports, model set-up and the process group: ingest's goodput
+    counts that time as startup, not as downtime between launches.
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime (clock ticks since boot)
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def device_info() -> dict:

@@ -150,6 +150,7 @@ class Recorder:
             "attempt_id": self.attempt_id,
             "launch": launch,
             "start_time": now.timestamp(),
+            "process_start_time": env.process_start_time(),
             "device": env.device_info(),
             "versions": env.versions(),
             "counts_tokens": counts_tokens,

@@ -13,6 +13,10 @@ try:
 except MissingDependency as e:  # at the edge: a message, not a traceback
     raise SystemExit(str(e)) from e
 
+from kforge_dash.ingest.findings.options import FindingsOptions  # (no heavy imports: dataclass only)
+
+_F = FindingsOptions()  # the defaults the options show
+
 
 def _num(v, fmt="{:,.0f}"):
     if v is None:
@@ -40,6 +44,7 @@ def _screen(res) -> list[str]:
         f"  mean MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}   final loss {_num(s.get('final_loss'), '{:.4g}')}"
         f"   best loss {_num(s.get('best_loss'), '{:.4g}')}",
     ]
+    lines += _findings_lines(s)
     nonfinite = {k: v for k, v in (s.get("nonfinite") or {}).items() if v}
     if nonfinite:
         lines.append("  non-finite: " + ", ".join(f"{k} {v}" for k, v in nonfinite.items()))
@@ -53,6 +58,24 @@ def _screen(res) -> list[str]:
         lines += [f"    - {w}" for w in warnings[:8]]
         if len(warnings) > 8:
             lines.append(f"    ... and {len(warnings) - 8} more in {res.ingested_dir}/summary.json")
+    return lines
+
+
+def _findings_lines(s: dict) -> list[str]:
+    """Goodput fraction and buckets, then the findings, most severe first."""
+    lines = []
+    g = s.get("goodput")
+    if isinstance(g, dict) and g.get("fraction") is not None:
+        big = sorted(((v, k) for k, v in (g.get("buckets") or {}).items() if v), reverse=True)[:4]
+        lost = ", ".join(f"{k} {v:,.1f} s" for v, k in big)
+        lines.append(f"  goodput {100 * g['fraction']:.1f}% ({g['productive_s']:,.1f} of {g['total_s']:,.1f} s productive"
+                     f"{'; lost: ' + lost if lost else ''}; {g.get('wasted_steps', 0)} steps recomputed)")
+    findings = s.get("findings") or []
+    lines.append(f"  findings ({len(findings)}):" if findings else "  findings: none")
+    for f in findings[:10]:
+        lines.append(f"    [{f.get('severity')}] {f.get('kind')}: {f.get('message')}")
+    if len(findings) > 10:
+        lines.append(f"    ... and {len(findings) - 10} more in summary.json")
     return lines
 
 
@@ -105,11 +128,28 @@ def _note_stale_tensorboard(result) -> None:
 @click.option("--upload", is_flag=True, help="Also sync the W&B run (needs network and a login).")
 @click.option("--wandb-project", default=None, help="W&B project name.")
 @click.option("--wandb-entity", default=None, help="W&B entity (user or team).")
+@click.option("--spike-k", type=click.FloatRange(0, min_open=True), default=_F.spike_k, show_default=True,
+              help="Loss/grad-norm spike: this many robust sigmas above the trailing median.")
+@click.option("--spike-window", type=click.IntRange(2), default=_F.spike_window, show_default=True,
+              help="Steps of the trailing baseline of the spike rule.")
+@click.option("--straggler-min-frac", type=click.FloatRange(0, min_open=True), default=_F.straggler_min_frac,
+              show_default=True, help="Straggler: own work above the median rank's by this fraction of a step.")
+@click.option("--straggler-min-steps", type=click.IntRange(2), default=_F.straggler_min_steps, show_default=True,
+              help="Straggler: for at least this many steps.")
+@click.option("--wait-phases", default=",".join(_F.wait_phases), show_default=True, metavar="GLOBS",
+              help="Phases that hold a collective (time there includes waiting for other ranks), comma-separated.")
+@click.option("--regression-min-rel", type=click.FloatRange(0, min_open=True), default=_F.regression_min_rel,
+              show_default=True, help="Step-time regression: at least (1 + this) x the launch's early median.")
+@click.option("--memory-growth-frac", type=click.FloatRange(0, min_open=True), default=_F.memory_growth_frac,
+              show_default=True, help="Memory growth: allocated memory up by more than this fraction.")
+@click.option("--data-stall-frac", type=click.FloatRange(0, min_open=True), default=_F.data_stall_frac,
+              show_default=True, help="Data stall: the median rank's data phase over this share of the step.")
 @click.option("--quiet", "-q", is_flag=True, help="Only errors.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a machine-readable summary on stdout (with --watch: one JSON line per pass).")
 def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorboard, no_wandb, upload,
-         wandb_project, wandb_entity, quiet, as_json):
+         wandb_project, wandb_entity, quiet, as_json, spike_k, spike_window, straggler_min_frac, straggler_min_steps,
+         wait_phases, regression_min_rel, memory_growth_frac, data_stall_frac):
     """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
 
     Exit status: 0 all ingested (a run with no part file yet is waiting, not failed), 1 nothing could be
@@ -123,7 +163,12 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
     from kforge_dash.pipeline import watch as watch_paths
     from kforge_dash.progress import progress_for
 
-    options = IngestOptions(alpha=alpha, peak_tflops=peak_tflops, flops_per_token=flops_per_token, force=force)
+    findings = FindingsOptions(
+        spike_k=spike_k, spike_window=spike_window, straggler_min_frac=straggler_min_frac,
+        straggler_min_steps=straggler_min_steps, wait_phases=tuple(p.strip() for p in wait_phases.split(",") if p.strip()),
+        regression_min_rel=regression_min_rel, memory_growth_frac=memory_growth_frac, data_stall_frac=data_stall_frac)
+    options = IngestOptions(alpha=alpha, peak_tflops=peak_tflops, flops_per_token=flops_per_token, force=force,
+                            findings=findings)
     exporters = choose_exporters(tensorboard=not no_tensorboard, wandb=not no_wandb, upload=upload,
                                  wandb_project=wandb_project, wandb_entity=wandb_entity)
     with warnings.catch_warnings(), progress_for(quiet=quiet or as_json) as progress:

@@ -9,7 +9,9 @@ The timeline is cut into consecutive pieces, each in exactly one bucket, so
 
 - ``downtime``: from a launch's last record (end.json, else its last row) to the next launch's
   start (meta.json ``start_time``), plus the earlier launch's shutdown after its last step.
-- ``startup``: a launch's start to the start of its first step (its end minus its step time).
+- ``startup``: a launch's start (its earliest process start, meta.json ``process_start_time``; for
+  shards without it, the recorder's ``start_time``) to the start of its first step (its end minus
+  its step time).
 - ``wasted_progress``: an earlier launch's time after its last kept step, i.e. the steps a later
   launch recomputed after resuming from an older checkpoint (``wasted_steps`` counts them).
 - Between two steps of a launch (time not inside any step): ``eval`` after a step that logged an
@@ -29,7 +31,6 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from kforge_dash.ingest.findings.model import RunFacts
-from kforge_dash.ingest.launches import start_of
 
 BUCKETS = ("startup", "warmup", "wasted_progress", "downtime", "checkpoint", "data_stall", "straggler_wait", "eval",
            "other")
@@ -54,6 +55,15 @@ def last_record(L) -> tuple[float | None, float | None]:
         if v is not None:
             last_row = max(last_row or v, v)
     return last_row, max(x for x in (last_row, end) if x is not None) if (last_row or end) else None
+
+
+def launch_start(L) -> float | None:
+    """The launch's earliest process start (meta.json ``process_start_time``), else its recorder start."""
+    starts = []
+    for a in L.attempts:
+        p = a.meta.get("process_start_time")
+        starts.append(p if isinstance(p, (int, float)) and not isinstance(p, bool) else a.start_time)
+    return min((x for x in starts if x is not None), default=None)
 
 
 def _inside(kept: pl.DataFrame, med: pl.DataFrame) -> pl.DataFrame:
@@ -96,7 +106,7 @@ def goodput(facts: RunFacts, med: pl.DataFrame) -> dict:
         first_start = None
         if kept.height:
             first_start = kept["time"][0] - (kept["step_time_s"][0] or 0.0)
-        start = start_of(L)
+        start = launch_start(L)
         start = start if start is not None else first_start if first_start is not None else last_row
         if start is None:
             continue
