@@ -32,8 +32,10 @@ def regression_findings(facts: RunFacts) -> list[Finding]:
         thr = max(m + opts.regression_k * 1.4826 * mad, (1 + opts.regression_min_rel) * m)
         s = s.with_columns(r=pl.col("step_time_s").rolling_median(window_size=w, min_samples=w))
         for a, b in _stretches(s.with_columns(flag=(pl.col("r") > thr).fill_null(False)), opts.regression_min_steps):
-            # The window ends at a flagged step: the shift began up to w - 1 steps before.
-            a = max(s["step"][0], a - (w - 1))
+            # A rolling median is late by up to w - 1 steps at both ends: the stretch runs from the
+            # first to the last slow step within reach of the flagged windows.
+            raw = s.filter(pl.col("step").is_between(a - (w - 1), b) & (pl.col("step_time_s") > thr))["step"]
+            a, b = raw.min(), raw.max()
             slow = s.filter(pl.col("step").is_between(a, b))["step_time_s"].median()
             out.append(Finding(
                 kind="step_time_regression", metric="step_time_s", severity="warning", first_step=a, last_step=b,
@@ -92,7 +94,8 @@ def data_stall_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
     out = []
     for a, b in _stretches(s.with_columns(flag=(pl.col("r") > opts.data_stall_frac).fill_null(False)),
                            opts.regression_min_steps):
-        a = max(s["step"][0], a - (w - 1))
+        raw = s.filter(pl.col("step").is_between(a - (w - 1), b) & (pl.col("share") > opts.data_stall_frac))["step"]
+        a, b = raw.min(), raw.max()
         part = s.filter(pl.col("step").is_between(a, b))
         share = part["share"].median()
         lost = float(part["data_med"].sum())
