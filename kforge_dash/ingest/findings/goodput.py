@@ -14,13 +14,16 @@ The timeline is cut into consecutive pieces, each in exactly one bucket, so
   its step time).
 - ``wasted_progress``: an earlier launch's time after its last kept step, i.e. the steps a later
   launch recomputed after resuming from an older checkpoint (``wasted_steps`` counts them).
-- Between two steps of a launch (time not inside any step): ``eval`` after a step that logged an
-  ``eval*`` scalar (an evaluation between steps), else ``other``.
-- Inside a step (its slowest rank's step time), in this order and never more than is left:
-  ``checkpoint`` (slowest rank's ``checkpoint*``/``ckpt*`` phases), ``eval`` (``eval*`` phases),
-  ``warmup`` (the launch's first steps above its median + 3 MAD: their excess over the median),
-  ``data_stall`` (the median rank's data phase), ``straggler_wait`` (slowest rank's own work minus
-  the median rank's: what the others waited); the rest is ``productive``.
+- Per step, the interval since the previous step's end (the last rank's) is cut in this order,
+  never more than is left: ``checkpoint`` (the longest ``checkpoint*``/``ckpt*`` phase of any
+  rank), ``eval`` (``eval*`` phases); then the step of the *critical rank* (the one that waited
+  least in the wait phases, i.e. reached the all-reduce last: everyone waited for it), less its own
+  checkpoint/eval; what is left of the interval was spent by that rank between steps (``startup``
+  before a launch's first step, else ``eval`` after a step that logged an ``eval*`` scalar, else
+  ``other``). Its step is cut into ``warmup`` (a launch's first steps above its median + 3 MAD:
+  their excess over the median), ``data_stall`` (the median rank's data phase),
+  ``straggler_wait`` (the critical rank's own work minus the median rank's: what the others
+  waited for it) and ``productive``, the rest.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from kforge_dash.ingest.findings.model import RunFacts
 
 BUCKETS = ("startup", "warmup", "wasted_progress", "downtime", "checkpoint", "data_stall", "straggler_wait", "eval",
            "other")
-_INSIDE = ("checkpoint", "eval_in", "warmup", "data_stall", "straggler_wait")
+_INSIDE = ("warmup", "data_stall", "straggler_wait")
 
 
 def last_record(L) -> tuple[float | None, float | None]:
@@ -67,26 +70,39 @@ def launch_start(L) -> float | None:
 
 
 def _inside(kept: pl.DataFrame, med: pl.DataFrame) -> pl.DataFrame:
-    """Per kept step of one launch: the wall time since the previous step's end, cut into buckets."""
-    df = kept.join(med, on="step", how="left") if med.height else kept.with_columns(
-        *[pl.lit(None, pl.Float64).alias(c) for c in ("ckpt_max", "eval_max", "data_med", "own_max", "own_med")])
-    st = pl.col("step_time_s").fill_null(0.0)
-    typical = kept["step_time_s"].drop_nulls()
+    """Per kept step of one launch: the wall time since the previous step's end (``_d``), cut."""
+    cols = ("ckpt_max", "eval_max", "data_med", "own_med", "crit_st", "crit_own", "crit_side")
+    df = kept.join(med.select("step", *cols), on="step", how="left") if med.height else kept.with_columns(
+        *[pl.lit(None, pl.Float64).alias(c) for c in cols])
+    df = df.with_columns(pl.col("crit_st").fill_null(pl.col("step_time_s")))
+    st = pl.col("crit_st").fill_null(0.0)
+    typical = df["crit_st"].drop_nulls()
     m = typical.median() if typical.len() else 0.0
     mad = (typical - m).abs().median() if typical.len() else 0.0
     thr = m + 3 * 1.4826 * max(mad or 0.0, 0.01 * (m or 0.0))
+
+    def take(e, avail):
+        return pl.min_horizontal(e.fill_null(0.0).clip(lower_bound=0.0), avail)
+
+    # Checkpoint and eval phases first, from the whole interval: a rank 0 that saves after the
+    # all-reduce ends the step late while the others are already in the next one.
+    df = df.with_columns(checkpoint=take(pl.col("ckpt_max"), pl.col("_d")))
+    df = df.with_columns(eval_in=take(pl.col("eval_max"), pl.col("_d") - pl.col("checkpoint")))
+    rest = pl.col("_d") - pl.col("checkpoint") - pl.col("eval_in")
+    # The critical rank's step, less its own checkpoint/eval; the remainder of the interval is
+    # time that rank spent between steps (startup before the first, an eval, printing).
+    df = df.with_columns(part=take(st - pl.col("crit_side").fill_null(0.0), rest))
+    df = df.with_columns(gap=rest - pl.col("part"))
     df = df.with_columns(
-        part=pl.min_horizontal(st, pl.col("_d")),
-        warm=pl.when(((pl.col("step_time_s") <= thr).fill_null(True).cum_sum() == 0)).then(st - m).otherwise(0.0),
-        strag=(pl.col("own_max") - pl.col("own_med")),
+        warm=pl.when(((pl.col("crit_st") <= thr).fill_null(True).cum_sum() == 0)).then(st - m).otherwise(0.0),
+        strag=(pl.col("crit_own") - pl.col("own_med")),
     )
-    df = df.with_columns(gap=pl.col("_d") - pl.col("part"))
     rem = pl.col("part")
     exprs = []
-    for name, src in zip(_INSIDE, ("ckpt_max", "eval_max", "warm", "data_med", "strag")):
-        take = pl.min_horizontal(pl.col(src).fill_null(0.0).clip(lower_bound=0.0), rem)
-        exprs.append(take.alias(name))
-        rem = rem - take
+    for name, src in zip(_INSIDE, ("warm", "data_med", "strag")):
+        x = take(pl.col(src), rem)
+        exprs.append(x.alias(name))
+        rem = rem - x
     exprs.append(rem.alias("productive"))
     return df.with_columns(exprs)
 
@@ -126,7 +142,7 @@ def goodput(facts: RunFacts, med: pl.DataFrame) -> dict:
             b["startup"] += float(gaps.filter("first")["gap"].sum())
             b["eval"] += float(gaps.filter(~pl.col("first") & pl.col("prev_eval"))["gap"].sum())
             b["other"] += float(gaps.filter(~pl.col("first") & ~pl.col("prev_eval"))["gap"].sum())
-            for name in _INSIDE:
+            for name in ("checkpoint", "eval_in", *_INSIDE):
                 b["eval" if name == "eval_in" else name] += float(cut[name].sum())
             b_prod += float(cut["productive"].sum())
             t = float(cut["_e"][-1])

@@ -24,15 +24,27 @@ def own_work(cols) -> pl.Expr:
 
 
 def per_step(facts: RunFacts) -> pl.DataFrame:
-    """One row per step: ``own_max``/``own_med`` (own work of the slowest / the median rank),
-    ``data_med``, ``ckpt_max``, ``eval_max`` and ``<phase>\\0med`` for each own-work phase."""
+    """One row per step: ``own_med`` (the median rank's own work), ``data_med``, ``ckpt_max``,
+    ``eval_max``, ``<phase>\\0med`` for each own-work phase, and the critical rank's ``crit_st``
+    (step time), ``crit_own`` and ``crit_side`` (its checkpoint + eval phases).
+
+    The critical rank is the one that waited least in the wait phases: the last to reach the
+    collective, the one every other rank waited for (without wait phases: the slowest rank).
+    """
     ph = facts.phases
     lf = pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null())
     lf = lf.with_columns(own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
-                         own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"))
+                         own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"),
+                         own_work(ph.wait).fill_null(0.0).alias("_wait"))
+    crit = ["_wait", (-pl.col("step_time_s")).alias("_neg")]
+
+    def of_critical(c):
+        return pl.col(c).sort_by(crit).first()
+
     return lf.group_by("step").agg(
-        pl.col("_own").max().alias("own_max"), lower_median(pl.col("_own")).alias("own_med"),
-        lower_median(pl.col("_data")).alias("data_med"), pl.col("_ckpt").max().alias("ckpt_max"),
-        pl.col("_eval").max().alias("eval_max"),
+        lower_median(pl.col("_own")).alias("own_med"), lower_median(pl.col("_data")).alias("data_med"),
+        pl.col("_ckpt").max().alias("ckpt_max"), pl.col("_eval").max().alias("eval_max"),
+        of_critical("step_time_s").alias("crit_st"), of_critical("_own").alias("crit_own"),
+        (of_critical("_ckpt").fill_null(0.0) + of_critical("_eval").fill_null(0.0)).alias("crit_side"),
         *[lower_median(pl.col(c)).alias(f"{c}\0med") for c in ph.own],
     ).sort("step").collect()
