@@ -43,6 +43,7 @@ import os
 import struct
 
 from kforge_dash.export.history import History
+from kforge_dash.export.tb_findings import findings_by_step
 from kforge_dash.optional import require
 from kforge_record.atomic import publish
 
@@ -121,12 +122,15 @@ def _events(history: History, w, with_ranks: bool, event_pb2) -> int:
         start.session_log.status = event_pb2.SessionLog.START  # a rewrite replaces what was read before
         w.write(start.SerializeToString())
     points = 0
+    marks = findings_by_step(history.summary)  # findings/<kind> markers (tb_findings.py)
     for row in history.rows(with_ranks=with_ranks):
         ev = Event(step=row[0], wall_time=row[1])
         add = ev.summary.value.add  # in place: building Values then a Summary copies each twice
         for tag, v in zip(tags, row[2:]):
             if v is not None:
                 add(tag=tag, simple_value=v)
+        for tag, v in marks.get(row[0], ()):
+            add(tag=tag, simple_value=v)
         points += len(ev.summary.value)
         w.write(ev.SerializeToString())
     return points

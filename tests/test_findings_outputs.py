@@ -1,0 +1,88 @@
+"""The sample runs' findings and goodput, as kforge-ingest prints them and TensorBoard shows them."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from kforge_dash.cli.ingest import main
+
+SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_runs")
+CLEAN = ("baseline-lr1e-3", "baseline-lr3e-3", "baseline-lr1e-2")
+
+
+@pytest.fixture(scope="module")
+def ingested(tmp_path_factory):
+    root = tmp_path_factory.mktemp("samples")
+    for name in (*CLEAN, "preempted", "straggler", "spike-nan"):
+        shutil.copytree(os.path.join(SAMPLES, name), root / name, ignore=shutil.ignore_patterns("ingested"))
+    r = CliRunner().invoke(main, [str(root), "--json", "--no-wandb"])
+    assert r.exit_code == 0, r.output
+    return root, {os.path.basename(x["run_dir"]): x["summary"] for x in json.loads(r.stdout)["runs"]}
+
+
+def _kinds(s):
+    return sorted((f["kind"], f["metric"]) for f in s["findings"])
+
+
+def test_each_sample_run_shows_its_kind(ingested):
+    _, runs = ingested
+    for name in CLEAN:  # clean runs: nothing to find
+        assert runs[name]["findings"] == [], name
+        assert runs[name]["goodput"]["fraction"] > 0.8
+    spike = runs["spike-nan"]
+    assert _kinds(spike) == [("loss_spike", "grad_norm"), ("loss_spike", "loss"), ("nonfinite", "grad_norm"),
+                             ("nonfinite", "loss")]
+    (ls,) = [f for f in spike["findings"] if f["kind"] == "loss_spike" and f["metric"] == "loss"]
+    assert ls["first_step"] == 151 and "grad-norm spike at the same step" in ls["message"]  # lr x30 at step 150
+    (nan,) = [f for f in spike["findings"] if f["kind"] == "nonfinite" and f["metric"] == "loss"]
+    assert (nan["first_step"], nan["ranks"]) == (200, [0])
+    (st,) = runs["straggler"]["findings"]
+    assert (st["kind"], st["ranks"], st["phase"], st["first_step"], st["last_step"]) == ("straggler", [1], "data", 1, 250)
+    pre = runs["preempted"]
+    (rs,) = pre["findings"]
+    assert (rs["kind"], rs["first_step"], rs["last_step"]) == ("restart", 101, 130)
+    g = pre["goodput"]
+    assert g["wasted_steps"] == pre["restarts"][0]["superseded_steps"] == 30
+    assert g["buckets"]["downtime"] > 1 and g["buckets"]["wasted_progress"] > 0
+    for s in runs.values():
+        g = s["goodput"]
+        assert g["productive_s"] + sum(g["buckets"].values()) == pytest.approx(g["total_s"], abs=1e-6)
+    # the straggler's cost is its goodput: the others waited 40 ms a step for rank 1's loader
+    assert runs["straggler"]["goodput"]["buckets"]["straggler_wait"] > 0.8 * 250 * 0.040
+
+
+def test_kforge_ingest_prints_findings_and_goodput(ingested):
+    root, _ = ingested
+    r = CliRunner().invoke(main, [str(root / "straggler"), "--no-wandb", "--no-tensorboard"])
+    assert r.exit_code == 0, r.output
+    assert "goodput " in r.output and "% (" in r.output and "straggler_wait" in r.output
+    assert "findings (1):" in r.output and "[warning] straggler: Rank 1" in r.output
+    r = CliRunner().invoke(main, [str(root / "baseline-lr3e-3"), "--no-wandb", "--no-tensorboard"])
+    assert "findings: none" in r.output
+
+
+def test_tensorboard_carries_findings_and_goodput(ingested):
+    root, runs = ingested
+    (path,) = glob.glob(str(root / "spike-nan" / "ingested" / "tensorboard" / "events.out.tfevents.*"))
+    ea = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
+    ea.Reload()
+    spikes = [(e.step, e.value) for e in ea.Scalars("findings/loss_spike")]
+    assert sorted(s for s, _ in spikes) == [151, 151]
+    assert [e.step for e in ea.Scalars("findings/nonfinite")] == [200, 200]
+    (frac,) = ea.Scalars("goodput/fraction")
+    assert frac.step == 250 and frac.value == pytest.approx(runs["spike-nan"]["goodput"]["fraction"], rel=1e-6)
+    (text,) = ea.Tensors("findings")
+    body = text.tensor_proto.string_val[0].decode()
+    assert "loss first went NaN at step 200 on rank 0" in body and body.count("\n- ") == 3
+    # a run with no findings has no findings tags (and still its goodput)
+    (clean,) = glob.glob(str(root / "baseline-lr3e-3" / "ingested" / "tensorboard" / "events.out.tfevents.*"))
+    ea = EventAccumulator(clean)
+    ea.Reload()
+    assert not [t for t in ea.Tags()["scalars"] if t.startswith("findings/")] and "goodput/fraction" in ea.Tags()["scalars"]
