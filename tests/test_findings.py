@@ -117,7 +117,8 @@ def test_memory_growth_names_the_rank_that_leaks(tmp_path, monkeypatch):
     (f,) = _of(s, "memory_growth")
     # from 10% into the launch (past the first steps' allocations) to its end; samples every 5 steps
     assert f["ranks"] == [1] and (f["first_step"], f["last_step"]) == (21, 200)
-    assert f["score"] == pytest.approx((2**30 + 188.5 * 2**22) / (2**30 + 36 * 2**22) - 1, abs=1e-4)  # (scores are rounded to 4 decimals)
+    # (scores are rounded to 4 decimals)
+    assert f["score"] == pytest.approx((2**30 + 188.5 * 2**22) / (2**30 + 36 * 2**22) - 1, abs=1e-4)
 
 
 def test_a_data_stall_on_every_rank_is_not_a_straggler(tmp_path, monkeypatch):
@@ -131,4 +132,5 @@ def test_a_data_stall_on_every_rank_is_not_a_straggler(tmp_path, monkeypatch):
     assert (f["phase"], f["first_step"], f["last_step"]) == ("data", 41, 100)
     assert f["score"] == pytest.approx(0.06 / 0.101, rel=0.01)
     assert _of(s, "straggler") == []
-    assert s["goodput"]["buckets"]["data_stall"] == pytest.approx(60 * 0.06 + 40 * 0.001, abs=1e-4)  # (times near 1.8e9 s: float64 keeps ~0.2 us)
+    # (times near 1.8e9 s: float64 keeps them to ~0.2 us)
+    assert s["goodput"]["buckets"]["data_stall"] == pytest.approx(60 * 0.06 + 40 * 0.001, abs=1e-4)
