@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from kforge_dash.browse.ranks import Heatmap
 from kforge_dash.browse.series import X_LABELS, CompareData
 
-_MARKER_SYMBOL = {"nan": "x", "inf": "triangle-up", "-inf": "triangle-down", "restart": "diamond"}
+_MARKER_SYMBOL = {"nan": "x", "inf": "triangle-up", "-inf": "triangle-down", "restart": "diamond", "spike": "star"}
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, hovermode="closest",
                legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
 

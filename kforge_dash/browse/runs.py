@@ -187,7 +187,7 @@ _TABLE_SCHEMA = {
     "run": pl.String, "status": pl.String, "steps": pl.Int64, "tokens": pl.Int64,
     "wall_time_h": pl.Float64, "final_loss": pl.Float64, "best_loss": pl.Float64,
     "mean_mfu": pl.Float64, "peak_mem_gib": pl.Float64, "gpus": pl.Int64, "device": pl.String,
-    "restarts": pl.Int64, "warnings": pl.Int64, "tags": pl.String,
+    "restarts": pl.Int64, "goodput": pl.Float64, "findings": pl.Int64, "warnings": pl.Int64, "tags": pl.String,
 }
 
 
@@ -216,6 +216,9 @@ def runs_table(runs: list[RunInfo]) -> pl.DataFrame:
             "gpus": s.get("world_size"),
             "device": (s.get("device") or {}).get("name"),
             "restarts": None if r.summary is None else len(s.get("restarts") or []),
+            # goodput fraction and findings count: null for a summary from before findings existed
+            "goodput": _num((s.get("goodput") or {}).get("fraction")) if isinstance(s.get("goodput"), dict) else None,
+            "findings": len(s["findings"]) if isinstance(s.get("findings"), list) else None,
             "warnings": None if r.summary is None else len(s.get("warnings") or []),
             "tags": ", ".join(r.tags) or None,
         })

@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 from tsdownsample import MinMaxLTTBDownsampler
 
+from kforge_dash.browse.findings import spike_steps
 from kforge_dash.contract import EMA_COLUMNS
 from kforge_dash.ingest.reduce import ema_expr
 
@@ -126,7 +127,8 @@ class Series:
 
 @dataclass
 class Marker:
-    """Points to mark on a chart: non-finite values ('nan', 'inf', '-inf') or 'restart'."""
+    """Points to mark on a chart: non-finite values ('nan', 'inf', '-inf'), 'restart' or 'spike'
+    (a loss/grad-norm spike finding of summary.json, at its first step)."""
     run: str
     metric: str
     kind: str
@@ -162,7 +164,7 @@ class CompareData:
     def nonfinite_lines(self) -> list[str]:
         """One line per (run, metric, kind) of NaN/inf values, for a warning above the charts."""
         return [f"{m.run}: {m.metric} is {m.kind} at {m.count} step(s), first at step {m.step[0]}"
-                for m in self.markers if m.kind != "restart"]
+                for m in self.markers if m.kind in ("nan", "inf", "-inf")]
 
 
 @dataclass
@@ -234,6 +236,16 @@ def _restart_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker
     return Marker(run, metric, "restart", x[pos], height, step[pos], text)
 
 
+def _spike_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker | None:
+    spikes = spike_steps(summary, metric)
+    if not spikes or len(step) == 0:
+        return None
+    at = np.array([s for s, _ in spikes], dtype=np.int64)
+    pos = np.clip(np.searchsorted(step, at), 0, len(step) - 1)
+    return Marker(run, metric, "spike", x[pos], _finite_neighbour(y, np.isfinite(y), pos), step[pos],
+                  [msg for _, msg in spikes])
+
+
 def prepare_compare(  # noqa: C901  (split in the browse work)
     runs: list[RunSource],
     metrics: list[str],
@@ -297,5 +309,8 @@ def prepare_compare(  # noqa: C901  (split in the browse work)
             restart = _restart_markers(src.name, m, src.summary, x, values, step)
             if restart is not None:
                 data.markers.append(restart)
+            spike = _spike_markers(src.name, m, src.summary, x, values, step)
+            if spike is not None:
+                data.markers.append(spike)
     data.notes += [f"no {m} in {', '.join(names)}" for m, names in absent.items()]
     return data

@@ -51,7 +51,7 @@ if data.notes:
 if data.nonfinite_lines():
     st.warning("Non-finite values (marked on the charts):\n" + "\n".join(f"- {x}" for x in data.nonfinite_lines()))
 st.caption(f"Drawing {data.points():,} of {data.points_total():,} points (MinMaxLTTB keeps every local extreme). "
-           "◆ restart · × NaN · ▲/▼ ±inf")
+           "◆ restart · ★ spike (a finding) · × NaN · ▲/▼ ±inf")
 
 cols = st.columns(2)
 for i, metric in enumerate(data.drawn_metrics()):

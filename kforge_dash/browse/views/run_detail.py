@@ -3,6 +3,8 @@
 import streamlit as st
 
 from kforge_dash.browse import figures as prep_figures
+from kforge_dash.browse import findings as prep_findings
+from kforge_dash.browse import findings_figures
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse.views import common
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
@@ -24,8 +26,27 @@ c[2].metric("restarts", len(s.get("restarts") or []))
 c[3].metric("final loss", None if s.get("final_loss") is None else f"{s['final_loss']:.5g}")
 c[4].metric("device", (s.get("device") or {}).get("name") or "unknown")
 
+st.subheader("Findings")
+found = prep_findings.findings_table(name, s)
+if found.is_empty():
+    st.success("No findings: no spike, NaN, straggler, regression, memory growth, data stall or restart.")
+else:
+    st.dataframe(found.drop("first_step", "last_step"), hide_index=True, key="findings",
+                 column_config={"open": st.column_config.LinkColumn("steps", display_text="open steps")})
+waterfall = prep_findings.goodput_waterfall(s)
+if waterfall is not None:
+    st.plotly_chart(findings_figures.waterfall_figure(waterfall), key="goodput")
+focus = prep_findings.parse_focus(st.query_params.get("focus"))
+if focus is not None:
+    st.plotly_chart(findings_figures.focus_figure(prep_findings.focus_steps(run.file(STEPS_FILE), *focus), *focus),
+                    key="focus")
+
 left, right = st.columns([1, 2])
-metric = left.selectbox("per-rank metric", prep_ranks.rank_metrics(run.file(RANKS_FILE)), key="metric",
+rank_metrics = prep_ranks.rank_metrics(run.file(RANKS_FILE))
+shows = prep_findings.default_rank_metric(s, rank_metrics)  # where the straggler shows
+if shows is not None and st.session_state.get("metric_for") != name:
+    st.session_state["metric"], st.session_state["metric_for"] = shows, name
+metric = left.selectbox("per-rank metric", rank_metrics, key="metric",
                         format_func=lambda m: "step time" if m == "step_time_s" else prep_ranks.phase_name(m) + " phase")
 relative = right.toggle("relative to the median rank of each window", value=True, key="relative")
 try:

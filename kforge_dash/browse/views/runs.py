@@ -23,6 +23,8 @@ st.dataframe(
         "mean_mfu": cfg.NumberColumn("mean MFU", format="percent"),
         "peak_mem_gib": cfg.NumberColumn("peak mem (GiB)", format="%.2f"),
         "tokens": cfg.NumberColumn("tokens", format="compact"),
+        "goodput": cfg.NumberColumn("goodput", format="percent", help="productive share of the wall clock"),
+        "findings": cfg.NumberColumn("findings", help="spikes, NaNs, stragglers ... (Run detail lists them)"),
     },
 )
 

@@ -1,0 +1,107 @@
+"""The findings and goodput of summary.json, prepared for the dashboard. Plain functions, no Streamlit.
+
+Text in a finding (its message, hosts) comes from disk and is shown as text, never rendered.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from kforge_dash.browse.ranks import _reading
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+_PAD = 20  # steps shown either side of a finding's steps
+
+_TABLE_SCHEMA = {"severity": pl.String, "kind": pl.String, "steps": pl.String, "ranks": pl.String,
+                 "phase": pl.String, "hosts": pl.String, "message": pl.String, "open": pl.String,
+                 "first_step": pl.Int64, "last_step": pl.Int64}
+
+
+def findings_of(summary: dict | None) -> list[dict]:
+    """The summary's findings that are well-formed dicts, most severe first (as ingest sorted them)."""
+    out = [f for f in (summary or {}).get("findings") or [] if isinstance(f, dict)]
+    return sorted(out, key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 3))
+
+
+def focus_link(run: str, first: int | None, last: int | None) -> str | None:
+    """The run-detail URL (relative) that opens ``first..last`` of ``run``."""
+    if first is None:
+        return None
+    q = urllib.parse.urlencode({"run": run, "focus": f"{first}-{last if last is not None else first}"})
+    return f"detail?{q}"
+
+
+def parse_focus(value: str | None) -> tuple[int, int] | None:
+    """``"151-162"`` -> (151, 162); anything else (from a URL) -> None."""
+    try:
+        a, b = (int(x) for x in str(value).split("-", 1))
+    except (TypeError, ValueError):
+        return None
+    return (min(a, b), max(a, b))
+
+
+def findings_table(run: str, summary: dict | None) -> pl.DataFrame:
+    rows = []
+    for f in findings_of(summary):
+        first, last = f.get("first_step"), f.get("last_step")
+        rows.append({
+            "severity": f.get("severity"), "kind": f.get("kind"),
+            "steps": None if first is None else (str(first) if first == last else f"{first}–{last}"),
+            "ranks": ", ".join(str(r) for r in f.get("ranks") or []) or None,
+            "phase": f.get("phase"), "hosts": ", ".join(str(h) for h in f.get("hosts") or []) or None,
+            "message": f.get("message"), "open": focus_link(run, first, last),
+            "first_step": first if isinstance(first, int) else None,
+            "last_step": last if isinstance(last, int) else None,
+        })
+    return pl.DataFrame(rows, schema=_TABLE_SCHEMA)
+
+
+@dataclass(frozen=True)
+class Waterfall:
+    labels: list[str]
+    values: list[float]  # seconds: the total, then each bucket as a negative step, then productive
+    measures: list[str]  # plotly's "absolute" / "relative" / "total"
+    fraction: float | None
+
+
+def goodput_waterfall(summary: dict | None) -> Waterfall | None:
+    """Total wall time, minus each non-empty badput bucket (largest first), down to productive."""
+    g = (summary or {}).get("goodput")
+    if not isinstance(g, dict) or not isinstance(g.get("total_s"), (int, float)):
+        return None
+    buckets = sorted(((k, float(v)) for k, v in (g.get("buckets") or {}).items()
+                      if isinstance(v, (int, float)) and v > 0), key=lambda kv: -kv[1])
+    labels = ["wall clock"] + [k.replace("_", " ") for k, _ in buckets] + ["productive"]
+    values = [float(g["total_s"])] + [-v for _, v in buckets] + [float(g.get("productive_s") or 0.0)]
+    measures = ["absolute"] + ["relative"] * len(buckets) + ["total"]
+    return Waterfall(labels, values, measures, g.get("fraction"))
+
+
+def default_rank_metric(summary: dict | None, metrics: list[str]) -> str | None:
+    """The per-rank view where the worst straggler shows: its phase timer (under DDP every rank
+    shares one step time, so step time would show nothing); None: keep the usual default."""
+    for f in findings_of(summary):
+        if f.get("kind") == "straggler" and f.get("metric") in metrics:
+            return f["metric"]
+    return None
+
+
+def focus_steps(steps_path: str | Path, first: int, last: int, *, pad: int = _PAD) -> pl.DataFrame:
+    """The steps around ``first..last``: step, loss, grad_norm, step time and slowest rank."""
+    def read(path):
+        lf = pl.scan_parquet(path)
+        have = lf.collect_schema().names()
+        cols = [c for c in ("step", "loss", "grad_norm", "lr", "step_time_s", "slowest_rank", "attempt") if c in have]
+        return lf.filter(pl.col("step").is_between(first - pad, last + pad)).select(cols).sort("step").collect()
+
+    return _reading(Path(steps_path), read)
+
+
+def spike_steps(summary: dict | None, metric: str) -> list[tuple[int, str]]:
+    """(first step, message) of each loss/grad-norm spike finding on ``metric``: compare-chart markers."""
+    return [(f["first_step"], str(f.get("message"))) for f in findings_of(summary)
+            if f.get("kind") == "loss_spike" and f.get("metric") == metric and isinstance(f.get("first_step"), int)]

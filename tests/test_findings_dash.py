@@ -1,0 +1,109 @@
+"""The dashboard shows the findings and goodput: prep functions, then the pages through AppTest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dash_fixtures import copy_and_ingest_sample_runs
+from streamlit.testing.v1 import AppTest
+
+from kforge_dash.browse import findings as prep_findings
+from kforge_dash.browse import runs as prep_runs
+from kforge_dash.browse import series as prep_series
+
+APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return copy_and_ingest_sample_runs(tmp_path_factory.mktemp("dash-findings") / "runs")
+
+
+def summary(root, name):
+    return json.loads((root / name / "ingested" / "summary.json").read_text())
+
+
+def test_findings_table_and_links(root):
+    s = summary(root, "spike-nan")
+    t = prep_findings.findings_table("spike-nan", s)
+    assert t["severity"].to_list() == ["error", "error", "warning", "warning"]
+    row = t.filter((t["kind"] == "loss_spike") & t["message"].str.starts_with("Loss")).row(0, named=True)
+    assert row["steps"] == f"{row['first_step']}–{row['last_step']}" and row["first_step"] == 151
+    assert row["open"] == f"detail?run=spike-nan&focus=151-{row['last_step']}"
+    assert prep_findings.parse_focus("151-162") == (151, 162) and prep_findings.parse_focus("../x") is None
+    focus = prep_findings.focus_steps(root / "spike-nan" / "ingested" / "steps.parquet", 151, 162)
+    assert focus["step"].to_list() == list(range(131, 183))
+    assert prep_findings.findings_table("baseline-lr3e-3", summary(root, "baseline-lr3e-3")).is_empty()
+
+
+def test_goodput_waterfall_steps_down_to_productive(root):
+    s = summary(root, "preempted")
+    w = prep_findings.goodput_waterfall(s)
+    g = s["goodput"]
+    assert w.labels[0] == "wall clock" and w.labels[-1] == "productive" and "downtime" in w.labels
+    assert w.values[0] == pytest.approx(g["total_s"]) and w.values[-1] == pytest.approx(g["productive_s"])
+    assert w.values[0] + sum(w.values[1:-1]) == pytest.approx(w.values[-1], abs=1e-6)
+    assert w.measures == ["absolute"] + ["relative"] * (len(w.values) - 2) + ["total"]
+    assert prep_findings.goodput_waterfall({"goodput": None}) is None
+
+
+def test_runs_table_has_goodput_and_findings_count(root):
+    t = prep_runs.runs_table(prep_runs.list_runs(root))
+    rows = {r["run"]: r for r in t.iter_rows(named=True)}
+    for name, r in rows.items():
+        s = summary(root, name)
+        assert r["goodput"] == pytest.approx(s["goodput"]["fraction"]) and r["findings"] == len(s["findings"])
+    assert rows["spike-nan"]["findings"] == 4 and rows["baseline-lr1e-3"]["findings"] == 0
+
+
+def test_compare_charts_mark_spikes(root):
+    src = [r.source() for r in prep_runs.list_runs(root) if r.name in ("spike-nan", "baseline-lr3e-3")]
+    data = prep_series.prepare_compare(src, ["loss", "grad_norm"], smoothing=0.6)
+    spikes = [m for m in data.markers if m.kind == "spike"]
+    assert sorted((m.run, m.metric, m.step.tolist()) for m in spikes) == [
+        ("spike-nan", "grad_norm", [151]), ("spike-nan", "loss", [151])]
+    kinds = {line.split(" is ", 1)[1].split(" at ")[0] for line in data.nonfinite_lines()}
+    assert kinds == {"nan"}  # a spike is marked, not listed among the non-finite values
+
+
+@pytest.fixture
+def app(root, monkeypatch):
+    monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
+    return AppTest.from_file(str(APP), default_timeout=60)
+
+
+def _charts(at):
+    return {json.loads(c.proto.spec)["layout"].get("title", {}).get("text"): json.loads(c.proto.spec)
+            for c in at.get("plotly_chart")}
+
+
+def test_run_detail_opens_with_findings_and_the_straggler_view(app, root):
+    app.query_params["run"] = "straggler"
+    at = app.run()
+    at.switch_page("views/run_detail.py").run()
+    assert not at.exception
+    assert at.subheader[0].value == "Findings"  # the page opens with them
+    table = next(d.value for d in at.dataframe if "message" in d.value.columns)
+    assert table["kind"].tolist() == ["straggler"] and table["ranks"].tolist() == ["1"]
+    assert table["open"].tolist() == ["detail?run=straggler&focus=1-250"]
+    waterfall = next(spec for t, spec in _charts(at).items() if t and t.startswith("where the wall clock went"))
+    assert waterfall["data"][0]["type"] == "waterfall" and "straggler wait" in waterfall["data"][0]["x"]
+    # the per-rank view opens where the straggler shows: its data phase, not step time
+    assert at.selectbox(key="metric").value == "time/data_s"
+    heat = next(spec for spec in _charts(at).values() if spec["data"][0]["type"] == "heatmap")
+    z = np.array(heat["data"][0]["z"], dtype=float)
+    assert np.nanmean(z[1]) > np.nanmean(z[0])
+
+
+def test_a_finding_link_opens_its_steps(app):
+    app.query_params["run"] = "spike-nan"
+    app.query_params["focus"] = "151-162"
+    at = app.run()
+    at.switch_page("views/run_detail.py").run()
+    assert not at.exception
+    spec = _charts(at)["steps 151–162"]
+    steps = [x for tr in spec["data"] for x in np.asarray(tr["x"]).tolist()]
+    assert min(steps) == 131 and max(steps) == 182
