@@ -43,6 +43,7 @@ class Run:
     args: tuple[str, ...]
     shows: str
     preempt_at: int | None = None
+    nproc: int = 2
 
 
 # Every run shares seed and shape; only the listed flags differ, so any two can be compared.
@@ -60,12 +61,17 @@ RUNS = (
     Run(name="spike-nan", args=("--lr", "3e-3", "--spike-step", "150", "--spike-lr-mult", "30",
                                 "--nan-step", "200", "--tag", "fault-injection"),
         shows="lr x30 at steps 150-151 (loss spike); rank 0 loss NaN at step 200 (optimizer step skipped)"),
+    Run(name="four-ranks-stall", nproc=4,
+        args=("--lr", "3e-3", "--max-steps", "160", "--slow-rank", "2", "--slow-ms", "80", "--stall-from", "100",
+              "--stall-ms", "200", "--tag", "fault-injection"),
+        shows="4 ranks: rank 2 sleeps 80 ms in its data phase every step (a straggler among four); from step 100 "
+              "every rank's loader sleeps 200 ms (a data stall; the step time regresses)"),
 )
 
 
-def launch(run_dir: str, ckpt_dir: str, args: tuple[str, ...], *, preempt_at: int | None = None) -> None:
-    """One torchrun launch of two ranks; with preempt_at, SIGTERM the workers once rank 0 logs that step."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", TRAIN,
+def launch(run_dir: str, ckpt_dir: str, args: tuple[str, ...], *, preempt_at: int | None = None, nproc: int = 2) -> None:
+    """One torchrun launch of ``nproc`` ranks; with preempt_at, SIGTERM the workers once rank 0 logs that step."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), TRAIN,
            "--run-dir", run_dir, "--ckpt-dir", ckpt_dir, "--max-steps", str(STEPS),
            "--ckpt-every", str(CKPT_EVERY), "--log-every", "10", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -144,7 +150,7 @@ def main(argv=None) -> None:
             run_dir = os.path.join(args.out, run.name)
             shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: old shards would be extra attempts
             print(f"== {run.name}: {' '.join(run.args)}", flush=True)
-            launch(run_dir, ckpt_dir, run.args, preempt_at=run.preempt_at)
+            launch(run_dir, ckpt_dir, run.args, preempt_at=run.preempt_at, nproc=run.nproc)
             if run.preempt_at:
                 print(f"== {run.name}: relaunch (resumes from the last checkpoint)", flush=True)
                 launch(run_dir, ckpt_dir, run.args)

@@ -13,6 +13,9 @@ would have seen without the interruption, and every run is deterministic from --
 Fault injection (documented, off by default), for demo data that has something to find:
   --slow-rank R --slow-ms MS   rank R sleeps MS ms in its data phase every step (a slow loader);
                                the other ranks then wait for it inside the gradient all-reduce
+  --stall-from S --stall-ms MS every rank sleeps MS ms in its data phase from step S on (an input
+                               pipeline that falls behind on every rank: a data stall, and the
+                               step time regresses)
   --spike-step S               lr x --spike-lr-mult for --spike-len steps from step S: a loss spike
   --nan-step N                 rank --nan-rank's loss at step N is multiplied by NaN (a corrupted
                                batch): the all-reduced gradients are NaN on every rank, so every
@@ -71,6 +74,8 @@ class TrainConfig:
     # fault injection
     slow_rank: int | None = None
     slow_ms: float = 0.0
+    stall_from: int | None = None
+    stall_ms: float = 0.0
     spike_step: int | None = None
     spike_len: int = 2
     spike_lr_mult: float = 50.0
@@ -91,6 +96,8 @@ class TrainConfig:
             raise ValueError("need lr > 0, 0 <= min_lr_frac <= 1, warmup_steps >= 0, grad_clip > 0")
         if self.slow_ms < 0 or (self.slow_ms > 0) != (self.slow_rank is not None):
             raise ValueError("--slow-rank and --slow-ms go together (slow-ms > 0)")
+        if self.stall_ms < 0 or (self.stall_ms > 0) != (self.stall_from is not None):
+            raise ValueError("--stall-from and --stall-ms go together (stall-ms > 0)")
         if self.spike_lr_mult <= 0:
             raise ValueError("spike_lr_mult must be > 0")
 
@@ -313,6 +320,8 @@ def train(cfg: TrainConfig):
                              seed=batch_seed(cfg, rank, step, "train"))
             if rank == cfg.slow_rank:
                 time.sleep(cfg.slow_ms / 1000)
+            if cfg.stall_from is not None and step >= cfg.stall_from:
+                time.sleep(cfg.stall_ms / 1000)
         with rec.phase("fwd_bwd"):
             loss = ddp(x, y)
             if step == cfg.nan_step and rank == cfg.nan_rank:
@@ -357,7 +366,7 @@ def parse_args(argv=None) -> TrainConfig:
     for name, value in asdict(defaults).items():
         if name in skip:
             continue
-        typ = {"slow_rank": int, "spike_step": int, "nan_step": int}.get(name, type(value))
+        typ = {"slow_rank": int, "stall_from": int, "spike_step": int, "nan_step": int}.get(name, type(value))
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=value)
     args = vars(p.parse_args(argv))
     args["tags"] = tuple(args["tags"])

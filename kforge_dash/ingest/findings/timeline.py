@@ -17,6 +17,23 @@ def _stretches(flags: pl.DataFrame, min_steps: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in runs.select("a", "b").iter_rows() if b - a + 1 >= min_steps]
 
 
+def _snap(s: pl.DataFrame, a: int, b: int) -> tuple[int, int]:
+    """A centred rolling median's stretch [a, b] moved onto the steps themselves (column ``raw``:
+    the step is past the threshold): each end goes to the nearest such step inside, then outward
+    over the adjacent ones, so a shift at step 100 is reported from step 100."""
+    inside = s.filter(pl.col("step").is_between(a, b) & pl.col("raw"))["step"]
+    if inside.len() == 0:
+        return a, b
+    a, b = inside.min(), inside.max()
+    steps, raw = s["step"].to_list(), s["raw"].to_list()
+    i, j = steps.index(a), steps.index(b)
+    while i > 0 and raw[i - 1]:
+        i -= 1
+    while j < len(steps) - 1 and raw[j + 1]:
+        j += 1
+    return steps[i], steps[j]
+
+
 def regression_findings(facts: RunFacts) -> list[Finding]:
     """Step time shifted up for a sustained stretch: a rolling median above the launch's early
     baseline median + k * 1.4826 * MAD (Google's median + 3 MAD rule) and above (1 + min_rel) x it."""
@@ -30,12 +47,10 @@ def regression_findings(facts: RunFacts) -> list[Finding]:
         m = base["step_time_s"].median()
         mad = (base["step_time_s"] - m).abs().median()
         thr = max(m + opts.regression_k * 1.4826 * mad, (1 + opts.regression_min_rel) * m)
-        s = s.with_columns(r=pl.col("step_time_s").rolling_median(window_size=w, min_samples=w))
+        s = s.with_columns(r=pl.col("step_time_s").rolling_median(window_size=w, min_samples=w // 2, center=True),
+                           raw=pl.col("step_time_s") > thr)
         for a, b in _stretches(s.with_columns(flag=(pl.col("r") > thr).fill_null(False)), opts.regression_min_steps):
-            # A rolling median is late by up to w - 1 steps at both ends: the stretch runs from the
-            # first to the last slow step within reach of the flagged windows.
-            raw = s.filter(pl.col("step").is_between(a - (w - 1), b) & (pl.col("step_time_s") > thr))["step"]
-            a, b = raw.min(), raw.max()
+            a, b = _snap(s, a, b)
             slow = s.filter(pl.col("step").is_between(a, b))["step_time_s"].median()
             out.append(Finding(
                 kind="step_time_regression", metric="step_time_s", severity="warning", first_step=a, last_step=b,
@@ -90,12 +105,12 @@ def data_stall_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
     s = facts.steps.select("step", "step_time_s").join(med.select("step", "data_med"), on="step", how="inner")
     s = s.with_columns(share=(pl.col("data_med") / pl.col("step_time_s")))
     w = opts.regression_window
-    s = s.with_columns(r=pl.col("share").rolling_median(window_size=w, min_samples=w))
+    s = s.with_columns(r=pl.col("share").rolling_median(window_size=w, min_samples=w // 2, center=True),
+                       raw=pl.col("share") > opts.data_stall_frac)
     out = []
     for a, b in _stretches(s.with_columns(flag=(pl.col("r") > opts.data_stall_frac).fill_null(False)),
                            opts.regression_min_steps):
-        raw = s.filter(pl.col("step").is_between(a - (w - 1), b) & (pl.col("share") > opts.data_stall_frac))["step"]
-        a, b = raw.min(), raw.max()
+        a, b = _snap(s, a, b)
         part = s.filter(pl.col("step").is_between(a, b))
         share = part["share"].median()
         lost = float(part["data_med"].sum())
