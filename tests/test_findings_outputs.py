@@ -20,7 +20,7 @@ CLEAN = ("baseline-lr1e-3", "baseline-lr3e-3", "baseline-lr1e-2")
 @pytest.fixture(scope="module")
 def ingested(tmp_path_factory):
     root = tmp_path_factory.mktemp("samples")
-    for name in (*CLEAN, "preempted", "straggler", "spike-nan"):
+    for name in (*CLEAN, "preempted", "straggler", "spike-nan", "four-ranks-stall"):
         shutil.copytree(os.path.join(SAMPLES, name), root / name, ignore=shutil.ignore_patterns("ingested"))
     r = CliRunner().invoke(main, [str(root), "--json", "--no-wandb"])
     assert r.exit_code == 0, r.output
@@ -45,6 +45,11 @@ def test_each_sample_run_shows_its_kind(ingested):
     assert (nan["first_step"], nan["ranks"]) == (200, [0])
     (st,) = runs["straggler"]["findings"]
     assert (st["kind"], st["ranks"], st["phase"], st["first_step"], st["last_step"]) == ("straggler", [1], "data", 1, 250)
+    four = {f["kind"]: f for f in runs["four-ranks-stall"]["findings"]}
+    assert sorted(four) == ["data_stall", "step_time_regression", "straggler"]
+    assert (four["straggler"]["ranks"], four["straggler"]["phase"]) == ([2], "data")  # one slow rank of four
+    assert (four["data_stall"]["first_step"], four["data_stall"]["last_step"]) == (100, 160)  # every loader from 100
+    assert four["step_time_regression"]["first_step"] == 100
     pre = runs["preempted"]
     (rs,) = pre["findings"]
     assert (rs["kind"], rs["first_step"], rs["last_step"]) == ("restart", 101, 130)

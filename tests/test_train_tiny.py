@@ -191,7 +191,7 @@ def test_sample_runs_show_what_they_claim():
     assert data_s[slow] > 10 * max(v for r, v in data_s.items() if r != slow)
 
     # Spike and NaN: a recorded NaN loss, and the loss jumps after the lr spike.
-    (faulty,) = [n for n in runs if "fault-injection" in metas[n]["tags"]]
+    (faulty,) = [n for n in runs if "fault-injection" in metas[n]["tags"] and metas[n]["hparams"].get("nan_step")]
     hp = metas[faulty]["hparams"]
     r0 = step_rows(attempts_of(runs[faulty] / "rank-00000")[0][2])
     loss = dict(zip(r0["step"], r0["loss"]))
