@@ -66,7 +66,10 @@ def memory_findings(facts: RunFacts) -> list[Finding]:
     out = []
     if "mem_allocated_bytes" not in facts.steps.columns:
         return out
-    lf = pl.scan_parquet(facts.ranks_path).filter(pl.col("mem_allocated_bytes").is_not_null())
+    lf = pl.scan_parquet(facts.ranks_path)
+    if "mem_allocated_bytes" not in lf.collect_schema():
+        return out
+    lf = lf.filter(pl.col("mem_allocated_bytes").is_not_null())
     for att in facts.steps["attempt"].unique().sort().to_list():
         span = facts.steps.filter(pl.col("attempt") == att)["step"]
         lo, hi = span.min(), span.max()
