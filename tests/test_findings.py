@@ -6,10 +6,10 @@ import math
 import sys
 
 import pytest
+from findings_fixtures import Clock, close_all, drive, install, open_ranks
 
 import kforge_record.env as env_mod
 from kforge_dash import ingest_run
-from tests.findings_fixtures import Clock, close_all, drive, install, open_ranks
 
 
 def _noise(s: int, k: int = 0) -> float:

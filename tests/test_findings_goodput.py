@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from findings_fixtures import T0, Clock, close_all, drive, install, open_ranks
 
 from kforge_dash import ingest_run
-from tests.findings_fixtures import T0, Clock, close_all, drive, install, open_ranks
 
 LEAD = 5.0  # each process starts 5 s before its Recorder (imports, model, process group)
 
