@@ -2,6 +2,9 @@
 
 "The median rank" is the lower median (an actual rank's value: with two ranks, the faster one),
 so a straggler is compared with a rank that did not straggle, however few ranks there are.
+
+ranks.parquet is read in step windows of about ``WINDOW_ROWS`` rows (the Parquet reader skips
+the row groups outside a window), so memory stays bounded however many ranks and steps a run has.
 """
 
 from __future__ import annotations
@@ -9,6 +12,26 @@ from __future__ import annotations
 import polars as pl
 
 from kforge_dash.ingest.findings.model import RunFacts
+
+WINDOW_ROWS = 2_000_000
+
+
+def block_size(n_steps: int) -> int:
+    """Steps per straggler block: about 100 blocks a run, at least 5 steps each."""
+    return max(5, -(-n_steps // 100))
+
+
+def windows(facts: RunFacts) -> list[tuple[int, int]]:
+    """[lo, hi) step ranges covering the run, each a whole number of straggler blocks."""
+    steps = facts.steps["step"]
+    if steps.len() == 0:
+        return []
+    lo, hi = int(steps.min()), int(steps.max()) + 1
+    W = block_size(facts.steps.height)
+    n_ranks = max(1, len(facts.summary.get("ranks") or []) or 1)
+    span = max(W, (WINDOW_ROWS // n_ranks) // W * W)
+    start = lo // W * W
+    return [(a, min(a + span, hi)) for a in range(start, hi, span)]
 
 
 def lower_median(e: pl.Expr) -> pl.Expr:
@@ -31,8 +54,14 @@ def per_step(facts: RunFacts) -> pl.DataFrame:
     The critical rank is the one that waited least in the wait phases: the last to reach the
     collective, the one every other rank waited for (without wait phases: the slowest rank).
     """
+    parts = [_per_step(facts, lo, hi) for lo, hi in windows(facts)]
+    return pl.concat(parts, how="vertical") if parts else _per_step(facts, 0, 0)
+
+
+def _per_step(facts: RunFacts, lo: int, hi: int) -> pl.DataFrame:
     ph = facts.phases
-    lf = pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null())
+    lf = pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(
+        lo, hi, closed="left"))
     lf = lf.with_columns(own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
                          own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"),
                          own_work(ph.wait).fill_null(0.0).alias("_wait"))

@@ -12,22 +12,16 @@ evaluates, checkpoints or prints while the others wait makes the others wait in 
 never makes them look slow. The cost is the excess summed over the episode: the seconds every
 other rank waited.
 
-One lazy pass over ranks.parquet groups (rank, attempt, block of steps); only that small table
-is collected.
+A lazy pass over ranks.parquet, window by window (perstep.windows, whole blocks each), groups
+(rank, attempt, block of steps); only that small table is collected.
 """
 
 from __future__ import annotations
 
-import math
-
 import polars as pl
 
 from kforge_dash.ingest.findings.model import Finding, RunFacts, phase_name, steps_range
-
-
-def block_size(n_steps: int) -> int:
-    # About 100 blocks a run, at least 5 steps each: episodes are found to within a block.
-    return max(5, math.ceil(n_steps / 100))
+from kforge_dash.ingest.findings.perstep import block_size, windows
 
 
 def straggler_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
@@ -36,21 +30,28 @@ def straggler_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
         return []
     W = block_size(facts.steps.height)
     st = facts.steps.select("step", pl.col("step_time_median_s").alias("_st"))
-    medians = med.select("step", *[f"{c}\0med" for c in own]).join(st, on="step", how="left").lazy()
-    lf = (pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null())
-          .select("step", "rank", "attempt", *own).join(medians, on="step", how="inner")
+    medians = med.select("step", *[f"{c}\0med" for c in own]).join(st, on="step", how="left")
+    blocks = pl.concat([_blocks(facts, medians, own, W, lo, hi) for lo, hi in windows(facts)], how="vertical")
+    out = []
+    for c in own:
+        out += _phase_findings(facts, blocks, c)
+    return out
+
+
+def _blocks(facts, medians: pl.DataFrame, own, W: int, lo: int, hi: int) -> pl.DataFrame:
+    """Per (rank, attempt, block) of the steps in [lo, hi): each own-work phase's median excess
+    over the median rank, and its summed positive excess (the others' wait)."""
+    in_window = pl.col("step").is_between(lo, hi, closed="left")
+    lf = (pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null() & in_window)
+          .select("step", "rank", "attempt", *own).join(medians.filter(in_window).lazy(), on="step", how="inner")
           .with_columns([(pl.col(c) - pl.col(f"{c}\0med")).alias(c) for c in own])
           .with_columns((pl.col("step") // W).alias("_block")))
-    blocks = lf.group_by("rank", "attempt", "_block").agg(
+    return lf.group_by("rank", "attempt", "_block").agg(
         pl.col("step").min().alias("first"), pl.col("step").max().alias("last"), pl.len().alias("n"),
         pl.col("_st").median().alias("st"),
         *[pl.col(c).median().alias(f"{c}\0ex") for c in own],
         *[pl.col(c).clip(lower_bound=0).sum().alias(f"{c}\0cost") for c in own],
     ).collect()
-    out = []
-    for c in own:
-        out += _phase_findings(facts, blocks, c)
-    return out
 
 
 def _phase_findings(facts: RunFacts, blocks: pl.DataFrame, col: str) -> list[Finding]:
