@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kforge_dash.ingest.findings.matrix import per_step_matrix
 from kforge_dash.ingest.findings.model import RunFacts
 
 WINDOW_ROWS = 2_000_000
@@ -62,9 +63,18 @@ def _per_step(facts: RunFacts, lo: int, hi: int) -> pl.DataFrame:
     ph = facts.phases
     lf = pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(
         lo, hi, closed="left"))
-    lf = lf.with_columns(own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
-                         own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"),
-                         own_work(ph.wait).fill_null(0.0).alias("_wait"))
+    lf = lf.select("step", "rank", "step_time_s", *ph.own,
+                   own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
+                   own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"),
+                   own_work(ph.wait).fill_null(0.0).alias("_wait"))
+    df = lf.sort("step", "rank").collect()
+    fast = per_step_matrix(df, ph.own, ph.data)
+    if fast is not None:
+        return fast
+    return _grouped(df.lazy(), ph)
+
+
+def _grouped(lf: pl.LazyFrame, ph) -> pl.DataFrame:
     # Least wait first; ties (no wait phases: all zero) to the longest step. (polars: a sort_by
     # within the group is faster here than get(arg_min()).)
     crit = ["_wait", (-pl.col("step_time_s")).alias("_neg")]

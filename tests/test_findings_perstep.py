@@ -1,0 +1,49 @@
+"""The per-step facts over ranks are the same through numpy matrices and through polars' group-by."""
+
+from __future__ import annotations
+
+import os
+
+import polars as pl
+from findings_fixtures import Clock, close_all, drive, install, open_ranks
+
+from kforge_dash import ingest_run
+from kforge_dash.ingest.findings import perstep
+from kforge_dash.ingest.findings.matrix import per_step_matrix
+from kforge_dash.ingest.findings.model import RunFacts, classify_phases
+from kforge_dash.ingest.findings.options import FindingsOptions
+
+
+def _window(run_dir):
+    out = os.path.join(run_dir, "ingested")
+    steps = pl.read_parquet(os.path.join(out, "steps.parquet"))
+    o = FindingsOptions()
+    facts = RunFacts(steps=steps, ranks_path=os.path.join(out, "ranks.parquet"), launches=[], summary={}, opts=o,
+                     phases=classify_phases(steps.columns, o))
+    ph = facts.phases
+    lf = pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null()).select(
+        "step", "rank", "step_time_s", *ph.own, perstep.own_work(ph.own).alias("_own"),
+        perstep.own_work(ph.data).alias("_data"), perstep.own_work(ph.checkpoint).alias("_ckpt"),
+        perstep.own_work(ph.eval).alias("_eval"), perstep.own_work(ph.wait).fill_null(0.0).alias("_wait"))
+    return lf.sort("step", "rank").collect(), ph
+
+
+def test_matrix_and_group_by_agree(tmp_path, monkeypatch):
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(tmp_path / "r", 4)
+
+    def phases(r, s):  # rank 3 slow to load; rank 0 checkpoints every 10 steps; ties in the wait
+        ph = [("data", 0.01 + (0.02 if r == 3 else 0.0) + 0.001 * ((r * 7 + s) % 5)), ("optimizer", 0.005)]
+        return ph + ([("checkpoint", 0.1)] if r == 0 and s % 10 == 0 else [])
+
+    drive(recs, range(1, 61), clock, phases=phases)
+    close_all(recs)
+    ingest_run(recs[0].run_dir)
+    df, ph = _window(recs[0].run_dir)
+    fast = per_step_matrix(df, ph.own, ph.data)
+    slow = perstep._grouped(df.lazy(), ph)
+    assert fast is not None and fast.select(slow.columns).equals(slow)
+    assert fast.filter(pl.col("step") == 10)["ckpt_max"].item() == slow.filter(pl.col("step") == 10)["ckpt_max"].item()
+    assert fast["ckpt_max"].null_count() == 54  # null where no rank checkpointed, never 0.0
+    # a step without one of the ranks is not a matrix: the group-by way takes it
+    assert per_step_matrix(df.filter(~((pl.col("step") == 5) & (pl.col("rank") == 2))), ph.own, ph.data) is None
