@@ -9,7 +9,8 @@ optimizer, one slow rank, a loss spike) and times, each in a fresh process (peak
   findings  kforge_dash.ingest.findings.analyse_run: every detector and goodput (two lazy passes
             over ranks.parquet and a few small ones)
 
-Medians of --repeat interleaved runs. The machine may be shared: read the ratios.
+Medians of --repeat interleaved runs; CPU s is the process's CPU time over all its threads,
+which a shared machine inflates less than wall time.
 
     python benchmarks/bench_findings.py --ranks 64 --steps 100000
 """
@@ -62,7 +63,7 @@ def make(out: str, ranks: int, steps: int) -> None:
 def child(which: str, out: str, ranks: int) -> None:
     import polars as pl
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     if which == "floor":
         pl.scan_parquet(os.path.join(out, "ranks.parquet")).group_by("step").agg(pl.col("step_time_s").max()).collect()
     else:
@@ -76,10 +77,10 @@ def child(which: str, out: str, ranks: int) -> None:
                                                               "last_step": steps.height}], "restarts": []}
         res = analyse_run(out, steps, [L], summary, FindingsOptions(), [])
         assert any(f["kind"] == "straggler" and f["ranks"] == [3] for f in res["findings"]), res["findings"]
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
     with open("/proc/self/status") as f:
         hwm = next(int(x.split()[1]) for x in f if x.startswith("VmHWM")) / 2**20
-    print(json.dumps({"wall": wall, "peak_gib": hwm}))
+    print(json.dumps({"wall": wall, "cpu": cpu, "peak_gib": hwm}))
 
 
 def main() -> None:
@@ -103,11 +104,14 @@ def main() -> None:
     rows = a.ranks * a.steps
     floor = statistics.median(x["wall"] for x in res["floor"])
     print(f"{a.ranks} ranks x {a.steps:,} steps = {rows:,} rows of ranks.parquet, medians of {a.repeat}\n")
-    print("| pipeline | wall s | rows/s | peak GiB | x floor |\n| --- | ---: | ---: | ---: | ---: |")
+    cpu_floor = statistics.median(x["cpu"] for x in res["floor"])
+    print("| pipeline | wall s | CPU s (all threads) | peak GiB | wall x floor | CPU x floor |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: |")
     for which, xs in res.items():
         w = statistics.median(x["wall"] for x in xs)
+        c = statistics.median(x["cpu"] for x in xs)
         pk = statistics.median(x["peak_gib"] for x in xs)
-        print(f"| {which} | {w:.2f} | {rows / w / 1e6:.1f}M | {pk:.2f} | {w / floor:.1f}x |")
+        print(f"| {which} | {w:.2f} | {c:.2f} | {pk:.2f} | {w / floor:.1f}x | {c / cpu_floor:.1f}x |")
 
 
 if __name__ == "__main__":

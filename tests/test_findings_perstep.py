@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 
 import polars as pl
+import pytest
 from findings_fixtures import Clock, close_all, drive, install, open_ranks
 
 from kforge_dash import ingest_run
 from kforge_dash.ingest.findings import perstep
-from kforge_dash.ingest.findings.matrix import per_step_matrix
+from kforge_dash.ingest.findings.matrix import Window
 from kforge_dash.ingest.findings.model import RunFacts, classify_phases
 from kforge_dash.ingest.findings.options import FindingsOptions
 
@@ -22,10 +23,11 @@ def _window(run_dir):
                      phases=classify_phases(steps.columns, o))
     ph = facts.phases
     lf = pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null()).select(
-        "step", "rank", "step_time_s", *ph.own, perstep.own_work(ph.own).alias("_own"),
+        "step", "rank", "attempt", "step_time_s", *ph.own, perstep.own_work(ph.own).alias("_own"),
         perstep.own_work(ph.data).alias("_data"), perstep.own_work(ph.checkpoint).alias("_ckpt"),
         perstep.own_work(ph.eval).alias("_eval"), perstep.own_work(ph.wait).fill_null(0.0).alias("_wait"))
-    return lf.sort("step", "rank").collect(), ph
+    st = steps.select("step", pl.col("step_time_median_s").alias("_st"))
+    return lf.collect(), ph, st
 
 
 def test_matrix_and_group_by_agree(tmp_path, monkeypatch):
@@ -39,11 +41,21 @@ def test_matrix_and_group_by_agree(tmp_path, monkeypatch):
     drive(recs, range(1, 61), clock, phases=phases)
     close_all(recs)
     ingest_run(recs[0].run_dir)
-    df, ph = _window(recs[0].run_dir)
-    fast = per_step_matrix(df, ph.own, ph.data)
+    df, ph, st = _window(recs[0].run_dir)
+    win = Window.of(df)
+    fast = win.per_step(ph.own, ph.data)
     slow = perstep._grouped(df.lazy(), ph)
     assert fast is not None and fast.select(slow.columns).equals(slow)
-    assert fast.filter(pl.col("step") == 10)["ckpt_max"].item() == slow.filter(pl.col("step") == 10)["ckpt_max"].item()
     assert fast["ckpt_max"].null_count() == 54  # null where no rank checkpointed, never 0.0
+    assert fast.filter(pl.col("step") == 10)["ckpt_max"].item() == pytest.approx(0.1)
+    # straggler blocks: the same (sums may differ in the last bit: another order of additions)
+    W = 5
+    fb = win.blocks(fast, fast.join(st, on="step")["_st"].to_numpy(), ph.own, W)
+    sb = perstep._blocks_grouped(df, slow.join(st, on="step"), ph.own, W).sort("rank", "_block")
+    fb = fb.select(sb.columns).sort("rank", "_block")
+    assert fb.schema == sb.schema and fb.height == sb.height == 4 * 13  # steps 1-4, 5-9, ..., 55-59, 60
+    for c in fb.columns:
+        assert fb[c].to_list() == pytest.approx(sb[c].to_list(), rel=1e-12, abs=1e-15), c
+    assert fb.filter(pl.col("rank") == 3)["time/data_s\0ex"].min() > 0.015  # rank 3's slow loader
     # a step without one of the ranks is not a matrix: the group-by way takes it
-    assert per_step_matrix(df.filter(~((pl.col("step") == 5) & (pl.col("rank") == 2))), ph.own, ph.data) is None
+    assert Window.of(df.filter(~((pl.col("step") == 5) & (pl.col("rank") == 2)))) is None

@@ -40,14 +40,14 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
             warnings.append(f"findings: {name} could not be computed ({type(e).__name__}: {e})")
             return None
 
-    med = attempt("per-step rank facts", perstep.per_step, facts)
+    med, blocks = attempt("per-step rank facts", perstep.per_step, facts) or (None, None)
     if med is None:
         import polars as pl
 
-        med = pl.DataFrame({"step": []}, schema={"step": pl.Int64})
+        med, blocks = pl.DataFrame({"step": []}, schema={"step": pl.Int64}), pl.DataFrame()
     good = attempt("goodput", goodput.goodput, facts, med)
     for name, fn, args in (("spikes", spikes.spike_findings, ()), ("nonfinite", nonfinite.nonfinite_findings, ()),
-                           ("stragglers", stragglers.straggler_findings, (med,)),
+                           ("stragglers", stragglers.straggler_findings, (blocks,)),
                            ("step time", timeline.regression_findings, ()),
                            ("memory", timeline.memory_findings, ()),
                            ("data stalls", timeline.data_stall_findings, (med,)),

@@ -1,7 +1,8 @@
-"""The per-step facts over ranks as numpy matrices (steps x ranks), for windows where every step
-has one row per rank and no phase of the median or the critical rank is missing: the usual case,
-several times faster than polars' per-group quantiles. Other windows go the group-by way
-(perstep.py); both give the same values (tests/test_findings_perstep.py).
+"""One window of ranks.parquet as numpy matrices (steps x ranks), when every step of it has one
+row per rank: the usual case, far cheaper than polars' per-group quantiles. Windows that are not
+full matrices (a rank missing at a step, nulls where a median is taken, two attempts in a
+straggler block's window) go the group-by way (perstep.py); both give the same values
+(tests/test_findings_perstep.py).
 """
 
 from __future__ import annotations
@@ -10,51 +11,85 @@ import numpy as np
 import polars as pl
 
 
-def per_step_matrix(df: pl.DataFrame, own: tuple[str, ...], data: tuple[str, ...]) -> pl.DataFrame | None:
-    """``df``: one window's rows sorted by (step, rank) with ``_own, _data, _ckpt, _eval, _wait``
-    (perstep.py). None when the window is not a full steps x ranks matrix without nulls."""
-    n = df.height
-    if n == 0:
-        return None
-    steps = df["step"].to_numpy()
-    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
-    R = n // len(starts)
-    if R * len(starts) != n or not (np.diff(np.r_[starts, n]) == R).all():
-        return None  # a rank missing at some step
-    need = ["step_time_s", "_own", "_wait", *own] + (["_data"] if len(data) > 1 else [])
-    if any(df[c].null_count() for c in need):
-        return None
-    S = len(starts)
-    k = (R - 1) // 2  # the lower median: an actual rank's value
+class Window:
+    """Rows of steps [s0, s0 + S) x the ranks ``ranks``; ``col(name)`` is an S x R matrix."""
 
-    def mat(c):
-        return df[c].to_numpy().reshape(S, R)
+    def __init__(self, df: pl.DataFrame, order: np.ndarray, s0: int, S: int, ranks: np.ndarray):
+        self.df, self.order, self.s0, self.S, self.ranks = df, order, s0, S, ranks
 
-    def lower_median(c):
-        return np.partition(mat(c), k, axis=1)[:, k]
+    @classmethod
+    def of(cls, df: pl.DataFrame) -> Window | None:
+        n = df.height
+        if n == 0 or df["step"].null_count() or df["rank"].null_count():
+            return None
+        steps, ranks = df["step"].to_numpy(), df["rank"].to_numpy()
+        s0 = int(steps.min())
+        S = int(steps.max()) - s0 + 1
+        uniq = np.unique(ranks)
+        R = len(uniq)
+        if S * R != n:
+            return None
+        pos = (steps - s0) * R + np.searchsorted(uniq, ranks)
+        if np.bincount(pos, minlength=n).max() != 1:
+            return None  # a (step, rank) twice, so another one missing
+        order = np.empty(n, dtype=np.int64)
+        order[pos] = np.arange(n)
+        return cls(df, order, s0, S, uniq)
 
-    def nullable(c):
-        return df[c].fill_null(np.nan).to_numpy().reshape(S, R)
+    def col(self, name: str, *, nan: bool = False) -> np.ndarray:
+        s = self.df[name]
+        a = (s.fill_null(np.nan) if nan else s).to_numpy()
+        return a[self.order].reshape(self.S, len(self.ranks))
 
-    st, wait = mat("step_time_s"), mat("_wait")
-    # least wait; ties (no wait phases: all zero) to the longest step
-    crit = _critical(st, wait)
-    rows = np.arange(S)
-    ckpt, ev = nullable("_ckpt"), nullable("_eval")
-    side = np.nan_to_num(ckpt[rows, crit]) + np.nan_to_num(ev[rows, crit])
-    with np.errstate(all="ignore"):
-        ckpt_max = np.where(np.isnan(ckpt).all(axis=1), np.nan, np.nanmax(np.where(np.isnan(ckpt), -np.inf, ckpt), axis=1))
-        eval_max = np.where(np.isnan(ev).all(axis=1), np.nan, np.nanmax(np.where(np.isnan(ev), -np.inf, ev), axis=1))
-    out = {
-        "step": steps[starts], "own_med": lower_median("_own"),
-        "data_med": lower_median(data[0]) if len(data) == 1 else lower_median("_data") if data else np.full(S, np.nan),
-        "ckpt_max": ckpt_max, "eval_max": eval_max, "crit_st": st[rows, crit], "crit_own": mat("_own")[rows, crit],
-        "crit_side": side, **{f"{c}\0med": lower_median(c) for c in own},
-    }
-    return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
+    def lower_median(self, name: str) -> np.ndarray:
+        k = (len(self.ranks) - 1) // 2  # an actual rank's value
+        return np.partition(self.col(name), k, axis=1)[:, k]
+
+    def per_step(self, own, data) -> pl.DataFrame | None:
+        """perstep.per_step's columns for this window; None when a needed value is null."""
+        need = ["step_time_s", "_own", "_wait", *own] + (["_data"] if len(data) > 1 else [])
+        if any(self.df[c].null_count() for c in need):
+            return None
+        S = self.S
+        st, wait = self.col("step_time_s"), self.col("_wait")
+        least = wait == wait.min(axis=1, keepdims=True)
+        crit = np.where(least, st, -np.inf).argmax(axis=1)  # least wait; ties to the longest step
+        rows = np.arange(S)
+        ckpt, ev = self.col("_ckpt", nan=True), self.col("_eval", nan=True)
+        med = {c: self.lower_median(c) for c in own}
+        out = {
+            "step": np.arange(self.s0, self.s0 + S, dtype=np.int64), "own_med": self.lower_median("_own"),
+            "data_med": (med[data[0]] if len(data) == 1 else self.lower_median("_data")) if data else np.full(S, np.nan),
+            "ckpt_max": _nanmax(ckpt), "eval_max": _nanmax(ev), "crit_st": st[rows, crit],
+            "crit_own": self.col("_own")[rows, crit],
+            "crit_side": np.nan_to_num(ckpt[rows, crit]) + np.nan_to_num(ev[rows, crit]),
+            **{f"{c}\0med": m for c, m in med.items()},
+        }
+        return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
+
+    def blocks(self, med: pl.DataFrame, st_med: np.ndarray, own, W: int) -> pl.DataFrame | None:
+        """perstep's straggler blocks for this window (``st_med``: the steps' median step time)."""
+        att = self.col("attempt")
+        if (att != att[0, 0]).any():
+            return None
+        steps = np.arange(self.s0, self.s0 + self.S)
+        cut = np.flatnonzero(np.diff(steps // W)) + 1
+        bounds = list(zip(np.r_[0, cut], np.r_[cut, self.S]))
+        R = len(self.ranks)
+        ex = {c: self.col(c) - med[f"{c}\0med"].to_numpy()[:, None] for c in own}
+        out = {"rank": np.tile(self.ranks, len(bounds)), "attempt": np.full(R * len(bounds), att[0, 0]),
+               "_block": np.repeat([steps[a] // W for a, _ in bounds], R),
+               "first": np.repeat([steps[a] for a, _ in bounds], R),
+               "last": np.repeat([steps[b - 1] for _, b in bounds], R),
+               "n": np.repeat([b - a for a, b in bounds], R).astype(np.uint32),
+               "st": np.repeat([np.median(st_med[a:b]) for a, b in bounds], R)}
+        for c in own:
+            out[f"{c}\0ex"] = np.concatenate([np.median(ex[c][a:b], axis=0) for a, b in bounds])
+            out[f"{c}\0cost"] = np.concatenate([np.clip(ex[c][a:b], 0, None).sum(axis=0) for a, b in bounds])
+        return pl.DataFrame(out)
 
 
-def _critical(st: np.ndarray, wait: np.ndarray) -> np.ndarray:
-    """Per row, the column of least wait, ties to the longest step (then the lowest rank)."""
-    least = wait == wait.min(axis=1, keepdims=True)
-    return np.where(least, st, -np.inf).argmax(axis=1)
+def _nanmax(m: np.ndarray) -> np.ndarray:
+    """Row max ignoring NaN; NaN (then null) where the whole row is NaN, never 0.0."""
+    have = ~np.isnan(m)
+    return np.where(have.any(axis=1), np.where(have, m, -np.inf).max(axis=1), np.nan)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kforge_dash.ingest.findings.matrix import per_step_matrix
+from kforge_dash.ingest.findings.matrix import Window
 from kforge_dash.ingest.findings.model import RunFacts
 
 WINDOW_ROWS = 2_000_000
@@ -47,36 +47,58 @@ def own_work(cols) -> pl.Expr:
         pl.sum_horizontal([pl.col(c).fill_null(0.0) for c in cols]))
 
 
-def per_step(facts: RunFacts) -> pl.DataFrame:
-    """One row per step: ``own_med`` (the median rank's own work), ``data_med``, ``ckpt_max``,
-    ``eval_max``, ``<phase>\\0med`` for each own-work phase, and the critical rank's ``crit_st``
-    (step time), ``crit_own`` and ``crit_side`` (its checkpoint + eval phases).
+def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(one row per step, one row per (rank, attempt, straggler block)).
 
-    The critical rank is the one that waited least in the wait phases: the last to reach the
-    collective, the one every other rank waited for (without wait phases: the slowest rank).
+    Per step: ``own_med`` (the median rank's own work), ``data_med``, ``ckpt_max``, ``eval_max``,
+    ``<phase>\\0med`` for each own-work phase, and the critical rank's ``crit_st`` (step time),
+    ``crit_own`` and ``crit_side`` (its checkpoint + eval phases). The critical rank is the one
+    that waited least in the wait phases: the last to reach the collective, the one every other
+    rank waited for (without wait phases: the slowest rank).
+
+    Per block (``block_size`` steps): ``first``, ``last``, ``n``, ``st`` (median of the steps'
+    median step time), and per own-work phase its median excess over the median rank
+    (``<phase>\\0ex``) and its summed positive excess (``<phase>\\0cost``: the others' wait).
     """
-    parts = [_per_step(facts, lo, hi) for lo, hi in windows(facts)]
-    return pl.concat(parts, how="vertical") if parts else _per_step(facts, 0, 0)
+    ph, W = facts.phases, block_size(facts.steps.height)
+    st = facts.steps.select("step", pl.col("step_time_median_s").cast(pl.Float64).alias("_st"))
+    meds, blocks = [], []
+    for lo, hi in windows(facts) or [(0, 0)]:
+        df = (pl.scan_parquet(facts.ranks_path)
+              .filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(lo, hi, closed="left"))
+              .select("step", "rank", "attempt", "step_time_s", *ph.own,
+                      own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
+                      own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"),
+                      own_work(ph.wait).fill_null(0.0).alias("_wait")).collect())
+        win = Window.of(df)
+        med = (win.per_step(ph.own, ph.data) if win else None)
+        if med is None:
+            win, med = None, _grouped(df.lazy(), ph)
+        sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy()
+        blk = win.blocks(med, sts, ph.own, W) if win is not None and ph.own else None
+        if blk is None and ph.own:
+            blk = _blocks_grouped(df, med.join(st, on="step", how="left"), ph.own, W)
+        meds.append(med)
+        if blk is not None:
+            blocks.append(blk)
+    return pl.concat(meds, how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())
 
 
-def _per_step(facts: RunFacts, lo: int, hi: int) -> pl.DataFrame:
-    ph = facts.phases
-    lf = pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(
-        lo, hi, closed="left"))
-    lf = lf.select("step", "rank", "step_time_s", *ph.own,
-                   own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
-                   own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"),
-                   own_work(ph.wait).fill_null(0.0).alias("_wait"))
-    df = lf.sort("step", "rank").collect()
-    fast = per_step_matrix(df, ph.own, ph.data)
-    if fast is not None:
-        return fast
-    return _grouped(df.lazy(), ph)
+def _blocks_grouped(df: pl.DataFrame, med: pl.DataFrame, own, W: int) -> pl.DataFrame:
+    lf = (df.lazy().select("step", "rank", "attempt", *own)
+          .join(med.lazy().select("step", "_st", *[f"{c}\0med" for c in own]), on="step", how="inner")
+          .with_columns([(pl.col(c) - pl.col(f"{c}\0med")).alias(c) for c in own])
+          .with_columns((pl.col("step") // W).alias("_block")))
+    return lf.group_by("rank", "attempt", "_block").agg(
+        pl.col("step").min().alias("first"), pl.col("step").max().alias("last"), pl.len().alias("n"),
+        pl.col("_st").median().alias("st"),
+        *[pl.col(c).median().alias(f"{c}\0ex") for c in own],
+        *[pl.col(c).clip(lower_bound=0).sum().alias(f"{c}\0cost") for c in own],
+    ).collect()
 
 
 def _grouped(lf: pl.LazyFrame, ph) -> pl.DataFrame:
-    # Least wait first; ties (no wait phases: all zero) to the longest step. (polars: a sort_by
-    # within the group is faster here than get(arg_min()).)
+    # Least wait first; ties (no wait phases: all zero) to the longest step.
     crit = ["_wait", (-pl.col("step_time_s")).alias("_neg")]
 
     def of_critical(c):

@@ -12,8 +12,8 @@ evaluates, checkpoints or prints while the others wait makes the others wait in 
 never makes them look slow. The cost is the excess summed over the episode: the seconds every
 other rank waited.
 
-A lazy pass over ranks.parquet, window by window (perstep.windows, whole blocks each), groups
-(rank, attempt, block of steps); only that small table is collected.
+The per (rank, attempt, block of steps) excesses come from perstep.per_step's one pass over
+ranks.parquet, window by window.
 """
 
 from __future__ import annotations
@@ -21,37 +21,15 @@ from __future__ import annotations
 import polars as pl
 
 from kforge_dash.ingest.findings.model import Finding, RunFacts, phase_name, steps_range
-from kforge_dash.ingest.findings.perstep import block_size, windows
 
 
-def straggler_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
-    own = facts.phases.own
-    if not own or med.height == 0:
-        return []
-    W = block_size(facts.steps.height)
-    st = facts.steps.select("step", pl.col("step_time_median_s").alias("_st"))
-    medians = med.select("step", *[f"{c}\0med" for c in own]).join(st, on="step", how="left")
-    blocks = pl.concat([_blocks(facts, medians, own, W, lo, hi) for lo, hi in windows(facts)], how="vertical")
+def straggler_findings(facts: RunFacts, blocks: pl.DataFrame) -> list[Finding]:
+    """``blocks``: perstep.per_step's per (rank, attempt, block) excesses."""
     out = []
-    for c in own:
-        out += _phase_findings(facts, blocks, c)
+    for c in facts.phases.own:
+        if blocks.height and f"{c}\0ex" in blocks.columns:
+            out += _phase_findings(facts, blocks, c)
     return out
-
-
-def _blocks(facts, medians: pl.DataFrame, own, W: int, lo: int, hi: int) -> pl.DataFrame:
-    """Per (rank, attempt, block) of the steps in [lo, hi): each own-work phase's median excess
-    over the median rank, and its summed positive excess (the others' wait)."""
-    in_window = pl.col("step").is_between(lo, hi, closed="left")
-    lf = (pl.scan_parquet(facts.ranks_path).filter(pl.col("step_time_s").is_not_null() & in_window)
-          .select("step", "rank", "attempt", *own).join(medians.filter(in_window).lazy(), on="step", how="inner")
-          .with_columns([(pl.col(c) - pl.col(f"{c}\0med")).alias(c) for c in own])
-          .with_columns((pl.col("step") // W).alias("_block")))
-    return lf.group_by("rank", "attempt", "_block").agg(
-        pl.col("step").min().alias("first"), pl.col("step").max().alias("last"), pl.len().alias("n"),
-        pl.col("_st").median().alias("st"),
-        *[pl.col(c).median().alias(f"{c}\0ex") for c in own],
-        *[pl.col(c).clip(lower_bound=0).sum().alias(f"{c}\0cost") for c in own],
-    ).collect()
 
 
 def _phase_findings(facts: RunFacts, blocks: pl.DataFrame, col: str) -> list[Finding]:
