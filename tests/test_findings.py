@@ -134,3 +134,20 @@ def test_a_data_stall_on_every_rank_is_not_a_straggler(tmp_path, monkeypatch):
     assert _of(s, "straggler") == []
     # (times near 1.8e9 s: float64 keeps them to ~0.2 us)
     assert s["goodput"]["buckets"]["data_stall"] == pytest.approx(60 * 0.06 + 40 * 0.001, abs=1e-4)
+
+
+def test_a_failing_detector_costs_only_its_findings(tmp_path, monkeypatch):
+    from kforge_dash.ingest.findings import stragglers
+
+    def broken(*a, **k):
+        raise ValueError("odd input")
+
+    monkeypatch.setattr(stragglers, "straggler_findings", broken)
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(tmp_path / "odd", 2)
+    drive(recs, range(1, 41), clock, phases=lambda r, s: [("data", 0.05 if r == 1 else 0.001), ("fwd_bwd", 0.05)],
+          values=lambda r, s: {"loss": float("nan") if s == 30 else 1.0, "tokens": 10})
+    close_all(recs)
+    with pytest.warns(UserWarning, match="findings: stragglers could not be computed from .*ValueError: odd input"):
+        s = ingest_run(recs[0].run_dir).summary
+    assert [f["kind"] for f in s["findings"]] == ["nonfinite"] and s["goodput"]["fraction"] is not None

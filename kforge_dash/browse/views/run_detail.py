@@ -28,7 +28,9 @@ c[4].metric("device", (s.get("device") or {}).get("name") or "unknown")
 
 st.subheader("Findings")
 found = prep_findings.findings_table(name, s)
-if found.is_empty():
+if "findings" not in s:
+    st.info("Ingested before findings existed: re-ingest the run (kforge-ingest) to see them.")
+elif found.is_empty():
     st.success("No findings: no spike, NaN, straggler, regression, memory growth, data stall or restart.")
 else:
     st.dataframe(found.drop("first_step", "last_step"), hide_index=True, key="findings",

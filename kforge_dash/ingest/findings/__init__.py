@@ -37,7 +37,8 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
         try:
             return fn(*args)
         except Exception as e:  # noqa: BLE001 - reported, the rest of the summary stands
-            warnings.append(f"findings: {name} could not be computed ({type(e).__name__}: {e})")
+            warnings.append(f"findings: {name} could not be computed from {out_dir} ({type(e).__name__}: {e}); "
+                            "the rest of the summary stands")
             return None
 
     med, blocks = attempt("per-step rank facts", perstep.per_step, facts) or (None, None)
