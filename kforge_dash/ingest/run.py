@@ -30,6 +30,7 @@ pl = require("polars", extra="ingest", purpose="kforge-ingest")
 
 from kforge_dash.ingest import shards as _shards  # noqa: E402  (after the polars check)
 from kforge_dash.ingest.append import attempts_state  # noqa: E402
+from kforge_dash.ingest.findings import analyse_run  # noqa: E402
 from kforge_dash.ingest.launches import launch_flops, world_size_of  # noqa: E402
 from kforge_dash.ingest.manifest import output_stat, save_manifest  # noqa: E402
 from kforge_dash.ingest.options import (  # noqa: E402
@@ -39,7 +40,6 @@ from kforge_dash.ingest.options import (  # noqa: E402
     IngestResult,
     IngestWarning,
 )
-from kforge_dash.ingest.findings import analyse_run  # noqa: E402
 from kforge_dash.ingest.plan import IngestInputs, IngestPlan, make_plan  # noqa: E402
 from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402  (public here too: see __all__)
 from kforge_dash.ingest.reduce import ema_expr, reduce_steps  # noqa: E402
