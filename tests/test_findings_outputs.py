@@ -91,3 +91,32 @@ def test_tensorboard_carries_findings_markers(ingested):
     ea.Reload()
     assert not [t for t in ea.Tags()["scalars"] if t.startswith("findings/")]
     assert "train/loss" in ea.Tags()["scalars"]
+
+
+def test_new_steps_after_a_finding_are_appended_to_the_event_file(tmp_path, monkeypatch):
+    """The markers sit at the findings' first steps and do not change while the run goes on, so an
+    ingest of new steps still appends to TensorBoard's event file (tensorboard.py) instead of
+    rewriting it."""
+    from findings_fixtures import Clock, close_all, drive, install, open_ranks
+
+    from kforge_dash import ingest_run
+    from kforge_dash.export.run import export_run
+
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(tmp_path / "live", 2)
+    values = lambda r, s: {"loss": float("nan") if s == 20 else 1.0, "tokens": 10}  # noqa: E731
+    drive(recs, range(1, 41), clock, phases=lambda r, s: [("data", 0.01), ("fwd_bwd", 0.05)], values=values)
+    for rec in recs.values():
+        rec.flush()
+    ingest_run(recs[0].run_dir)
+    first = export_run(recs[0].run_dir, wandb=False).tensorboard
+    size = os.path.getsize(first.path)
+    drive(recs, range(41, 61), clock, phases=lambda r, s: [("data", 0.01), ("fwd_bwd", 0.05)], values=values)
+    close_all(recs)
+    assert ingest_run(recs[0].run_dir).appended
+    second = export_run(recs[0].run_dir, wandb=False).tensorboard
+    assert second.path == first.path and os.path.getsize(second.path) > size  # appended, same file
+    ea = EventAccumulator(second.path, size_guidance={"scalars": 0})
+    ea.Reload()
+    assert [(e.step, e.value) for e in ea.Scalars("findings/nonfinite")] == [(20, 1.0)]
+    assert [e.step for e in ea.Scalars("train/loss")] == list(range(1, 61))
