@@ -68,3 +68,18 @@ def test_goodput_buckets_of_a_resumed_run(tmp_path, monkeypatch):
     assert "30 steps recomputed (4.0 s of lost progress) and 25.0 s down" in f["message"]
     # rank 1 waited for rank 0's checkpoints in its all-reduce: not a straggler, nor is rank 0
     assert [f for f in s["findings"] if f["kind"] == "straggler"] == []
+
+
+def test_meta_json_has_the_process_start(tmp_path):
+    """A process that spends 1 s before building its Recorder: meta.json's process_start_time is
+    that much before start_time (goodput counts it as startup, not downtime)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import time; time.sleep(1.0); from kforge_record import Recorder; "
+            f"r = Recorder({str(tmp_path / 'run')!r}, rank=0, world_size=1); r.end_step(1, loss=1.0); r.close()")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    (meta,) = (tmp_path / "run").glob("rank-00000/*/meta.json")
+    m = json.loads(meta.read_text())
+    assert 1.0 <= m["start_time"] - m["process_start_time"] < 30.0
