@@ -34,6 +34,7 @@ def test_findings_table_and_links(root):
     assert row["steps"] == f"{row['first_step']}–{row['last_step']}" and row["first_step"] == 151
     assert row["open"] == f"detail?run=spike-nan&focus=151-{row['last_step']}"
     assert prep_findings.parse_focus("151-162") == (151, 162) and prep_findings.parse_focus("../x") is None
+    assert prep_findings.focus_options(s) == ["200-200", f"151-{row['last_step']}", "151-159"]  # each once
     focus = prep_findings.focus_steps(root / "spike-nan" / "ingested" / "steps.parquet", 151, 162)
     assert focus["step"].to_list() == list(range(131, 183))
     assert prep_findings.findings_table("baseline-lr3e-3", summary(root, "baseline-lr3e-3")).is_empty()
@@ -104,6 +105,10 @@ def test_a_finding_link_opens_its_steps(app):
     at = app.run()
     at.switch_page("views/run_detail.py").run()
     assert not at.exception
+    assert at.selectbox(key="focus").value == "151-162"
     spec = _charts(at)["steps 151–162"]
     steps = [x for tr in spec["data"] for x in np.asarray(tr["x"]).tolist()]
     assert min(steps) == 131 and max(steps) == 182
+    # the same through the page's own control: the NaN finding at step 200
+    at.selectbox(key="focus").set_value("200-200").run()
+    assert not at.exception and "steps 200–200" in _charts(at) and "steps 151–162" not in _charts(at)

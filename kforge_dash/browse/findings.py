@@ -35,6 +35,16 @@ def focus_link(run: str, first: int | None, last: int | None) -> str | None:
     return f"detail?{q}"
 
 
+def focus_options(summary: dict | None) -> list[str]:
+    """The findings' steps as "FIRST-LAST" (what ?focus= holds), most severe first, each once."""
+    out: dict[str, None] = {}
+    for f in findings_of(summary):
+        first, last = f.get("first_step"), f.get("last_step")
+        if isinstance(first, int):
+            out[f"{first}-{last if isinstance(last, int) else first}"] = None
+    return list(out)
+
+
 def parse_focus(value: str | None) -> tuple[int, int] | None:
     """``"151-162"`` -> (151, 162); anything else (from a URL) -> None."""
     try:

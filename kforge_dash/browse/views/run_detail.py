@@ -38,10 +38,15 @@ else:
 waterfall = prep_findings.goodput_waterfall(s)
 if waterfall is not None:
     st.plotly_chart(findings_figures.waterfall_figure(waterfall), key="goodput")
-focus = prep_findings.parse_focus(st.query_params.get("focus"))
+# The table's links and this box set the same ?focus=FIRST-LAST: a link reproduces the view.
+options = prep_findings.focus_options(s)
+# Options are the plain "FIRST-LAST" (a bound widget keeps its label in the URL); the table says what each is.
+picked = st.selectbox("Open the steps of a finding (first-last)", options, index=None, key="focus",
+                      bind="query-params", placeholder="pick a finding's steps") if options else None
+focus = prep_findings.parse_focus(picked)
 if focus is not None:
     st.plotly_chart(findings_figures.focus_figure(prep_findings.focus_steps(run.file(STEPS_FILE), *focus), *focus),
-                    key="focus")
+                    key="focus_chart")
 
 left, right = st.columns([1, 2])
 rank_metrics = prep_ranks.rank_metrics(run.file(RANKS_FILE))
