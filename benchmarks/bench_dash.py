@@ -22,7 +22,9 @@ import plotly.io
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kforge_dash import prep_figures, prep_runs, prep_series  # noqa: E402
+from kforge_dash.browse import figures as prep_figures  # noqa: E402
+from kforge_dash.browse import runs as prep_runs  # noqa: E402
+from kforge_dash.browse import series as prep_series  # noqa: E402
 
 METRICS = ["loss", "grad_norm", "lr", "tokens_per_sec", "mfu", "step_time_s", "mem_peak_bytes"]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 _SHAPE = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size", "seq_len")
 _MOE = ("moe_num_experts", "moe_top_k", "moe_shared_experts", "moe_frequency")
+MLP_KINDS = ("swiglu", "gelu")  # gated (3 matrices: gate, up, down) or plain (2: up, down, e.g. GPT-2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,7 +19,8 @@ class ModelSpec:
     * ``n_params`` with ``n_layers``, ``dim``, ``seq_len`` (6·N + 12·L·D·S);
     * the shape ``n_layers, dim, n_heads, n_kv_heads, ffn_hidden_dim, vocab_size, seq_len``,
       plus ``moe_num_experts, moe_top_k`` (and optionally ``moe_shared_experts``,
-      ``moe_frequency``) for a mixture of experts.
+      ``moe_frequency``) for a mixture of experts, and ``mlp``: "swiglu" (the default: Llama,
+      Mistral) or "gelu" (a plain two-matrix MLP: GPT-2, BERT), which the shape's FLOPs depend on.
     """
 
     flops_per_token: float | None = None
@@ -34,11 +36,16 @@ class ModelSpec:
     moe_top_k: int | None = None
     moe_shared_experts: int | None = None
     moe_frequency: int | None = None
+    mlp: str | None = None  # None reads as "swiglu"
 
     def __post_init__(self) -> None:  # noqa: C901
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if v is None:
+                continue
+            if f.name == "mlp":
+                if v not in MLP_KINDS:
+                    raise ValueError(f"model: mlp must be one of {', '.join(map(repr, MLP_KINDS))}, got {v!r}")
                 continue
             if f.name in ("flops_per_token", "n_params"):  # large counts are often written 7e9
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:

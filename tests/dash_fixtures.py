@@ -134,3 +134,10 @@ def copy_and_ingest_sample_runs(dst: Path) -> Path:
     for name in sample_run_names():
         ingest.ingest_run(dst / name)
     return dst
+
+
+def shown(markdown: str) -> str:
+    """The text a Markdown body shows: the page escapes names from disk with backslashes (units.md_text)."""
+    import re
+
+    return re.sub(r"\\(.)", r"\1", markdown)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, sample_run_names
+from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, sample_run_names, shown
 from streamlit.testing.v1 import AppTest
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
@@ -79,7 +79,7 @@ def test_compare_page_lists_runs_and_draws_selected_ones(app, root):
     s = steps(root, a)
     raw = lines[(a, True)]
     want = {st: v for st, v in zip(s["step"], s["loss"]) if v is not None and np.isfinite(v)}
-    drawn_steps = decode(raw["customdata"]).tolist()
+    drawn_steps = decode(raw["x"]).tolist()  # on the step axis x is the step
     assert set(drawn_steps) <= set(want)
     if len(want) <= 2000:
         assert drawn_steps == sorted(want)
@@ -131,7 +131,8 @@ def test_compare_marks_nonfinite_steps(app, root):
     assert bad, "sample_runs/spike-nan must have a non-finite loss"
     at = app.run()
     at.multiselect(key="runs").set_value(bad[:1]).run()
-    assert any(bad[0] in w.value and ("loss is nan" in w.value or "loss is inf" in w.value) for w in at.warning)
+    texts = [shown(w.value) for w in at.warning]
+    assert any(bad[0] in t and ("loss is nan" in t or "loss is inf" in t) for t in texts)
     markers = [t for t in charts(at)["loss"]["data"] if t["mode"] == "markers"]
     assert any(t["marker"]["symbol"] in ("x", "triangle-up") for t in markers)
 
@@ -182,7 +183,7 @@ def test_run_detail_page(app, root):
     assert dict(zip(decode(slow["data"][0]["x"]).tolist(), decode(slow["data"][0]["y"]).tolist())) == {
         r: int(c) for r, c in enumerate(counts) if c}
     assert len(frame_with(at, "attempt_ids")) == len(s["attempts"])
-    warnings = [w.value for w in at.warning]
+    warnings = [shown(w.value) for w in at.warning]
     assert all(w in warnings for w in s["warnings"])
     nonfinite = sum(1 for v in st["loss"] if v is not None and not np.isfinite(v))
     if nonfinite:
@@ -242,7 +243,7 @@ def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_p
     assert status[fresh] == "not ingested"
     if stale:
         assert status[stale] == "stale"
-    notice = next(w.value for w in at.warning if "until ingested" in w.value)
+    notice = next(shown(w.value) for w in at.warning if "until ingested" in shown(w.value))
     assert fresh in notice
     at.button(key="ingest").click().run()
     assert not at.exception
@@ -250,7 +251,7 @@ def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_p
     assert status[fresh] == "ingested" and (root / fresh / "ingested" / "steps.parquet").is_file()
     if stale:
         assert status[stale] == "ingested"
-    assert not any("until ingested" in w.value for w in at.warning)
+    assert not any("until ingested" in shown(w.value) for w in at.warning)
 
 
 def test_damaged_steps_file_is_named_not_a_crash(root, tmp_path, monkeypatch):
@@ -264,11 +265,11 @@ def test_damaged_steps_file_is_named_not_a_crash(root, tmp_path, monkeypatch):
     at.query_params["runs"] = [name]
     at.run()
     assert not at.exception
-    assert any(str(steps_file) in e.value for e in at.error)
+    assert any(str(steps_file) in shown(e.value) for e in at.error)
     at.query_params["run"] = name
     at.switch_page("views/run_detail.py").run()
     assert not at.exception
-    assert any(str(steps_file) in e.value for e in at.error)
+    assert any(str(steps_file) in shown(e.value) for e in at.error)
 
 
 def test_cli_refuses_a_missing_root_and_binds_localhost_by_default(tmp_path):

@@ -1,21 +1,34 @@
-"""The real thing: `kforge-dash` as a subprocess on 127.0.0.1, driven by headless Chromium.
+"""The real thing: `kforge-dash` as a subprocess on 127.0.0.1, driven by headless Chromium; and a
+kforge-report file opened with every network request blocked.
 
 Needs Debian's chromium at /usr/bin/chromium (CI installs it); playwright never downloads one.
 The screenshot goes to $KFORGE_SCREENSHOT (docs/screenshot-compare.png for the README) or tmp_path.
 """
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import numpy as np
+import polars as pl
 import pytest
-from dash_fixtures import copy_and_ingest_sample_runs, sample_run_names
+from dash_fixtures import copy_and_ingest_sample_runs, sample_run_names, write_run, write_shards_only
 
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync"]
 pytestmark = [pytest.mark.slow]
+HOSTILE_DIR = "![pix](https:evil.invalid)"  # not ingested: listed in the "not ingested" panel
+HOSTILE_RUN = "<img src=x onerror=alert(1)> **b**"  # ingested: in pickers, legends, tables
+SPIKE = 654_321
+DRAWN = "n => { const p = document.querySelectorAll('.js-plotly-plot'); return p.length >= n && [...p].every(" \
+        "e => e.querySelectorAll('.scatterlayer .trace path.js-line').length >= 1); }"
 
 
 def free_port() -> int:
@@ -30,13 +43,11 @@ def kforge_dash_cmd() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "kforge_dash.cli.dash"]
 
 
-@pytest.fixture
-def server(tmp_path):
-    root = copy_and_ingest_sample_runs(tmp_path / "runs")
+@contextlib.contextmanager
+def serve(root: Path, log_path: Path):
     port = free_port()
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([*kforge_dash_cmd(), str(root), "--port", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT)
+    log = open(log_path, "w")
+    proc = subprocess.Popen([*kforge_dash_cmd(), str(root), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -49,9 +60,9 @@ def server(tmp_path):
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.flush()
-                pytest.fail(f"kforge-dash did not come up:\n{(tmp_path / 'server.log').read_text()}")
+                pytest.fail(f"kforge-dash did not come up:\n{log_path.read_text()}")
             time.sleep(0.3)
-        yield url, root
+        yield url
     finally:
         proc.terminate()
         try:
@@ -62,45 +73,220 @@ def server(tmp_path):
         log.close()
 
 
-def test_compare_page_in_chromium(server, tmp_path, chromium):
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the module (Debian's; missing is a failure, not a skip)."""
     from playwright.sync_api import sync_playwright
 
-    url, root = server
-    names = sample_run_names()
-    pick = [n for n in ("baseline-lr1e-3", "spike-nan", "preempted") if n in names] or names[:2]
-    shot = Path(os.environ.get("KFORGE_SCREENSHOT") or tmp_path / "screenshot-compare.png")
+    assert os.path.exists(CHROMIUM), f"{CHROMIUM} is absent: apt-get install chromium"
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1250})
-            page.set_default_timeout(60_000)
-            page.goto(url + "/")  # the compare page is the app's default page
-            page.get_by_text("Pick runs to compare").first.wait_for()
-            # The sidebar is the app's own navigation (st.navigation), not a listing of files.
-            nav = page.get_by_test_id("stSidebarNav").inner_text()
-            assert "Compare runs" in nav and "Runs table" in nav and "Run detail" in nav and "common" not in nav
-            runs = page.get_by_role("combobox", name="Runs", exact=True)
-            for name in pick:
-                runs.click()
-                runs.fill(name)
-                page.get_by_role("option", name=name, exact=True).click()
-            page.keyboard.press("Escape")
-            # Charts drawn: every chart has an SVG line per selected run (loss: raw and smoothed).
-            page.wait_for_function(
-                "n => { const p = document.querySelectorAll('.js-plotly-plot');"
-                " return p.length >= 4 && [...p].every(e => e.querySelectorAll("
-                "'.scatterlayer .trace path.js-line').length >= n); }", arg=len(pick))
-            titles = page.locator(".js-plotly-plot .gtitle").all_text_contents()
-            assert {"loss", "grad_norm", "lr", "step_time_s"} <= set(titles)
-            loss = page.locator(".js-plotly-plot").filter(has=page.locator(".gtitle", has_text="loss")).first
-            assert set(pick) <= set(loss.locator(".legendtext").all_text_contents())
-            assert loss.locator(".scatterlayer .trace path.js-line").count() >= 2 * len(pick)
-            assert set(pick) <= set(page.url.split("?", 1)[1].replace("runs=", "").split("&"))
-            time.sleep(1.0)  # let plotly finish its transitions before the picture
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(shot))
+            yield b
         finally:
-            browser.close()
+            b.close()
+
+
+def new_page(browser, *, allow: str = "127.0.0.1", height: int = 1250, width: int = 1400):
+    """A page whose requests to anything but `allow` (a host, or 'file') are aborted and recorded."""
+    ctx = browser.new_context(viewport={"width": width, "height": height})
+    left: list[str] = []
+
+    def gate(route):
+        u = urllib.parse.urlsplit(route.request.url)
+        if (allow == "file" and u.scheme in ("file", "data", "blob")) or u.hostname == allow or u.scheme in ("data", "blob"):
+            route.continue_()
+        else:
+            left.append(route.request.url)
+            route.abort()
+
+    ctx.route("**/*", gate)
+    page = ctx.new_page()
+    page.set_default_timeout(60_000)
+    return page, left
+
+
+def settled(page) -> None:
+    """The compare page's script has finished: its note on what is drawn is written after every chart
+    (charts stream in one by one, and the page may redraw them once the notes above them appear)."""
+    page.get_by_text("Drawing ", exact=False).first.wait_for()
+    page.wait_for_timeout(300)
+
+
+def traces(page, title: str) -> list[dict]:
+    """name, colour and y values of each line trace of the chart titled `title` (plotly's own data)."""
+    return page.evaluate("""t => { const gd = [...document.querySelectorAll('.js-plotly-plot')].find(
+        e => ((e.layout.title || {}).text || '').replace(/<[^>]*>/g, '') === t); if (!gd) return null;
+        return gd._fullData.map(d => ({name: d.name, colour: d.line && d.line.color, mode: d.mode,
+                                  fill: d.fill || null, y: Array.from(d.y || []).map(Number),
+                                  step: Array.from(d.customdata || d.x || []).map(Number)})); }""",
+                         title)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """A root with seeds to group, a hostile name, a 1M-step run with two spikes 3 steps apart, a live run."""
+    root = tmp_path_factory.mktemp("browse") / "runs"
+    for name, seed in (("a-seed1", 1), ("a-seed2", 2), ("b-seed1", 3), (HOSTILE_RUN, 4)):
+        write_run(root, name, n=300, seed=seed)
+    big = write_run(root, "big", n=1_000_000, world_size=1, with_ranks=False) / "ingested" / "steps.parquet"
+    steps = pl.read_parquet(big)
+    rng = np.random.default_rng(0)
+    loss = 3.0 - np.linspace(0, 1, len(steps)) + 0.01 * rng.standard_normal(len(steps))
+    loss[SPIKE - 1], loss[SPIKE + 2] = 10.0, 9.0
+    steps.with_columns(pl.Series("loss", loss)).write_parquet(big)
+    write_shards_only(root, HOSTILE_DIR)
+    live = Recorder_run(root / "live")
+    with serve(root, root.parent / "server.log") as url:
+        yield url, root, live
+    live.close()
+
+
+class Recorder_run:
+    """A run being written: a real Recorder, flushed and ingested once; `more()` adds a part file."""
+
+    def __init__(self, path: Path):
+        from kforge_dash.ingest.run import ingest_run
+        from kforge_record import Recorder
+
+        self.rec = Recorder(path, rank=0, world_size=1, install_sigterm_handler=False, flush_every_steps=10_000)
+        self.step = 0
+        self.more(30)
+        ingest_run(path)
+
+    def more(self, n: int) -> None:
+        for _ in range(n):
+            self.step += 1
+            self.rec.start_step()
+            self.rec.end_step(self.step, loss=5.0 / self.step, tokens=1000)
+        self.rec.flush()
+
+    def close(self) -> None:
+        self.rec.close()
+
+
+def test_landing_page_draws_at_once_and_every_page_has_a_url(browser, tmp_path):
+    if not sample_run_names():
+        pytest.fail("sample_runs/ holds no runs (run examples/make_sample_runs.py)")
+    root = copy_and_ingest_sample_runs(tmp_path / "runs")
+    shot = Path(os.environ.get("KFORGE_SCREENSHOT") or tmp_path / "screenshot-compare.png")
+    with serve(root, tmp_path / "server.log") as url:
+        page, left = new_page(browser)
+        page.goto(url + "/")
+        # No picking: the most recent runs are selected and every chart is drawn at once.
+        page.wait_for_function(DRAWN, arg=4)
+        settled(page)
+        loss = page.locator(".js-plotly-plot").filter(has=page.locator(".gtitle", has_text="loss")).first
+        legend = set(loss.locator(".legendtext").all_text_contents())
+        assert set(sample_run_names()) <= legend, legend
+        assert page.url.split("?")[0].endswith("/compare")  # the root moves on to the page's own URL
+        nav = page.get_by_test_id("stSidebarNav").inner_text()
+        assert "Compare runs" in nav and "Runs table" in nav and "Run detail" in nav and "kforge" not in nav
+        assert page.get_by_text("Deploy").count() == 0  # the developer toolbar is hidden
+        time.sleep(1.0)  # let plotly finish its transitions before the picture
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot))
+        for path, title in (("/compare", "Compare runs"), ("/runs", "Runs"), ("/detail", "Run detail")):
+            page.goto(url + path)  # typed, as a bookmark would
+            page.get_by_role("heading", name=title, exact=True).wait_for()
+        assert left == [], left
     assert shot.stat().st_size > 10_000
+
+
+def test_a_run_keeps_its_colour_and_hostile_names_stay_text_with_no_request_leaving(browser, synthetic):
+    url, _, _ = synthetic
+    page, left = new_page(browser)
+    page.goto(url + "/compare?runs=" + urllib.parse.quote(HOSTILE_RUN) + "&metrics=loss")
+    page.wait_for_function(DRAWN, arg=1)
+    settled(page)
+    before = {t["name"]: t["colour"] for t in traces(page, "loss") if t["mode"] == "lines"}
+    page.get_by_text(HOSTILE_DIR, exact=False).first.wait_for()  # the "not ingested" panel, as typed
+    assert page.locator(".js-plotly-plot .legendtext").all_text_contents() == [HOSTILE_RUN]
+    assert page.locator("img[src*='evil'], img[src='x'], strong:has-text('b')").count() == 0
+    runs = page.get_by_role("combobox", name="Runs", exact=True)
+    runs.click()
+    runs.fill("b-seed1")
+    page.get_by_role("option", name="b-seed1", exact=True).click()
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .legendtext').length >= 2")
+    settled(page)
+    after = {t["name"]: t["colour"] for t in traces(page, "loss") if t["mode"] == "lines"}
+    # The plotly name is the escaped text; the colour of the run already shown did not move.
+    assert after[next(iter(before))] == next(iter(before.values())) and len(set(after.values())) == 2
+    assert left == []  # no request left 127.0.0.1 (the hostile names point at evil.invalid)
+
+
+def test_group_band(browser, synthetic):
+    url, _, _ = synthetic
+    page, _ = new_page(browser)
+    page.goto(url + "/compare?runs=a-seed1&runs=a-seed2&runs=b-seed1&metrics=loss&group_by=name+pattern")
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer path.js-fill').length >= 2")
+    legends = page.locator(".js-plotly-plot .legendtext").all_text_contents()
+    assert sorted(legends) == ["a (2 runs)", "b (1 runs)"]
+
+
+def drag(page, first_step: int, last_step: int) -> None:
+    """Drag across the first chart from one step to another (its drag mode selects an x range)."""
+    box = page.evaluate("""([a, b]) => { const gd = document.querySelector('.js-plotly-plot');
+        const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();
+        return {x0: r.left + xa._offset + xa.l2p(a), x1: r.left + xa._offset + xa.l2p(b),
+                y: r.top + ya._offset + ya._length / 2}; }""", [first_step, last_step])
+    assert box["x1"] - box["x0"] > 20  # plotly takes a shorter drag for a click
+    page.mouse.move(box["x0"], box["y"])
+    page.mouse.down()
+    for i in range(1, 11):
+        page.mouse.move(box["x0"] + (box["x1"] - box["x0"]) * i / 10, box["y"])
+    page.mouse.up()
+
+
+def test_zoom_rereads_a_spike_that_the_whole_run_drawing_hides(browser, synthetic):
+    url, _, _ = synthetic
+    page, _ = new_page(browser, width=1800)
+    page.goto(url + "/compare?runs=big&metrics=loss&smoothing=0.0")
+    page.wait_for_function(DRAWN, arg=1)
+    settled(page)
+    ys = [v for t in traces(page, "loss") for v in t["y"]]
+    assert 10.0 in ys and 9.0 not in ys  # 1M steps in 2,000 points: the second spike is not drawn
+    # Zoom twice, as a person would: each range is re-read from the 1M-step file, not cut from the drawing.
+    drag(page, SPIKE - 25_000, SPIKE + 25_000)
+    page.wait_for_function("""s => { const gd = document.querySelector('.js-plotly-plot');
+        return gd && Math.min(...Array.from(gd._fullData[0].x).map(Number)) > s; }""", arg=SPIKE - 30_000)
+    settled(page)  # the new chart settles before the second drag
+    drag(page, SPIKE - 1_000, SPIKE + 1_000)
+    page.wait_for_function("""() => { const gd = document.querySelector('.js-plotly-plot');
+        return gd && gd._fullData.some(d => Array.from(d.y || []).map(Number).includes(9)); }""")
+    steps = [s for t in traces(page, "loss") if t["mode"] == "lines" for s in t["step"]]
+    assert SPIKE - 1_500 <= min(steps) and max(steps) <= SPIKE + 1_500
+    assert page.get_by_label("From step").input_value() != ""  # the zoom is in the inputs (and the URL)
+    assert "step_from=" in page.url
+
+
+def test_live_refresh_picks_up_a_new_part_file(browser, synthetic):
+    url, _, live = synthetic
+    page, _ = new_page(browser)
+    page.goto(url + "/compare?runs=live&metrics=loss")
+    page.wait_for_function(DRAWN, arg=1)
+    settled(page)
+    page.get_by_text("● live", exact=False).first.wait_for()
+    assert max(s for t in traces(page, "loss") for s in t["step"]) == 30
+    time.sleep(1.1)  # a part file newer than the page (file times have a coarse clock on some filesystems)
+    live.more(25)
+    page.wait_for_function("""() => { const gd = document.querySelector('.js-plotly-plot');
+        return gd && gd._fullData.some(d => Array.from(d.x || []).map(Number).includes(55)); }""", timeout=40_000)
+
+
+def test_report_opened_offline_draws_its_charts_and_names_every_run(browser, synthetic, tmp_path):
+    from kforge_dash.browse.report import write_report
+
+    _, root, _ = synthetic
+    names = ["a-seed1", "a-seed2", "b-seed1", HOSTILE_RUN]
+    out = tmp_path / "report.html"
+    report = write_report([root], out, runs=names)
+    page, left = new_page(browser, allow="file", height=2400)
+    page.goto(out.as_uri())
+    page.wait_for_function(DRAWN, arg=len(report.metrics))
+    loss = page.locator(".js-plotly-plot").filter(has=page.locator(".gtitle", has_text="loss")).first
+    assert sorted(loss.locator(".legendtext").all_text_contents()) == sorted(names)
+    table = page.locator("table.runs").inner_text()
+    assert all(n in table for n in names)
+    assert page.locator("img").count() == 0 and left == []

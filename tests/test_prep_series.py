@@ -73,13 +73,13 @@ def test_smoothing_is_applied_at_full_resolution_before_downsampling(tmp_path):
 
 
 def test_smoothing_matches_ingest_ema_on_contract_alpha(tmp_path):
-    loss = [None, 5.0, float("nan"), 3.0, None, 1.0, float("inf"), 2.0]
+    loss = [None, 5.0, float("nan"), 3.0, None, 1.0, float("inf"), 2.0] * 2
     src = _source(tmp_path, loss=pl.Series(loss, dtype=pl.Float64))
     data = prepare_compare([src], ["loss"], smoothing=0.9)
     smooth = next(s for s in data.series if s.kind == "smoothed")
     ref = _ema(loss, 0.1)
     # Nulls are "not reported": no point is drawn for them; non-finite steps hold the EMA.
-    assert smooth.step.tolist() == [2, 3, 4, 6, 7, 8]
+    assert smooth.step.tolist() == [2, 3, 4, 6, 7, 8, 10, 11, 12, 14, 15, 16]
     assert smooth.y.tolist() == pytest.approx([ref[s - 1] for s in smooth.step])
 
 
@@ -155,14 +155,14 @@ def test_available_metrics_core_first_and_no_bookkeeping():
 
 
 def test_metric_figure_hover_markers_and_colours(tmp_path):
-    loss = np.array([4.0, np.nan, 3.0, 2.0])
+    loss = np.array([4.0, np.nan, 3.0, 2.0] * 5)
     summary = {"restarts": [{"attempt": 1, "resumed_at_step": 3}]}
     data = prepare_compare([_source(tmp_path, summary=summary, loss=loss)], ["loss"], smoothing=0.5)
     fig = prep_figures.metric_figure(data, "loss", {"r": "#123456"}, log_y=True)
     spec = json.loads(plotly.io.to_json(fig))
     lines = [t for t in spec["data"] if t["mode"] == "lines"]
     assert {t["line"]["color"] for t in lines} == {"#123456"}
-    assert all("%{y:.8g}" in t["hovertemplate"] and "step %{customdata}" in t["hovertemplate"] for t in lines)
+    assert all("%{y:.8g}" in t["hovertemplate"] and "step %{x}" in t["hovertemplate"] for t in lines)
     symbols = {t["marker"]["symbol"] for t in spec["data"] if t["mode"] == "markers"}
     assert symbols == {"x", "diamond"}
     assert spec["layout"]["yaxis"]["type"] == "log"
@@ -178,14 +178,15 @@ def test_all_null_metric_draws_nothing_and_says_so(tmp_path):
 
 def test_unsorted_steps_file_is_smoothed_in_step_order(tmp_path):
     path = tmp_path / "s.parquet"
-    pl.DataFrame({"step": [3, 1, 2], "time": [3.0, 1.0, 2.0], "loss": [30.0, 10.0, 20.0]}).write_parquet(path)
+    order = [3, 1, 2, 6, 5, 4, 9, 7, 8, 12, 10, 11]
+    pl.DataFrame({"step": order, "time": [float(s) for s in order], "loss": [10.0 * s for s in order]}).write_parquet(path)
     data = prepare_compare([RunSource("r", path, {})], ["loss"], smoothing=0.5)
     smooth = next(s for s in data.series if s.kind == "smoothed")
-    assert smooth.step.tolist() == [1, 2, 3] and smooth.y.tolist() == _ema([10.0, 20.0, 30.0], 0.5)
+    assert smooth.step.tolist() == list(range(1, 13)) and smooth.y.tolist() == _ema([10.0 * s for s in range(1, 13)], 0.5)
 
 
 def test_lr_and_memory_are_not_smoothed(tmp_path):
-    src = _source(tmp_path, loss=np.arange(5.0), lr=np.arange(5.0), mem_peak_bytes=np.arange(5))
+    src = _source(tmp_path, loss=np.arange(20.0), lr=np.arange(20.0), mem_peak_bytes=np.arange(20))
     data = prepare_compare([src], ["loss", "lr", "mem_peak_bytes"], smoothing=0.5)
     assert sorted((s.metric, s.kind) for s in data.series) == [
         ("loss", "raw"), ("loss", "smoothed"), ("lr", "raw"), ("mem_peak_bytes", "raw")]

@@ -1,8 +1,13 @@
-"""Browse: the Streamlit app (app.py, views/ that only render) and the plain functions it calls.
+"""Browse: the Streamlit app (app.py, views/ that only render), kforge-report, and the plain functions they call.
 
     runs.py       the runs root: which runs, their status, colours, the runs table, config diff
-    series.py     compare charts' data: smoothing, downsampling, markers
+    series.py     compare charts' data: x axes, downsampling, markers, zoomed step ranges
+    smoothing.py  each series smoothed by its own density
+    groups.py     groups of runs: mean line and min-max / ±std band
+    zoom.py       a box dragged on a chart as a step range to re-read
     ranks.py      the run-detail page's data: heatmaps, per-rank phases and memory
-    figures.py    plotly figures from that data
+    figures.py    plotly figures from that data (names escaped as plotly text)
+    units.py      %, h:mm:ss, GiB, "—"; names as literal text in Markdown
     downloads.py  CSV / Parquet downloads of the full-resolution series
+    report.py     kforge-report: one self-contained HTML file
 """

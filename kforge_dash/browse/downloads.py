@@ -18,7 +18,7 @@ def selected_series(runs: list[RunSource], metrics: list[str]) -> pl.DataFrame:
     for r in runs:
         schema = steps_schema(r.steps_path)
         cols = [c for c in ("step", "time", "tokens", *metrics) if c in schema]
-        parts.append(pl.scan_parquet(r.steps_path).select(pl.lit(r.name).alias("run"), *cols))
+        parts.append(pl.scan_parquet(r.steps_path, glob=False).select(pl.lit(r.name).alias("run"), *cols))
     if not parts:
         return pl.DataFrame(schema={"run": pl.String, "step": pl.Int64})
     return pl.concat(parts, how="diagonal_relaxed").collect()

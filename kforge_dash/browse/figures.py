@@ -6,59 +6,147 @@ render in any browser, headless ones included.
 
 from __future__ import annotations
 
+import html
+import re
+
 import plotly.graph_objects as go
 
+from kforge_dash.browse.groups import GroupData
 from kforge_dash.browse.ranks import Heatmap
 from kforge_dash.browse.series import X_LABELS, CompareData
 
 _MARKER_SYMBOL = {"nan": "x", "inf": "triangle-up", "-inf": "triangle-down", "restart": "diamond", "spike": "star"}
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, hovermode="closest",
                legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
+GIB = 2**30
+IMAGE_FORMATS = ("png", "svg")
 
 
-def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, log_y: bool = False) -> go.Figure:
+def text(s) -> str:
+    """A name from disk as plotly text: plotly reads <b>, <a href> and entities in names and titles,
+    so every one is escaped (plotly turns the entities back into the characters)."""
+    return html.escape(str(s), quote=True)
+
+
+def _unit(metric: str) -> tuple[float, str, str]:
+    """(scale, y tick format, hover format) a person reads: MFU in %, memory in GiB."""
+    if metric == "mfu":
+        return 1.0, ".1%", ".2%"
+    if metric.startswith("mem_") and metric.endswith("_bytes"):
+        return 1.0 / GIB, "", ".4g"
+    return 1.0, "", ".8g"
+
+
+def _axis_title(metric: str) -> str:
+    if metric.startswith("mem_") and metric.endswith("_bytes"):
+        return "GiB"
+    return "s" if metric.endswith("_s") else ""
+
+
+def chart_config(metric: str, *, image_format: str = "png") -> dict:
+    """plotly's own modebar: the camera button saves the chart as PNG or SVG under the metric's name."""
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(f"image format {image_format!r}: expected one of {', '.join(IMAGE_FORMATS)}")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", metric).strip("_") or "chart"
+    return {"displaylogo": False, "toImageButtonOptions": {"format": image_format, "filename": f"kforge-{name}", "scale": 2}}
+
+
+def _finish(fig: go.Figure, metric: str, x_axis: str, *, log_y: bool, select_zoom: bool) -> go.Figure:
+    _, tick, _ = _unit(metric)
+    # Unified hover: every run's value at the x under the pointer, not only the nearest run's.
+    fig.update_layout(title=dict(text=text(metric), x=0), xaxis_title=X_LABELS[x_axis],
+                      **{**_LAYOUT, "hovermode": "x unified"})
+    fig.update_yaxes(tickformat=tick or None, title_text=_axis_title(metric) or None)
+    if select_zoom:  # a drag selects a step range, which the app re-reads at full resolution
+        fig.update_layout(dragmode="select", selectdirection="h")
+    if log_y:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, log_y: bool = False,
+                  select_zoom: bool = False) -> go.Figure:
     """One chart: every run's raw (faint when smoothed) and smoothed line, plus markers.
 
-    Hover shows the run, the exact step and the value to 8 significant digits.
+    Hover shows the run, the exact step and the value (MFU in %, memory in GiB).
     """
     fig = go.Figure()
+    scale, _, fmt = _unit(metric)
     smoothed = {s.run for s in data.series if s.metric == metric and s.kind == "smoothed"}
-    show_x = "" if data.x_axis == "step" else f"<br>{X_LABELS[data.x_axis]}: %{{x}}"
+    on_steps = data.x_axis == "step"
+    # On the step axis x is the step: no second copy of it (a third of each chart's bytes).
+    step_ref = "%{x}" if on_steps else "%{customdata}"
+    show_x = "" if on_steps else f" · {X_LABELS[data.x_axis]} %{{x}}"
     for s in data.series:
         if s.metric != metric:
             continue
         faint = s.kind == "raw" and s.run in smoothed
         fig.add_trace(go.Scatter(
-            x=s.x, y=s.y, customdata=s.step, mode="lines", name=s.run, legendgroup=s.run,
-            showlegend=not faint, opacity=0.3 if faint else 1.0,
-            line=dict(color=colours.get(s.run), width=1 if faint else 1.8),
-            hovertemplate=f"<b>{s.run}</b> ({s.kind})<br>step %{{customdata}}{show_x}"
-                          f"<br>{metric}: %{{y:.8g}}<extra></extra>",
+            x=_compact(s.x), y=s.y * scale if scale != 1.0 else s.y, customdata=None if on_steps else _compact(s.step),
+            mode="lines", name=text(s.run), legendgroup=text(s.run), showlegend=not faint,
+            opacity=0.3 if faint else 1.0, connectgaps=False, line=dict(color=colours.get(s.run), width=1 if faint else 1.8),
+            hovertemplate=f"%{{y:{fmt}}} ({s.kind}) · step {step_ref}{show_x}",
         ))
     for m in data.markers:
         if m.metric != metric:
             continue
         fig.add_trace(go.Scatter(
-            x=m.x, y=m.y, customdata=m.step, text=m.text, mode="markers", legendgroup=m.run,
-            name=f"{m.run}: {m.kind}", showlegend=False,
-            marker=dict(symbol=_MARKER_SYMBOL[m.kind], size=11, color=colours.get(m.run),
+            x=m.x, y=m.y * scale if scale != 1.0 else m.y, customdata=m.step, text=[text(t) for t in m.text],
+            mode="markers", legendgroup=text(m.run), name=text(f"{m.run}: {m.kind}"), showlegend=False,
+            marker=dict(symbol=_MARKER_SYMBOL.get(m.kind, "circle"), size=11, color=colours.get(m.run),
                         line=dict(width=1.5, color="black")),
-            hovertemplate=f"<b>{m.run}</b><br>%{{text}}{show_x}<extra></extra>",
+            hovertemplate="%{text}",
         ))
         if m.kind == "restart":
             for x in m.x:
                 fig.add_vline(x=x, line=dict(color=colours.get(m.run), dash="dot", width=1))
-    fig.update_layout(title=dict(text=metric, x=0), xaxis_title=X_LABELS[data.x_axis], **_LAYOUT)
-    if log_y:
-        fig.update_yaxes(type="log")
-    return fig
+    return _finish(fig, metric, data.x_axis, log_y=log_y, select_zoom=select_zoom)
+
+
+def _compact(a):
+    """Integer steps as int32 when they fit (half the bytes sent to the browser); anything else as it is."""
+    if getattr(a, "dtype", None) is not None and a.dtype.kind == "i" and len(a) and -(2**31) < a.min() and a.max() < 2**31:
+        return a.astype("int32")
+    return a
+
+
+def _rgba(colour: str, alpha: float) -> str:
+    c = colour.lstrip("#")
+    if len(c) != 6:
+        return colour
+    r, g, b = (int(c[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def group_figure(data: GroupData, metric: str, colours: dict[str, str], *, log_y: bool = False,
+                 select_zoom: bool = False) -> go.Figure:
+    """One chart: each group's mean line over its band (min–max or ±std of the group's runs)."""
+    fig = go.Figure()
+    scale, _, fmt = _unit(metric)
+    for b in data.bands:
+        if b.metric != metric:
+            continue
+        colour, name = colours.get(b.group, "#1f77b4"), text(f"{b.group} ({len(b.runs)} runs)")
+        fig.add_trace(go.Scatter(x=b.x, y=b.lo * scale, mode="lines", line=dict(width=0), showlegend=False,
+                                 legendgroup=name, hoverinfo="skip", name=name))
+        fig.add_trace(go.Scatter(x=b.x, y=b.hi * scale, mode="lines", line=dict(width=0), fill="tonexty",
+                                 fillcolor=_rgba(colour, 0.2), showlegend=False, legendgroup=name,
+                                 hoverinfo="skip", name=f"{name} band"))
+        fig.add_trace(go.Scatter(
+            x=b.x, y=b.mean * scale, customdata=list(zip(b.step.tolist(), (b.lo * scale).tolist(),
+                                                         (b.hi * scale).tolist(), b.n_runs.tolist())),
+            mode="lines", name=name, legendgroup=name, line=dict(color=colour, width=1.8),
+            hovertemplate=f"mean %{{y:{fmt}}} [%{{customdata[1]:{fmt}}}, %{{customdata[2]:{fmt}}}]"
+                          " of %{customdata[3]} runs · step %{customdata[0]}",
+        ))
+    return _finish(fig, metric, data.x_axis, log_y=log_y, select_zoom=select_zoom)
 
 
 def heatmap_figure(h: Heatmap) -> go.Figure:
     custom = [[f"{a}–{b}" for a, b in zip(h.window_start, h.window_end)] for _ in h.ranks]
     fig = go.Figure(go.Heatmap(
         z=h.z, x=h.window_start, y=h.ranks, customdata=custom, colorscale="Viridis",
-        colorbar=dict(title=h.value), hoverongaps=False,
+        colorbar=dict(title=text(h.value)), hoverongaps=False,
         hovertemplate="rank %{y}<br>steps %{customdata}<br>%{z:.6g}<extra></extra>",
     ))
     fig.update_layout(xaxis_title="step window (first step)", yaxis_title="rank", **_LAYOUT)
@@ -79,8 +167,8 @@ def phase_figure(breakdown) -> go.Figure:
     for phase in breakdown["phase"].unique(maintain_order=True).to_list():
         part = breakdown.filter(breakdown["phase"] == phase).sort("window_start")
         fig.add_trace(go.Scatter(
-            x=part["window_start"].to_list(), y=part["seconds"].to_list(), name=phase, stackgroup="phases",
-            mode="lines", hovertemplate=f"{phase}<br>window from step %{{x}}<br>%{{y:.6g}} s/step<extra></extra>",
+            x=part["window_start"].to_list(), y=part["seconds"].to_list(), name=text(phase), stackgroup="phases",
+            mode="lines", hovertemplate="%{fullData.name}<br>window from step %{x}<br>%{y:.6g} s/step<extra></extra>",
         ))
     fig.update_layout(title=dict(text="phase time per step", x=0), xaxis_title="step", yaxis_title="s", **_LAYOUT)
     return fig

@@ -43,7 +43,7 @@ def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool =
     (they wait for each other in the all-reduce), so the straggler shows in its phase timers:
     pick metric="time/data_s" or "time/fwd_bwd_s".
     """
-    lf = pl.scan_parquet(ranks_path)
+    lf = pl.scan_parquet(ranks_path, glob=False)
     span = _step_span(lf)
     label = "step time" if metric == "step_time_s" else phase_name(metric) if metric.startswith(PHASE_PREFIX) else metric
     if span is None:
@@ -76,7 +76,8 @@ def rank_metrics(ranks_path: str | Path) -> list[str]:
     path = Path(ranks_path)
     if not path.is_file():
         return ["step_time_s"]
-    return ["step_time_s"] + phase_columns(pl.scan_parquet(path).collect_schema())
+    schema = _reading(path, lambda p: pl.scan_parquet(p, glob=False).collect_schema())
+    return ["step_time_s"] + phase_columns(schema)
 
 
 def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
@@ -85,7 +86,7 @@ def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
     The straggler is the rank whose own work (data, fwd_bwd) is longest; the others' fwd_bwd
     includes the time they wait for it in the gradient all-reduce.
     """
-    lf = pl.scan_parquet(ranks_path)
+    lf = pl.scan_parquet(ranks_path, glob=False)
     phases = phase_columns(lf.collect_schema())
     if not phases:
         return pl.DataFrame(schema={"rank": pl.Int64})
@@ -100,7 +101,7 @@ def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
 def slowest_rank_counts(steps_path: str | Path) -> pl.DataFrame:
     """How many steps each rank set the pace (was the slowest), most often first."""
     return (
-        pl.scan_parquet(steps_path)
+        pl.scan_parquet(steps_path, glob=False)
         .filter(pl.col("slowest_rank").is_not_null())
         .group_by("slowest_rank")
         .agg(pl.len().cast(pl.Int64).alias("steps_slowest"))
@@ -116,7 +117,7 @@ _MEM = ("mem_peak_bytes", *(c for c in MEM_COLUMNS if c != "mem_peak_bytes"))  #
 
 def memory_per_rank(ranks_path: str | Path) -> pl.DataFrame:
     """Max of each memory column per rank (null where the rank never sampled memory, e.g. CPU)."""
-    lf = pl.scan_parquet(ranks_path)
+    lf = pl.scan_parquet(ranks_path, glob=False)
     have = [c for c in _MEM if c in lf.collect_schema()]
     return (
         lf.group_by("rank")
@@ -148,7 +149,7 @@ def phase_breakdown(steps_path: str | Path, *, windows: int = 200) -> pl.DataFra
 
     'other' is null in a window where a phase was not timed (null), rather than a guess.
     """
-    lf = pl.scan_parquet(steps_path)
+    lf = pl.scan_parquet(steps_path, glob=False)
     phases = phase_columns(lf.collect_schema())
     empty = pl.DataFrame(schema={"window_start": pl.Int64, "phase": pl.String, "seconds": pl.Float64})
     span = _step_span(lf)
@@ -188,7 +189,7 @@ _FLOATS = (pl.Float32, pl.Float64)
 
 def nonfinite_steps(steps_path: str | Path) -> pl.DataFrame:
     """Every (step, metric) whose value is NaN or ±inf, with the value as text ('nan', 'inf')."""
-    lf = pl.scan_parquet(steps_path)
+    lf = pl.scan_parquet(steps_path, glob=False)
     cols = [c for c, t in lf.collect_schema().items() if t in _FLOATS and c not in EMA_COLUMNS]
     if not cols:
         return pl.DataFrame(schema={"step": pl.Int64, "metric": pl.String, "value": pl.String})

@@ -1,5 +1,8 @@
 """Runs under a runs root: discovery, ingest status, the runs table and the config diff.
 
+Every Parquet file in browse/ is scanned with glob=False: run names carry brackets and stars
+(`sweep[lr=3e-4]`, `**bold**`), and a path is never a pattern.
+
 Plain functions (no Streamlit) so the dashboard's data preparation is testable on its own.
 Every file the dashboard reads is reached through `run_dir()`, which confines names to the root.
 """
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,7 +67,8 @@ def ingested_file(run_path: Path, name: str) -> Path:
     run_real = Path(os.path.realpath(run_path))
     target = Path(os.path.realpath(run_real / INGESTED_DIR / name))
     if not target.is_relative_to(run_real):
-        raise RunPathError(f"{run_path / INGESTED_DIR / name}: resolves to {target}, outside the run directory")
+        # The target is not echoed: where a symlink points outside the root is not the viewer's to see.
+        raise RunPathError(f"{run_path.name}/{INGESTED_DIR}/{name}: a link that leads outside the run directory; not read")
     return target
 
 
@@ -94,7 +99,7 @@ class RunInfo:
 load_summary = read_summary_file  # kept under the name the dashboard uses
 
 
-def _newest_shard_mtime(path: Path) -> float | None:
+def newest_shard_mtime(path: Path) -> float | None:
     """Newest mtime of the run's rank and attempt folders, or None without shards.
 
     The recorder only ever adds files by renaming them into an attempt folder (and a new launch
@@ -112,6 +117,15 @@ def _newest_shard_mtime(path: Path) -> float | None:
                 m = attempt.stat(follow_symlinks=False).st_mtime
                 newest = m if m > newest else newest
     return newest
+
+
+def shards_newer(r: RunInfo) -> bool:
+    """Whether the run's shards changed after its last ingest (read now, not from the listing)."""
+    try:
+        newest = newest_shard_mtime(r.path)
+        return newest is not None and newest > ingested_file(r.path, SUMMARY_FILE).stat().st_mtime
+    except (OSError, RunPathError):
+        return False
 
 
 def _has_shards(path: Path) -> bool:
@@ -143,7 +157,7 @@ def list_runs(root: str | os.PathLike) -> list[RunInfo]:
             try:
                 info.summary = load_summary(summary_path)
                 info.tags = [str(t) for t in info.summary.get("tags") or []]
-                newest = _newest_shard_mtime(path)
+                newest = newest_shard_mtime(path)
                 stale = newest is not None and newest > summary_path.stat().st_mtime
                 info.status = STALE if stale else INGESTED
             except ValueError as e:
@@ -171,16 +185,47 @@ def selectable(matching: list[str], selected: list[str], known: list[str]) -> li
     return matching + [n for n in selected if n in known and n not in matching]
 
 
+def run_started(r: RunInfo) -> float | None:
+    """When the run's first launch started (from its summary), or None."""
+    starts = [a.get("start_time") for a in (r.summary or {}).get("attempts") or []]
+    starts = [t for t in starts if isinstance(t, (int, float))]
+    return min(starts) if starts else None
+
+
+def claim_order(runs: list[RunInfo]) -> list[str]:
+    """Run names oldest first (never-started ones last, by name): the order in which runs claim colours."""
+    return [r.name for r in sorted(runs, key=lambda r: (run_started(r) is None, run_started(r) or 0.0, r.name))]
+
+
+def recent_runs(runs: list[RunInfo], limit: int = 8) -> list[str]:
+    """The `limit` most recently started ingested runs, newest first: the landing page's selection."""
+    ingested = [r for r in runs if r.ingested]
+    return list(reversed(claim_order(ingested)))[:limit]
+
+
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+    "#17becf", "#b68100", "#511cfb", "#00a08b", "#fb00d1", "#222a2a", "#6c7c32", "#778aae", "#862a16",
+    "#620042", "#eb663b",
+)  # plotly's D3, then the members of Dark24 that no D3 colour resembles; hex, so bands can add alpha
+
+
 def run_colours(names: list[str]) -> dict[str, str]:
-    """One colour per run, fixed by the run's position among all runs of the root (sorted).
+    """One colour per name, stable: each name hashes to a palette slot; on a clash the name later
+    in `names` (pass claim_order: newer runs later) moves to the next free slot.
 
-    Colours depend on the root's run list, not on the current selection, so a run keeps its
-    colour on every chart and page while the user changes which runs are shown.
+    So a run keeps its colour on every chart and page whatever is selected, and adding a run to
+    the root never changes the colour of a run already there.
     """
-    import plotly.express as px
-
-    palette = px.colors.qualitative.D3 + px.colors.qualitative.Dark24
-    return {n: palette[i % len(palette)] for i, n in enumerate(sorted(names))}
+    used: set[int] = set()
+    out = {}
+    for n in names:
+        slot = zlib.crc32(n.encode("utf-8", "surrogatepass")) % len(PALETTE)
+        while slot in used and len(used) < len(PALETTE):
+            slot = (slot + 1) % len(PALETTE)
+        used.add(slot)
+        out[n] = PALETTE[slot]
+    return out
 
 
 _TABLE_SCHEMA = {
@@ -214,7 +259,7 @@ def runs_table(runs: list[RunInfo]) -> pl.DataFrame:
             "mean_mfu": _num(s.get("mean_mfu")),
             "peak_mem_gib": None if mem is None else mem / 2**30,
             "gpus": s.get("world_size"),
-            "device": (s.get("device") or {}).get("name"),
+            "device": "CPU" if (s.get("device") or {}).get("type") == "cpu" else (s.get("device") or {}).get("name"),
             "restarts": None if r.summary is None else len(s.get("restarts") or []),
             # goodput fraction and findings count: null for a summary from before findings existed
             "goodput": _num((s.get("goodput") or {}).get("fraction")) if isinstance(s.get("goodput"), dict) else None,

@@ -4,7 +4,13 @@ Order matters and is the point of this file: each run's steps.parquet is scanned
 x-axis and the smoothed series are computed at full resolution in one polars query per run
 (all runs collected together), and only then is each series downsampled for drawing. Smoothing
 a downsampled series would smooth a different signal; downsampling with MinMaxLTTB keeps local
-extremes, so a one-step spike in a million steps is still drawn.
+extremes, so a one-step spike in a million steps is still drawn. A zoom (`StepRange`) filters the
+full-resolution series after smoothing and before downsampling, so a zoomed range is drawn from
+every recorded step of it, not from the points of the whole-run drawing.
+
+The smoothing weight is per step of a series logged every step: a series logged every k steps
+is smoothed with weight**k per point (its own density), and one of fewer than MIN_SMOOTH_POINTS
+points is not smoothed at all, so an eval loss logged every 100 steps reads its true last value.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ import polars as pl
 from tsdownsample import MinMaxLTTBDownsampler
 
 from kforge_dash.browse.findings import spike_steps
+from kforge_dash.browse.smoothing import MIN_SMOOTH_POINTS, series_weight, smooth_columns  # noqa: F401 (re-exported)
 from kforge_dash.contract import EMA_COLUMNS
-from kforge_dash.ingest.reduce import ema_expr
 
 X_AXES = ("step", "tokens", "wall time", "time since start")
 X_LABELS = {
@@ -43,6 +49,7 @@ DEFAULT_CHARTS = ("loss", "grad_norm", "lr", "tokens_per_sec", "mfu", "step_time
 # Drawn raw even when smoothing is on: a schedule and memory levels are not noisy, and an EMA
 # would only add lag (and cost a full-resolution pass per run).
 UNSMOOTHED = ("lr", "mem_peak_bytes", "mem_allocated_bytes", "mem_reserved_bytes")
+TIME_AXES = ("wall time", "time since start")  # axes on which a restart's downtime is a gap
 
 
 def smoothed(metric: str) -> bool:
@@ -64,7 +71,7 @@ def available_metrics(schemas: list[pl.Schema]) -> list[str]:
 def steps_schema(path: str | Path) -> pl.Schema:
     """Column names and types of an ingested steps.parquet (reads only the footer)."""
     try:
-        return pl.scan_parquet(path).collect_schema()
+        return pl.scan_parquet(path, glob=False).collect_schema()
     except Exception as e:  # polars raises several types for a bad file; name the file
         raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
 
@@ -175,22 +182,55 @@ class RunSource:
     summary: dict
 
 
+@dataclass(frozen=True)
+class StepRange:
+    """A zoom: the steps first..last (inclusive) re-read at full resolution."""
+    first: int
+    last: int
+
+    def __post_init__(self):
+        if isinstance(self.first, bool) or isinstance(self.last, bool) or self.first > self.last:
+            raise ValueError(f"step range {self.first}..{self.last}: first must be <= last")
+
+
+@dataclass
+class RunFrame:
+    """One run at full resolution: step, __x, each metric (Float64) and METRIC__smoothed where smoothed."""
+    src: RunSource
+    schema: pl.Schema
+    df: pl.DataFrame
+    weights: dict[str, float]  # metric -> the per-point EMA weight used (absent: not smoothed)
+
+
 def run_start_time(summary: dict) -> float | None:
     starts = [a.get("start_time") for a in summary.get("attempts") or [] if a.get("start_time") is not None]
     return min(starts) if starts else None
 
 
-def _scan_run(src: RunSource, metrics: list[str], schema: pl.Schema, *, x_axis: str, alpha: float | None,
-              sort: bool = False) -> pl.LazyFrame:
+def _scan_run(src: RunSource, metrics: list[str], schema: pl.Schema, *, x_axis: str, sort: bool = False) -> pl.LazyFrame:
     present = [m for m in metrics if m in schema]
     exprs = [pl.col("step"), x_expr(x_axis, start_time=run_start_time(src.summary)).alias("__x")]
     exprs += [pl.col(m).cast(pl.Float64) for m in present]
-    if alpha is not None:
-        exprs += [ema_expr(m, alpha=alpha).alias(f"{m}__smoothed") for m in present if smoothed(m)]
-    lf = pl.scan_parquet(src.steps_path)
+    lf = pl.scan_parquet(src.steps_path, glob=False)
     # steps.parquet is sorted by step (CONTRACT); sorting 1M rows again would double the cost,
     # so the caller checks the order and asks for the sort only for a file that breaks it.
     return (lf.sort("step") if sort else lf).select(exprs)
+
+
+def run_frames(runs: list[RunSource], metrics: list[str], *, x_axis: str, smoothing: float,
+               step_range: StepRange | None = None) -> list[RunFrame]:
+    """Each run's series at full resolution (all runs collected together), smoothed, then cut to `step_range`."""
+    schemas = [steps_schema(r.steps_path) for r in runs]
+    frames = pl.collect_all([_scan_run(r, metrics, s, x_axis=x_axis) for r, s in zip(runs, schemas)])
+    out = []
+    for src, schema, df in zip(runs, schemas, frames):
+        if not df["step"].is_sorted():  # cheap check; the EMA needs step order
+            df = _scan_run(src, metrics, schema, x_axis=x_axis, sort=True).collect()
+        df, weights = smooth_columns(df, [m for m in metrics if smoothed(m)], smoothing)
+        if step_range is not None:  # after smoothing: the EMA at a step does not depend on the zoom
+            df = df.filter(pl.col("step").is_between(step_range.first, step_range.last))
+        out.append(RunFrame(src, schema, df.rechunk(), weights))  # rechunk: to_numpy below is a view
+    return out
 
 
 def _finite_neighbour(y: np.ndarray, finite: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -246,71 +286,94 @@ def _spike_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker |
                   [msg for _, msg in spikes])
 
 
-def prepare_compare(  # noqa: C901  (split in the browse work)
+def _break_at_restarts(s: Series, restarts: np.ndarray) -> Series:
+    """On a time axis, a NaN point just before each restart, so the line breaks over the downtime."""
+    pos = np.unique(np.searchsorted(s.step, restarts))
+    pos = pos[(pos > 0) & (pos < len(s.step))]
+    if len(pos) == 0:
+        return s
+    return Series(s.run, s.metric, s.kind, np.insert(s.x, pos, s.x[pos]), np.insert(s.y, pos, np.nan),
+                  np.insert(s.step, pos, s.step[pos]), s.n_total)
+
+
+def _restart_steps(summary: dict) -> np.ndarray:
+    at = [r.get("resumed_at_step") for r in summary.get("restarts") or []]
+    return np.array(sorted(a for a in at if isinstance(a, int)), dtype=np.int64)
+
+
+def _metric_lines(data: CompareData, f: RunFrame, m: str, keep, x_all, step_all, *, max_points) -> None:
+    """The raw (and smoothed) line of one run's metric, its non-finite and restart markers."""
+    lines = [("raw", f.df[m].to_numpy())]
+    if m in f.weights:
+        lines.append(("smoothed", f.df[f"{m}__smoothed"].to_numpy()))
+    x, step = (x_all, step_all) if keep is None else (x_all[keep], step_all[keep])
+    restarts = _restart_steps(f.src.summary) if data.x_axis in TIME_AXES else None
+    for kind, values in lines:
+        values = values.astype(np.float64, copy=False)
+        values = values if keep is None else values[keep]
+        finite = np.isfinite(values)
+        idx = downsample_indices(values, max_points, finite=finite)
+        s = Series(f.src.name, m, kind, x[idx], values[idx], step[idx], int(np.count_nonzero(finite)))
+        data.series.append(s if restarts is None or len(restarts) == 0 else _break_at_restarts(s, restarts))
+        if kind == "raw" and not finite.all():
+            data.markers += _nonfinite_markers(f.src.name, m, x, values, step, finite)
+    # Restarts sit on the line the eye follows: the smoothed one when there is one.
+    for marks in (_restart_markers, _spike_markers):
+        marker = marks(f.src.name, m, f.src.summary, x, values, step)
+        if marker is not None:
+            data.markers.append(marker)
+
+
+def _run_lines(data: CompareData, f: RunFrame, absent: dict[str, list[str]], *, max_points) -> None:
+    df = f.df
+    if data.x_axis == "tokens" and (len(df) == 0 or df["__x"].null_count() == len(df)):
+        data.notes.append(f"{f.src.name}: no token counts, so it has no tokens axis")
+        return
+    has_x = None if df["__x"].null_count() == 0 else df["__x"].is_not_null().to_numpy()
+    x_all, step_all = df["__x"].to_numpy(), df["step"].to_numpy()
+    for m in data.metrics:
+        if m not in f.schema:
+            continue
+        col = df[m]
+        # Nulls are "not reported", not NaN: they are neither drawn nor marked.
+        keep = has_x
+        if col.null_count():
+            keep = col.is_not_null().to_numpy() if keep is None else keep & col.is_not_null().to_numpy()
+        if len(col) == 0 or (keep is not None and not keep.any()):
+            absent.setdefault(m, []).append(f.src.name)
+            continue
+        _metric_lines(data, f, m, keep, x_all, step_all, max_points=max_points)
+
+
+def check_view(*, x_axis: str, smoothing: float) -> None:
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing {smoothing!r}: must be in [0, 1)")
+    if x_axis not in X_AXES:
+        raise ValueError(f"x axis {x_axis!r}: expected one of {', '.join(X_AXES)}")
+
+
+def prepare_compare(
     runs: list[RunSource],
     metrics: list[str],
     *,
     x_axis: str = "step",
     smoothing: float = 0.0,
     max_points: int | None = DEFAULT_POINTS,
+    step_range: StepRange | None = None,
 ) -> CompareData:
-    """Everything the compare charts draw, for `runs` × `metrics`.
+    """Everything the compare charts draw, for `runs` × `metrics` (within `step_range` when zoomed).
 
-    `smoothing` is TensorBoard's weight in [0, 1): the EMA's alpha is 1 - smoothing, and 0 means
-    no smoothed line. `max_points=None` draws every point (what the benchmark compares against).
+    `smoothing` is TensorBoard's weight in [0, 1) per step (see series_weight); 0 means no
+    smoothed line. `max_points=None` draws every point (what the benchmark compares against).
     """
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"smoothing {smoothing!r}: must be in [0, 1)")
-    if x_axis not in X_AXES:
-        raise ValueError(f"x axis {x_axis!r}: expected one of {', '.join(X_AXES)}")
-    alpha = None if smoothing == 0.0 else 1.0 - smoothing
+    check_view(x_axis=x_axis, smoothing=smoothing)
     data = CompareData(x_axis, list(metrics))
-    schemas = [steps_schema(r.steps_path) for r in runs]
     absent: dict[str, list[str]] = {}  # metric -> runs without a single value of it
-    frames = pl.collect_all([_scan_run(r, metrics, s, x_axis=x_axis, alpha=alpha) for r, s in zip(runs, schemas)])
-    for i, (src, schema) in enumerate(zip(runs, schemas)):
-        if not frames[i]["step"].is_sorted():  # cheap check; the EMA needs step order
-            frames[i] = _scan_run(src, metrics, schema, x_axis=x_axis, alpha=alpha, sort=True).collect()
-    for src, schema, df in zip(runs, schemas, frames):
+    for f in run_frames(runs, metrics, x_axis=x_axis, smoothing=smoothing, step_range=step_range):
         for m in metrics:
-            if m not in schema:
-                absent.setdefault(m, []).append(src.name)
-        if x_axis == "tokens" and (len(df) == 0 or df["__x"].null_count() == len(df)):
-            data.notes.append(f"{src.name}: no token counts, so it has no tokens axis")
-            continue
-        df = df.rechunk()  # one buffer per column, so to_numpy below is a view, not a copy
-        has_x = None if df["__x"].null_count() == 0 else df["__x"].is_not_null().to_numpy()
-        x_all, step_all = df["__x"].to_numpy(), df["step"].to_numpy()
-        for m in metrics:
-            if m not in schema:
-                continue
-            col = df[m]
-            # Nulls are "not reported", not NaN: they are neither drawn nor marked.
-            keep = has_x
-            if col.null_count():
-                keep = col.is_not_null().to_numpy() if keep is None else keep & col.is_not_null().to_numpy()
-            if keep is not None and not keep.any():
-                absent.setdefault(m, []).append(src.name)
-                continue
-            lines = [("raw", col.to_numpy())]
-            if alpha is not None and smoothed(m):
-                lines.append(("smoothed", df[f"{m}__smoothed"].to_numpy()))
-            x, step = (x_all, step_all) if keep is None else (x_all[keep], step_all[keep])
-            for kind, values in lines:
-                values = values.astype(np.float64, copy=False)
-                values = values if keep is None else values[keep]
-                finite = np.isfinite(values)
-                idx = downsample_indices(values, max_points, finite=finite)
-                data.series.append(Series(src.name, m, kind, x[idx], values[idx], step[idx],
-                                          int(np.count_nonzero(finite))))
-                if kind == "raw" and not finite.all():
-                    data.markers += _nonfinite_markers(src.name, m, x, values, step, finite)
-            # Restarts sit on the line the eye follows: the smoothed one when there is one.
-            restart = _restart_markers(src.name, m, src.summary, x, values, step)
-            if restart is not None:
-                data.markers.append(restart)
-            spike = _spike_markers(src.name, m, src.summary, x, values, step)
-            if spike is not None:
-                data.markers.append(spike)
-    data.notes += [f"no {m} in {', '.join(names)}" for m, names in absent.items()]
+            if m not in f.schema:
+                absent.setdefault(m, []).append(f.src.name)
+        _run_lines(data, f, absent, max_points=max_points)
+    where = "" if step_range is None else f" in steps {step_range.first}..{step_range.last}"
+    data.notes += [f"no {m} in {', '.join(names)}{where}" for m, names in absent.items()]
     return data

@@ -13,12 +13,14 @@ APP = Path(__file__).resolve().parent.parent / "browse" / "app.py"
 
 
 def streamlit_args(*, host: str, port: int) -> list[str]:
-    """`streamlit run` arguments: headless, no usage statistics, no file watcher."""
+    """`streamlit run` arguments: headless, no usage statistics, no file watcher, and the viewer's
+    toolbar (toolbarMode minimal: no Deploy button, no developer menu)."""
     return [
         "run", str(APP),
         "--server.address", host, "--server.port", str(port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
         "--server.fileWatcherType", "none", "--global.developmentMode", "false",
+        "--client.toolbarMode", "minimal",
     ]
 
 

@@ -30,6 +30,12 @@ def _how(res) -> str:
     return "  [unchanged]" if res.skipped else "  [new parts appended]" if res.appended else ""
 
 
+def _flops_origin(s: dict) -> str:
+    """Where FLOPs/token and the peak came from (a wrong one makes every MFU figure wrong)."""
+    return (f"{_num(s.get('flops_per_token'), '{:.4g}')} FLOPs/token from {s.get('flops_source') or '-'}; "
+            f"peak {_num(s.get('peak_tflops'), '{:g}')} TFLOPS/GPU from {s.get('peak_source') or '-'}")
+
+
 def _screen(res) -> list[str]:
     """The one-screen summary of one ingested run."""
     s = res.summary
@@ -44,6 +50,7 @@ def _screen(res) -> list[str]:
         f"  mean MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}   final loss {_num(s.get('final_loss'), '{:.4g}')}"
         f"   best loss {_num(s.get('best_loss'), '{:.4g}')}",
     ]
+    lines.append(f"  MFU inputs: {_flops_origin(s)}")
     lines += _findings_lines(s)
     nonfinite = {k: v for k, v in (s.get("nonfinite") or {}).items() if v}
     if nonfinite:

@@ -79,7 +79,10 @@ def n_moe_layers(spec: ModelSpec) -> int:
 
 
 def active_params(spec: ModelSpec) -> int:
-    """Parameters a token's matmuls touch: attention Q/K/V/O + SwiGLU MLP per layer + output head.
+    """Parameters a token's matmuls touch: attention Q/K/V/O + MLP per layer + output head.
+
+    The MLP is SwiGLU (gate, up, down: 3·D·F) unless the model says mlp="gelu" (up, down: 2·D·F);
+    a GPT-2 MLP described as SwiGLU with ffn_hidden_dim=4·dim counts a third matrix it lacks.
 
     The input embedding is a lookup (no matmul) and norms are negligible, so both are left out.
     On an MoE layer a token goes through top-k routed experts plus the shared ones, and the router.
@@ -87,7 +90,7 @@ def active_params(spec: ModelSpec) -> int:
     d, f = spec.dim, spec.ffn_hidden_dim
     head_dim = d // spec.n_heads
     attn = d * d + 2 * d * (spec.n_kv_heads * head_dim) + d * d  # Q, K, V (GQA), O
-    mlp = 3 * d * f  # SwiGLU: gate, up, down
+    mlp = (2 if spec.mlp == "gelu" else 3) * d * f
     moe_layers = n_moe_layers(spec)
     dense_layers = spec.n_layers - moe_layers
     per_moe_layer = attn + (spec.moe_top_k or 0) * mlp + (spec.moe_shared_experts or 0) * mlp
@@ -111,4 +114,5 @@ def flops_per_token(model: dict | ModelSpec | None) -> tuple[float | None, str |
     if spec.n_params is not None:
         return float(6 * spec.n_params + attention), "6*n_params+12*L*D*S"
     kind = "moe" if spec.moe_num_experts is not None else "dense"
+    kind += f", {spec.mlp} MLP" if spec.mlp is not None else ""
     return float(6 * active_params(spec) + attention), f"shape ({kind}): 6*P_active+12*L*D*S"

@@ -1,25 +1,32 @@
-"""Streamlit glue shared by the pages: the runs root, cached prep calls, the ingest panel.
+"""Streamlit glue shared by the pages: the runs root, cached prep calls, the ingest panel, live refresh.
 
 Caching uses st.cache_resource (objects kept in memory as they are), never st.cache_data,
-which pickles and unpickles its values.
+which pickles and unpickles its values. Every name from disk goes through units.md_text before
+it reaches Markdown (alerts and captions render Markdown).
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import streamlit as st
 
+from kforge_dash.browse import groups as prep_groups
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
-from kforge_dash.browse.runs import NOT_INGESTED, STALE, RunInfo
+from kforge_dash.browse.runs import NOT_INGESTED, STALE, RunInfo, RunPathError
+from kforge_dash.browse.units import md_text
+
+LIVE_WINDOW_S = 300  # a run whose shards changed this recently is being written: its pages go live
+LIVE_EVERY_S = 5
 
 
 def runs_root():
     root = prep_runs.runs_root_from_env()
-    st.sidebar.caption(f"Runs root: `{root}`")
+    st.sidebar.caption(f"Runs root: {md_text(root)}")
     if not root.is_dir():
-        st.error(f"Runs root {root} is not a directory. Start the app with `kforge-dash RUNS_ROOT`.")
+        st.error(f"Runs root {md_text(root)} is not a directory. Start the app with kforge\\-dash RUNS\\_ROOT.")
         st.stop()
     return root
 
@@ -33,7 +40,7 @@ def load_runs(root) -> list[RunInfo]:
     return _list_runs(str(root))
 
 
-def fingerprint(path) -> tuple:
+def file_stamp(path) -> tuple:
     """Changes whenever a run is re-ingested, so cached preparations are not served stale."""
     try:
         st_ = os.stat(path)
@@ -42,20 +49,47 @@ def fingerprint(path) -> tuple:
         return (str(path), None, None)
 
 
-@st.cache_resource(max_entries=8, show_spinner="Preparing series…")
-def _compare(_sources, key, metrics, x_axis, smoothing):
-    return prep_series.prepare_compare(list(_sources), list(metrics), x_axis=x_axis, smoothing=smoothing)
+def sources(runs: dict[str, RunInfo], names: list[str]) -> list[prep_series.RunSource]:
+    """The selected runs' sources; a run whose steps.parquet leads outside it is named and left out."""
+    out = []
+    for n in names:
+        try:
+            out.append(runs[n].source())
+        except RunPathError as e:
+            st.error(md_text(e))
+    return out
 
 
-def compare_data(sources, metrics, *, x_axis: str, smoothing: float):
-    """prepare_compare, cached per (runs' files, metrics, x axis, smoothing): log-y and other
-    redraws do not prepare again. A damaged file stops the page with an error naming it."""
-    key = tuple(fingerprint(s.steps_path) for s in sources)
+@st.cache_resource(max_entries=64, show_spinner=False)  # one entry per metric
+def _compare(_sources, key, metrics, x_axis, smoothing, step_range):
+    return prep_series.prepare_compare(list(_sources), list(metrics), x_axis=x_axis, smoothing=smoothing,
+                                       step_range=step_range)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _groups(_sources, key, metrics, by, band, x_axis, smoothing, step_range):
+    return prep_groups.prepare_groups(list(_sources), list(metrics), by, band=band, x_axis=x_axis,
+                                      smoothing=smoothing, step_range=step_range)
+
+
+def _stop_on_error(fn, *args):
     try:
-        return _compare(sources, key, tuple(metrics), x_axis, smoothing)
-    except ValueError as e:
-        st.error(str(e))
+        return fn(*args)
+    except ValueError as e:  # a damaged file (named in the message) or a bad setting: keep the app up
+        st.error(md_text(e))
         st.stop()
+
+
+def compare_data(srcs, metrics, *, x_axis: str, smoothing: float, step_range=None):
+    """prepare_compare, cached per (runs' files, metrics, x axis, smoothing, zoom): log-y and other
+    redraws do not prepare again. A damaged file stops the page with an error naming it."""
+    key = tuple(file_stamp(s.steps_path) for s in srcs)
+    return _stop_on_error(_compare, srcs, key, tuple(metrics), x_axis, smoothing, step_range)
+
+
+def group_data(srcs, metrics, by, *, band: str, x_axis: str, smoothing: float, step_range=None):
+    key = tuple((s.name, file_stamp(s.steps_path)) for s in srcs)
+    return _stop_on_error(_groups, srcs, key, tuple(metrics), by, band, x_axis, smoothing, step_range)
 
 
 def _ingest(root, names: list[str]) -> None:
@@ -73,21 +107,44 @@ def _ingest(root, names: list[str]) -> None:
         except Exception as e:  # show it; the app keeps running
             st.session_state.setdefault("ingest_errors", []).append(f"{name}: {e}")
     _list_runs.clear()
-    _compare.clear()
 
 
 def ingest_panel(root, runs: list[RunInfo]) -> None:
     """Runs never ingested, or with shards newer than their ingest, and a button to ingest them."""
     todo = [r for r in runs if r.status in (NOT_INGESTED, STALE)]
     for err in st.session_state.pop("ingest_errors", []):
-        st.error(f"Ingest failed for {err}")
+        st.error(f"Ingest failed for {md_text(err)}")
     for r in runs:
         if r.error:
-            st.error(r.error)
+            st.error(md_text(r.error))
     if not todo:
         return
-    listing = ", ".join(f"**{r.name}** ({r.status})" for r in todo)
+    listing = ", ".join(f"{md_text(r.name)} ({r.status})" for r in todo)
     with st.container(border=True):
         st.warning(f"Not shown or out of date until ingested: {listing}")
         st.button(f"Ingest {len(todo)} run(s)", key="ingest", on_click=_ingest,
                   args=(root, [r.name for r in todo]))
+
+
+def _shard_mtime(r: RunInfo) -> float | None:
+    try:
+        return prep_runs.newest_shard_mtime(r.path)
+    except OSError:
+        return None
+
+
+def active(runs: list[RunInfo]) -> bool:
+    """Whether any of `runs` had shards written within LIVE_WINDOW_S: the page then refreshes itself."""
+    now = time.time()
+    return any((m := _shard_mtime(r)) is not None and now - m < LIVE_WINDOW_S for r in runs)
+
+
+def catch_up(root, runs: list[RunInfo]) -> list[str]:
+    """Live refresh: ingest (append) the runs whose shards changed while the page was open and are
+    newer than their ingest; their names. Runs already stale when the page opened stay flagged for
+    the ingest button: nothing is ingested that the user did not watch being written."""
+    since = st.session_state.setdefault("_live_since", time.time())
+    stale = [r.name for r in runs if (_shard_mtime(r) or 0.0) > since and prep_runs.shards_newer(r)]
+    if stale:
+        _ingest(root, stale)
+    return stale

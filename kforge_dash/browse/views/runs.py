@@ -1,8 +1,11 @@
 """Runs table (one row per run, sortable) and the config diff of selected runs. Render only."""
 
+import pandas as pd
 import streamlit as st
 
 from kforge_dash.browse import runs as prep_runs
+from kforge_dash.browse import units
+from kforge_dash.browse.units import md_text
 from kforge_dash.browse.views import common
 
 st.title("Runs")
@@ -10,21 +13,30 @@ root = common.runs_root()
 runs = common.load_runs(root)
 common.ingest_panel(root, runs)
 if not runs:
-    st.info(f"No runs under {root}.")
+    st.info(f"No runs under {md_text(root)}.")
     st.stop()
 
 cfg = st.column_config
+FORMATS = {
+    "wall_time_h": lambda h: units.hms(h * 3600), "final_loss": "{:.4f}".format, "best_loss": "{:.4f}".format,
+    "mean_mfu": units.percent, "peak_mem_gib": "{:.2f} GiB".format, "tokens": "{:,.0f}".format,
+    "steps": "{:,.0f}".format, "gpus": "{:.0f}".format, "restarts": "{:.0f}".format, "warnings": "{:.0f}".format,
+    "goodput": units.percent, "findings": "{:.0f}".format,
+}
+# Columns without a gap stay numbers (they sort as numbers; the Styler only says how they read);
+# a column with a gap is shown as text with "—" (Streamlit would print "None").
+rows = units.with_missing_as_dash(prep_runs.runs_table(runs).to_dicts(), FORMATS)
+table = pd.DataFrame(rows, columns=prep_runs.runs_table([]).columns)
+numeric = {c: f for c, f in FORMATS.items() if c in table and pd.api.types.is_numeric_dtype(table[c])}
+shown = table.style.format(numeric, na_rep=units.MISSING)
 st.dataframe(
-    prep_runs.runs_table(runs), hide_index=True, key="runs_table",
+    shown, hide_index=True, key="runs_table",
     column_config={
-        "wall_time_h": cfg.NumberColumn("wall time (h)", format="%.3f"),
-        "final_loss": cfg.NumberColumn("final loss", format="%.4f"),
-        "best_loss": cfg.NumberColumn("best loss", format="%.4f"),
-        "mean_mfu": cfg.NumberColumn("mean MFU", format="percent"),
-        "peak_mem_gib": cfg.NumberColumn("peak mem (GiB)", format="%.2f"),
-        "tokens": cfg.NumberColumn("tokens", format="compact"),
-        "goodput": cfg.NumberColumn("goodput", format="percent", help="productive share of the wall clock"),
-        "findings": cfg.NumberColumn("findings", help="spikes, NaNs, stragglers ... (Run detail lists them)"),
+        "wall_time_h": cfg.Column("wall time"), "final_loss": cfg.Column("final loss"),
+        "best_loss": cfg.Column("best loss"), "mean_mfu": cfg.Column("mean MFU"),
+        "peak_mem_gib": cfg.Column("peak mem"), "gpus": cfg.Column("ranks"),
+        "goodput": cfg.Column("goodput", help="productive share of the wall clock"),
+        "findings": cfg.Column("findings", help="spikes, NaNs, stragglers ... (Run detail lists them)"),
     },
 )
 

@@ -1,0 +1,235 @@
+"""kforge-report: one self-contained HTML file of the compare charts, the runs table, the config
+diff and each run's restarts, non-finite steps, findings and goodput, for a cluster without a
+browser (copy it to a laptop: plotly's JavaScript is embedded, opening it makes no network request).
+
+Charts are prepared as the dashboard prepares them (browse/series.py: full-resolution smoothing,
+then MinMaxLTTB to DEFAULT_POINTS per line, so every spike is in the file); they zoom in the
+browser, at the resolution written. Every name, tag, hparam and message from disk is HTML-escaped
+(and plotly text escaped by figures.text), so a hostile run name stays text.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kforge_dash.browse import figures as prep_figures
+from kforge_dash.browse import ranks as prep_ranks
+from kforge_dash.browse import runs as prep_runs
+from kforge_dash.browse import series as prep_series
+from kforge_dash.browse import units
+from kforge_dash.contract import STEPS_FILE, SUMMARY_FILE
+from kforge_record.atomic import atomic_path
+
+MAX_NONFINITE_ROWS = 50  # per run; the count in the heading is exact
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What the report draws. `metrics` None: the dashboard's default charts present in the runs."""
+    metrics: tuple[str, ...] | None = None
+    x_axis: str = "step"
+    smoothing: float = 0.0
+    max_points: int = prep_series.DEFAULT_POINTS
+    title: str = "kforge report"
+
+    def __post_init__(self):
+        prep_series.check_view(x_axis=self.x_axis, smoothing=self.smoothing)
+        if isinstance(self.max_points, bool) or not isinstance(self.max_points, int) or self.max_points < 3:
+            raise ValueError(f"max_points {self.max_points!r}: must be an integer >= 3")
+
+
+@dataclass
+class Report:
+    html: str
+    runs: list[str]
+    metrics: list[str]
+    notes: list[str] = field(default_factory=list)  # e.g. a path without ingested runs
+
+
+def _esc(v) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def find_runs(paths: list[str | os.PathLike], names: list[str] | None = None) -> tuple[list[prep_runs.RunInfo], list[str]]:
+    """Ingested runs under each PATH (a runs root, or one run directory), in order; (runs, notes).
+
+    `names` keeps only those runs (in the order given); a name found nowhere is a note.
+    """
+    found: dict[str, prep_runs.RunInfo] = {}
+    notes = []
+    for p in map(Path, paths):
+        if (p / "ingested" / SUMMARY_FILE).is_file():
+            cands = [r for r in prep_runs.list_runs(p.resolve().parent) if r.name == p.resolve().name]
+        elif p.is_dir():
+            cands = prep_runs.list_runs(p)
+        else:
+            notes.append(f"{p}: not a directory")
+            continue
+        ingested = [r for r in cands if r.ingested]
+        if not ingested:
+            notes.append(f"{p}: no ingested run (run kforge-ingest first)")
+        for r in ingested:
+            if r.name in found:
+                notes.append(f"{r.path}: a second run named {r.name}; the first one ({found[r.name].path}) is shown")
+            else:
+                found[r.name] = r
+    if names is None:
+        return list(found.values()), notes
+    notes += [f"--runs {n}: no ingested run of that name" for n in names if n not in found]
+    return [found[n] for n in dict.fromkeys(names) if n in found], notes
+
+
+def _table(header: list[str], rows: list[list[str]], *, cls: str = "") -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def runs_table_html(runs: list[prep_runs.RunInfo]) -> str:
+    rows = []
+    for r in runs:
+        s = r.summary or {}
+        rows.append([r.name, units.number(s.get("steps"), "{:,}"), units.number(s.get("tokens"), "{:,}"),
+                     units.hms(s.get("wall_time_s")), units.number(s.get("final_loss"), "{:.4f}"),
+                     units.number(s.get("best_loss"), "{:.4f}"), units.percent(s.get("mean_mfu")),
+                     units.gib(s.get("peak_mem_bytes")), units.device_label(s), str(len(s.get("restarts") or [])),
+                     str(len(s.get("warnings") or [])), ", ".join(r.tags) or units.MISSING])
+    return _table(["run", "steps", "tokens", "wall time", "final loss", "best loss", "mean MFU", "peak mem",
+                   "hardware", "restarts", "warnings", "tags"], rows, cls="runs")
+
+
+def config_diff_html(runs: list[prep_runs.RunInfo]) -> str:
+    if len(runs) < 2:
+        return "<p>One run: nothing to compare.</p>"
+    diff = prep_runs.config_diff(runs)
+    if diff.is_empty():
+        return "<p>These runs have the same configuration.</p>"
+    rows = [[units.MISSING if v is None else v for v in row] for row in diff.iter_rows()]
+    return _table(diff.columns, rows, cls="diff")
+
+
+def _script_json(obj) -> str:
+    """JSON safe inside <script>: no '<' at all, so neither </script> nor <!-- can end it early."""
+    return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c")
+
+
+def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions) -> tuple[str, list[str], list[str]]:
+    """(divs and scripts of the charts, metrics drawn, notes)."""
+    import plotly.io
+
+    sources = [r.source() for r in runs]
+    schemas = [prep_series.steps_schema(s.steps_path) for s in sources]
+    have = prep_series.available_metrics(schemas)
+    metrics = list(options.metrics) if options.metrics else [m for m in prep_series.DEFAULT_CHARTS if m in have]
+    data = prep_series.prepare_compare(sources, metrics, x_axis=options.x_axis, smoothing=options.smoothing,
+                                       max_points=options.max_points)
+    colours = prep_runs.run_colours(prep_runs.claim_order(runs))
+    parts = []
+    for i, metric in enumerate(data.drawn_metrics()):
+        fig = prep_figures.metric_figure(data, metric, colours)
+        spec = json.loads(plotly.io.to_json(fig, validate=False))
+        config = {**prep_figures.chart_config(metric), "responsive": True}
+        parts.append(f'<div class="chart" id="chart-{i}"></div><script>Plotly.newPlot("chart-{i}", '
+                     f'{_script_json(spec["data"])}, {_script_json(spec["layout"])}, {_script_json(config)});</script>')
+    return "\n".join(parts), data.drawn_metrics(), data.notes
+
+
+def _findings_html(s: dict) -> str:
+    out = []
+    goodput = s.get("goodput")
+    if isinstance(goodput, dict):
+        out.append(f"<p><b>Goodput</b>: {_esc(units.percent(goodput.get('fraction')))}</p>")
+        buckets = goodput.get("buckets")
+        if isinstance(buckets, dict) and buckets:
+            out.append(_table(["bucket", "value"], [[k, units.number(v, "{:.4g}") if isinstance(v, (int, float))
+                                                     else json.dumps(v)] for k, v in buckets.items()]))
+    findings = s.get("findings")
+    if isinstance(findings, list) and findings:
+        keys = ["kind", "severity", "message", "first_step", "last_step", "ranks"]
+        rows = [[units.MISSING if f.get(k) is None else (", ".join(map(str, f[k])) if isinstance(f[k], list) else f[k])
+                 for k in keys] for f in findings if isinstance(f, dict)]
+        out.append(f"<h4>Findings ({len(rows)})</h4>" + _table(keys, rows, cls="findings"))
+    return "".join(out)
+
+
+def _restarts_html(s: dict) -> str:
+    restarts = s.get("restarts") or []
+    if not restarts:
+        return "<p>No restarts.</p>"
+    keys = ["attempt", "resumed_at_step", "previous_last_step", "superseded_steps"]
+    rows = [[units.MISSING if r.get(k) is None else r.get(k) for k in keys] for r in restarts]
+    return f"<h4>Restarts ({len(rows)})</h4>" + _table(keys, rows)
+
+
+def _nonfinite_html(r: prep_runs.RunInfo) -> str:
+    try:
+        nf = prep_ranks.nonfinite_steps(r.file(STEPS_FILE))
+    except (ValueError, OSError) as e:
+        return f"<p class=warn>{_esc(e)}</p>"
+    except Exception as e:  # polars' errors on a damaged file: name the file, keep the report
+        return f"<p class=warn>{_esc(r.name)}/ingested/{STEPS_FILE}: cannot be read ({_esc(type(e).__name__)})</p>"
+    if nf.is_empty():
+        return "<p>No NaN or inf in any metric.</p>"
+    rows = [list(map(str, row)) for row in nf.head(MAX_NONFINITE_ROWS).iter_rows()]
+    more = f" (first {MAX_NONFINITE_ROWS} shown)" if len(nf) > MAX_NONFINITE_ROWS else ""
+    return f"<h4>Non-finite steps: {len(nf)}{more}</h4>" + _table(nf.columns, rows)
+
+
+def run_section_html(r: prep_runs.RunInfo) -> str:
+    s = r.summary or {}
+    warnings = s.get("warnings") or []
+    warn = "".join(f"<li>{_esc(w)}</li>" for w in warnings)
+    return (f'<section class="run"><h3>{_esc(r.name)}</h3>'
+            f"<p>{_esc(units.device_label(s))} · {_esc(units.hms(s.get('wall_time_s')))} · "
+            f"MFU inputs: {_esc(units.flops_origin(s))}</p>"
+            + _findings_html(s) + _restarts_html(s) + _nonfinite_html(r)
+            + (f"<h4>Ingest warnings ({len(warnings)})</h4><ul>{warn}</ul>" if warnings else "")
+            + "</section>")
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;
+margin:.5em 0;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f4f4f4}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:12px}.chart{height:380px;min-width:0}
+.warn{color:#a40}section.run{border-top:1px solid #ccc;margin-top:1em}"""
+
+
+def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = None,
+                 options: ReportOptions = ReportOptions()) -> Report:
+    """The report's HTML for the ingested runs under `paths` (optionally only `runs`)."""
+    from plotly.offline import get_plotlyjs
+
+    chosen, notes = find_runs(paths, runs)
+    if not chosen:
+        raise ValueError("no ingested run to report: " + "; ".join(notes or ["nothing found"]))
+    charts, metrics, chart_notes = charts_html(chosen, options)
+    notes += chart_notes
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = (
+        f"<h1>{_esc(options.title)}</h1><p>{len(chosen)} run(s), generated {when}. Charts: up to "
+        f"{options.max_points:,} points per line (MinMaxLTTB keeps every local extreme); drag to zoom, "
+        "double-click to reset; the camera button saves a chart as PNG. ◆ restart · × NaN · ▲/▼ ±inf</p>"
+        + "".join(f"<p class=warn>{_esc(n)}</p>" for n in notes)
+        + f'<h2>Charts</h2><div class="charts">{charts}</div>'
+        + f"<h2>Runs</h2>{runs_table_html(chosen)}<h2>Config diff</h2>{config_diff_html(chosen)}"
+        + "<h2>Each run</h2>" + "".join(run_section_html(r) for r in chosen)
+    )
+    page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_esc(options.title)}</title>'
+            # No request may leave the file: scripts and styles inline, nothing else fetched.
+            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; script-src \'unsafe-inline\' '
+            "'unsafe-eval'; style-src 'unsafe-inline'; img-src data: blob:\">"
+            f"<style>{_STYLE}</style><script>{get_plotlyjs()}</script></head><body>{body}</body></html>")
+    return Report(page, [r.name for r in chosen], metrics, notes)
+
+
+def write_report(paths: list[str | os.PathLike], out: str | os.PathLike, *, runs: list[str] | None = None,
+                 options: ReportOptions = ReportOptions()) -> Report:
+    """build_report, written atomically to `out`."""
+    report = build_report(paths, runs=runs, options=options)
+    with atomic_path(str(out)) as tmp:
+        Path(tmp).write_text(report.html, encoding="utf-8")
+    return report

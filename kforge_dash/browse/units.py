@@ -1,0 +1,96 @@
+"""Numbers as a person reads them: MFU in %, durations as h:mm:ss, memory in GiB, "—" for missing.
+
+Plain functions shared by the pages, the runs table and kforge-report.
+"""
+
+from __future__ import annotations
+
+import math
+
+MISSING = "—"
+GIB = 2**30
+
+
+def _known(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def hms(seconds) -> str:
+    """12345.6 -> '3:25:46'; None/NaN -> '—'."""
+    if not _known(seconds):
+        return MISSING
+    s = int(round(seconds))
+    sign, s = ("-", -s) if s < 0 else ("", s)
+    return f"{sign}{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def percent(fraction, digits: int = 1) -> str:
+    return f"{100 * fraction:.{digits}f} %" if _known(fraction) else MISSING
+
+
+def gib(n_bytes, digits: int = 2) -> str:
+    return f"{n_bytes / GIB:.{digits}f} GiB" if _known(n_bytes) else MISSING
+
+
+def number(v, fmt: str = "{:,.6g}") -> str:
+    if v is None:
+        return MISSING
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # nan / inf are facts about the run, not missing
+    return fmt.format(v)
+
+
+def device_label(summary: dict) -> str:
+    """'NVIDIA H100 80GB HBM3 ×8', 'CPU ×2' (the recorder names a CPU by its architecture), or '—'."""
+    dev = summary.get("device") or {}
+    n = summary.get("world_size")
+    name = "CPU" if dev.get("type") == "cpu" else dev.get("name")
+    if not name:
+        return MISSING
+    return f"{name} ×{n}" if isinstance(n, int) and not isinstance(n, bool) else str(name)
+
+
+def flops_origin(summary: dict) -> str:
+    """Where FLOPs/token and the peak came from, in one line (both are in summary.json)."""
+    fpt, peak = summary.get("flops_per_token"), summary.get("peak_tflops")
+    f = f"{number(fpt, '{:.4g}')} FLOPs/token from {summary.get('flops_source') or MISSING}"
+    p = f"peak {number(peak, '{:g}')} TFLOPS/GPU from {summary.get('peak_source') or MISSING}"
+    return f"{f}; {p}"
+
+
+def md_text(s) -> str:
+    """A name, tag or warning from disk as literal text inside Streamlit Markdown (alerts, captions).
+
+    The characters Markdown (and Streamlit's extensions: math, colour directives) acts on are
+    backslash-escaped, and line breaks become spaces (no line of a name can start a heading or a
+    list), so `![pix](https://…)`, `**bold**`, `<img>`, `$x$` and `:red[x]` show as typed.
+    """
+    flat = str(s).replace("\r", " ").replace("\n", " ")
+    return "".join("\\" + c if c in _MD_SPECIAL else c for c in flat)
+
+
+_MD_SPECIAL = frozenset("\\`*_[]<>#!$~|{}&:@")  # ":" and "@": no autolinks (https://, user@host)
+
+
+def with_missing_as_dash(rows: list[dict], formats: dict) -> list[dict]:
+    """Table rows where each column of `formats` that has a missing value becomes text: the value
+    formatted, "—" where missing, left-padded with spaces to one width so that text still sorts
+    as the numbers do (for values of one sign). Columns without a gap are left as numbers."""
+    out = [dict(r) for r in rows]
+    for col, fmt in formats.items():
+        if not any(r.get(col) is None for r in rows):
+            continue
+        texts = [MISSING if r.get(col) is None else fmt(r[col]) for r in rows]
+        width = max(len(t) for t in texts)
+        for r, t in zip(out, texts):
+            r[col] = t if t == MISSING else t.rjust(width)
+    return out
+
+
+def frame_missing_as_dash(df, fmt=lambda v: f"{v:.6g}"):
+    """A polars frame for display: its columns with a null as text ("—" there, numbers via `fmt`)."""
+    import polars as pl
+
+    formats = {c: (fmt if df[c].dtype.is_numeric() else str) for c in df.columns}
+    rows = with_missing_as_dash(df.to_dicts(), formats)
+    return pl.DataFrame(rows, schema={c: (pl.String if df[c].null_count() else df[c].dtype) for c in df.columns})

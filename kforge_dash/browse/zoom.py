@@ -1,0 +1,56 @@
+"""Zoom that re-queries: a range dragged on a chart becomes a StepRange, which prepare_compare
+re-reads from the full-resolution series (and downsamples again, for that range only).
+
+Streamlit reports a plotly chart's box selection (st.plotly_chart(on_select="rerun",
+selection_mode="box")), not its client-side zoom, so the charts' drag mode is a horizontal select.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kforge_dash.browse.series import StepRange
+
+
+def _as_x(value, like: np.ndarray):
+    """A box edge as sent by plotly (a number, or a date string on a time axis) in the series' x type."""
+    if np.issubdtype(like.dtype, np.datetime64):
+        return np.datetime64(str(value).replace(" ", "T")).astype(like.dtype)
+    return float(value)
+
+
+def step_range_from_box(drawn, x0, x1) -> StepRange | None:
+    """The steps whose x lies in [x0, x1] on any drawn line (`drawn`: CompareData.series or
+    GroupData.bands, each with x and step arrays); None when the box holds no point."""
+    first, last = None, None
+    for line in drawn:
+        if len(line.x) == 0:
+            continue
+        try:
+            a, b = sorted((_as_x(x0, line.x), _as_x(x1, line.x)))
+        except (TypeError, ValueError):
+            continue
+        inside = line.step[(line.x >= a) & (line.x <= b)]
+        if len(inside):
+            lo, hi = int(inside.min()), int(inside.max())
+            first = lo if first is None else min(first, lo)
+            last = hi if last is None else max(last, hi)
+    return None if first is None else StepRange(first, last)
+
+
+def step_range_from_steps(x0, x1) -> StepRange | None:
+    """On the step axis the box edges are steps already: the whole steps between them."""
+    lo, hi = sorted((float(x0), float(x1)))
+    first, last = math.ceil(lo), math.floor(hi)
+    return StepRange(first, last) if first <= last else None
+
+
+def zoom_from_inputs(first, last) -> StepRange | None:
+    """The step-range inputs (either may be empty) as a StepRange, or None for the whole run."""
+    if first is None and last is None:
+        return None
+    lo = -(2**62) if first is None else int(first)
+    hi = 2**62 if last is None else int(last)
+    return StepRange(lo, hi) if lo <= hi else None

@@ -1,0 +1,42 @@
+"""`kforge-report PATH... -o report.html [--runs NAME ...]`: a thin click wrapper over browse/report.py."""
+
+from __future__ import annotations
+
+import sys
+
+try:
+    import click
+except ImportError as e:  # optional dependency, imported at the edge
+    raise SystemExit("kforge-report needs the dash extra: pip install 'kforge[dash]'") from e
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
+@click.option("--runs", "runs", multiple=True, metavar="NAME", help="Only these runs (repeat the option); default: all.")
+@click.option("--metrics", "metrics", multiple=True, metavar="NAME", help="Charts to draw (repeat); default: the dashboard's.")
+@click.option("--smoothing", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="EMA weight per step (as the dashboard's slider); 0 draws the recorded values only.")
+@click.option("--title", default="kforge report", show_default=True)
+def main(paths, output, runs, metrics, smoothing, title) -> None:
+    """One self-contained HTML report of the ingested runs under PATH (a runs root or a run directory).
+
+    Exit status: 0 written, 1 nothing to report, 2 usage error.
+    """
+    from kforge_dash.browse.report import ReportOptions, write_report
+
+    options = ReportOptions(metrics=tuple(metrics) or None, smoothing=smoothing, title=title)
+    try:
+        report = write_report(list(paths), output, runs=list(runs) or None, options=options)
+    except ValueError as e:
+        click.echo(f"kforge-report: error: {e}", err=True)
+        sys.exit(1)
+    for note in report.notes:
+        click.echo(f"kforge-report: {note}", err=True)
+    size = len(report.html.encode("utf-8"))
+    click.echo(f"kforge-report: {output}: {len(report.runs)} run(s), {len(report.metrics)} chart(s), {size / 1e6:.1f} MB",
+               err=True)
+
+
+if __name__ == "__main__":
+    main()
