@@ -103,7 +103,7 @@ def default_rank_metric(summary: dict | None, metrics: list[str]) -> str | None:
 def focus_steps(steps_path: str | Path, first: int, last: int, *, pad: int = _PAD) -> pl.DataFrame:
     """The steps around ``first..last``: step, loss, grad_norm, step time and slowest rank."""
     def read(path):
-        lf = pl.scan_parquet(path)
+        lf = pl.scan_parquet(path, glob=False)
         have = lf.collect_schema().names()
         cols = [c for c in ("step", "loss", "grad_norm", "lr", "step_time_s", "slowest_rank", "attempt") if c in have]
         return lf.filter(pl.col("step").is_between(first - pad, last + pad)).select(cols).sort("step").collect()
