@@ -152,6 +152,8 @@ def test_run_dirs_named_like_glob_patterns_ingest_append_and_export(tmp_path, mo
     acc = EventAccumulator(os.path.dirname(tb["path"]))
     acc.Reload()
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 16))
+    # the findings read ranks.parquet too: no warning that they could not
+    assert not [w for w in summary["warnings"] if "finding" in w.lower()], summary["warnings"]
 
 
 # -- 12. a NUL in a scalar name; a polars panic ------------------------------------------------------

@@ -15,7 +15,7 @@ _SKIP = {"time"}  # a wall-clock time is never NaN in a file the recorder wrote
 
 
 def nonfinite_findings(facts: RunFacts) -> list[Finding]:
-    lf = pl.scan_parquet(facts.ranks_path)
+    lf = pl.scan_parquet(facts.ranks_path, glob=False)
     schema = lf.collect_schema()
     metrics = [c for c, dt in schema.items() if dt == pl.Float64 and c not in _SKIP]
     if not metrics:

@@ -64,7 +64,7 @@ def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
     st = facts.steps.select("step", pl.col("step_time_median_s").cast(pl.Float64).alias("_st"))
     meds, blocks = [], []
     for lo, hi in windows(facts) or [(0, 0)]:
-        df = (pl.scan_parquet(facts.ranks_path)
+        df = (pl.scan_parquet(facts.ranks_path, glob=False)
               .filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(lo, hi, closed="left"))
               .select("step", "rank", "attempt", "step_time_s", *ph.own,
                       own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),

@@ -66,7 +66,7 @@ def memory_findings(facts: RunFacts) -> list[Finding]:
     out = []
     if "mem_allocated_bytes" not in facts.steps.columns:
         return out
-    lf = pl.scan_parquet(facts.ranks_path)
+    lf = pl.scan_parquet(facts.ranks_path, glob=False)
     if "mem_allocated_bytes" not in lf.collect_schema():
         return out
     lf = lf.filter(pl.col("mem_allocated_bytes").is_not_null())
