@@ -2,6 +2,7 @@
 
 Usage: python record_child.py RUN_DIR MODE [options as key=value]
 Prints "step N" (flushed) after each end_step so the parent knows how far it got.
+start_at=UNIX_TIME: busy-wait until then before building the Recorder (children started together).
 """
 
 import resource
@@ -27,6 +28,10 @@ if mode == "prev-handler":
         print("previous handler ran", flush=True)
         sys.exit(0)
     signal.signal(signal.SIGTERM, _prev)
+
+start_at = float(opts.get("start_at", 0))
+while time.time() < start_at:  # several children building their Recorder in the same instant
+    pass
 
 rec = Recorder(run_dir, rank=0, world_size=1,
                flush_every_steps=int(opts.get("flush_every_steps", 20)),
