@@ -11,6 +11,9 @@ from . import env
 from .model import ModelSpec
 
 STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
+# A part write costs a few ms whatever its size (two fsyncs): 256 rows of slack let a writer keep
+# up with steps down to ~20 us even when every window is one step.
+MIN_LAG_ROWS = 256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,8 +55,9 @@ class RecorderOptions:
     @property
     def lag_rows(self) -> int:
         """Rows handed to the writer and not yet written before end_step waits for it: two windows
-        (the one being written and the next), never more than max_backlog_rows."""
-        return min(2 * self.flush_every_steps, self.max_backlog_rows)
+        (the one being written and the next), at least MIN_LAG_ROWS (so that with tiny windows
+        the writer can catch up by merging them into bigger parts), at most max_backlog_rows."""
+        return min(max(2 * self.flush_every_steps, MIN_LAG_ROWS), self.max_backlog_rows)
 
 
 def check_int(name: str, v, lo: int) -> None:

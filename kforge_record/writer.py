@@ -186,9 +186,10 @@ class ShardWriter:
         return True
 
     def _bound(self, rows: list[tuple]) -> list[tuple]:
-        """Rows waiting for the disk never exceed max_backlog_rows: the oldest go first, counted."""
+        """Rows waiting for a failing disk never exceed max_backlog_rows: the oldest go first, counted.
+        (Rows arriving while nothing failed are bounded by the inbox, not here.)"""
         excess = len(rows) + sum(t.num_rows for t in self._backlog) - self.max_backlog_rows
-        if excess <= 0:
+        if not self._backlog or excess <= 0:
             return rows
         self._trim_backlog(extra=len(rows))
         excess = len(rows) + sum(t.num_rows for t in self._backlog) - self.max_backlog_rows
