@@ -17,7 +17,6 @@ import time
 
 from .warn import Warner
 
-
 WARN_AFTER_WAIT_S = 1.0
 
 
