@@ -384,8 +384,7 @@ class Recorder:
             self._warn(f"close:{type(e).__name__}", f"close failed: {e!r}")
 
     def _forked(self) -> None:
-        """In a forked child: drop the parent's buffered rows, and take a fresh lock (one held by
-        another thread at the fork would stay held in the child)."""
+        """In a forked child: no parent rows, a fresh lock (one held at the fork stays held)."""
         self._lock = threading.RLock()
         self._rows = []
         self._phases = {}
