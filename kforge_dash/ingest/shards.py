@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from kforge_dash.contract import INGESTED_DIR
 from kforge_dash.ingest.meta_fields import typed_fields
+from kforge_dash.ingest.second_writers import warn_second_writers
 from kforge_record.schema import (
     END_FILE,
     FIXED_COLUMNS,
@@ -27,7 +28,6 @@ from kforge_record.schema import (
     SchemaError,
     check_schema_version,
     is_part_file,
-    launch_of_attempt,
 )
 
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
@@ -129,8 +129,7 @@ def list_attempts(run_dir: str, warnings: list[str]) -> list[AttemptFiles]:
                 warnings.append(f"{att.path}: neither {META_FILE} nor part files; not an attempt folder, skipped")
                 continue
             out.append(AttemptFiles(rank, att.name, att.path, tuple(os.path.join(att.path, n) for n in names)))
-    _warn_second_writers(out, warnings)
-    return out
+    return warn_second_writers(out, warnings)
 
 
 def _entries(path: str, warnings: list[str]) -> list[os.DirEntry]:
@@ -157,31 +156,6 @@ def _is_dir(entry: os.DirEntry, warnings: list[str]) -> bool:
     except OSError as e:
         warnings.append(f"{entry.path}: cannot be followed ({e.strerror or e}); skipped")
         return False
-
-
-def _warn_second_writers(attempts: list[AttemptFiles], warnings: list[str]) -> None:
-    """Warn when one rank has several folders claimed for the same launch by different processes
-    (kforge_record names a folder it finds taken ``<attempt id>-p<pid>-<time>``): two processes
-    were given the same rank in one launch, and their rows are ingested as separate attempts."""
-    claims: dict[tuple[int, str], list[AttemptFiles]] = {}
-    for a in attempts:
-        claims.setdefault((a.rank, launch_of_attempt(a.attempt_id)), []).append(a)
-    for (rank, launch), group in claims.items():
-        writers = {_writer_of(a) for a in group}
-        if len(group) > 1 and len(writers) > 1:
-            folders = ", ".join(a.dir for a in group)
-            warnings.append(f"rank {rank}: {len(group)} processes wrote launch {launch} as this rank ({folders}): "
-                            "a second writer of the same rank (check the launcher's rank assignment); "
-                            "each folder is ingested as an attempt of its own")
-
-
-def _writer_of(a: AttemptFiles) -> tuple:
-    """(host, pid) from meta.json; the folder itself when meta.json cannot tell (counted as another writer)."""
-    try:
-        meta = _read_json(os.path.join(a.dir, META_FILE))
-        return (str(meta.get("host")), str(meta.get("pid")))
-    except (OSError, ValueError):
-        return (a.dir,)
 
 
 def rel_path(run_dir: str, path: str) -> str:
