@@ -493,7 +493,7 @@ def main() -> None:
           "other threads CPU: CPU\ntime of this process's other threads (the recorder's writer) over loop "
           "+ close, per step; wandb's separate\nservice process is not counted. paced: after every flush window the "
           "loop waits (untimed) until the writer\nhas written it, as steps of milliseconds let it; back to "
-          "back: the writer falls behind and the rest waits for close().\ntensors: loss, grad_norm and "
+          "back: the writer falls behind and end_step waits for it (see the table below).\ntensors: loss, grad_norm and "
           "the 3 user scalars are 0-dim CPU tensors (wandb and TensorBoard get floats).")
     print(f"Goal (issue 2): at most 5 µs per step. kforge end_step, paced: {kforge_us:.2f} µs "
           f"({'met' if kforge_us <= 5 else 'NOT met'}).")
