@@ -84,9 +84,9 @@ def test_a_slow_writer_makes_end_step_wait_and_the_warning_says_so(tmp_path):
 def test_sigkill_of_a_loop_faster_than_the_writer_loses_a_bounded_few(tmp_path):
     run, progress = tmp_path / "run", tmp_path / "progress"
     window = 20
-    # The writer needs 1 ms a row (a slow value), the loop ~1000x less: it would run far ahead.
+    # The writer needs 0.5 ms a row (a slow value), the loop ~500x less: it would run far ahead.
     proc = subprocess.Popen([sys.executable, CHILD, str(run), "plain", f"flush_every_steps={window}", "sleep=0",
-                             "slow=1", f"progress={progress}"], stderr=subprocess.PIPE, text=True)
+                             "slow=0.5", f"progress={progress}"], stderr=subprocess.PIPE, text=True)
 
     def last_step():
         data = progress.read_bytes() if progress.exists() else b""
