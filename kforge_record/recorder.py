@@ -172,8 +172,7 @@ class Recorder:
     def _start_writer(self) -> None:
         self._writer = ShardWriter(self.attempt_dir, self._meta, max_backlog_rows=self._opts.max_backlog_rows,
                                    lag_rows=self._opts.lag_rows, where=f"rank {self.rank}")
-        # meta.json is written synchronously here, so a bad path fails at construction, loudly.
-        self._writer.write_meta()
+        self._writer.write_meta()  # synchronously: a bad path fails at construction, loudly
         # pyarrow's first pa.array() call imports pandas when present (~0.2 s holding the GIL);
         # pay it here, not on the writer thread in the middle of training.
         rows_to_table([(0, 0.0, None, None, None, None, None, None, None, None, None)], self._warn)
