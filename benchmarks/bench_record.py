@@ -13,6 +13,7 @@ Then the recorder's memory at several step counts (one fresh child process per m
 
     python benchmarks/bench_record.py              # the README table (~2-3 min on 2 busy cores)
     python benchmarks/bench_record.py --quick      # smoke run, small counts
+    python benchmarks/bench_record.py --behind-only  # only: a loop faster than the writer thread
 
 The machine may be shared: contenders run interleaved within each repeat (in a rotating order) so
 that a noisy neighbour hits all of them alike, and every figure is a median over the repeats.
@@ -245,6 +246,64 @@ def run_tensorboard(pool, steps, tmp):
 
 
 # --------------------------------------------------------------------------------------------
+# A loop faster than the writer (issue 11 item 2): does every row land, and what does it cost?
+# --------------------------------------------------------------------------------------------
+
+WIDE_NAMES = tuple(f"layer{i:03d}/grad_norm" for i in range(300))
+
+
+def run_behind(case: str, steps: int, tmp: str) -> dict:
+    """One recorder with default options. "back to back": end_step with nothing between (the 11
+    fields). "300 scalars, 0.2 ms": 300 user scalars a step and 0.2 ms of busy work (GIL held, as a
+    loop spinning on its GPU queue) between steps."""
+    d = tempfile.mkdtemp(dir=tmp)
+    rec = Recorder(os.path.join(d, "run"), install_sigterm_handler=False)
+    pool = make_pool(False)
+    wide = dict.fromkeys(WIDE_NAMES, 0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = perf_counter()
+        for step in range(1, steps + 1):
+            if case == "back to back":
+                rec.end_step(step, **pool[step & (POOL - 1)])
+            else:
+                rec.end_step(step, loss=1.0, **wide)
+                t = perf_counter() + 0.0002
+                while perf_counter() < t:
+                    pass
+        loop_s = perf_counter() - t0
+        rec.close()
+    with open(os.path.join(rec.attempt_dir, "end.json")) as f:
+        end = json.load(f)
+    shutil.rmtree(d)
+    return {"us": loop_s / steps * 1e6, "written": end["rows_written"], "dropped": end["dropped_rows_total"],
+            "parts": end["parts_written"], "wait_s": end.get("writer_wait_s")}
+
+
+def print_behind(steps_b2b: int, steps_wide: int, repeats: int) -> None:
+    cases = [("back to back", steps_b2b), ("300 scalars, 0.2 ms", steps_wide)]
+    tmp = tempfile.mkdtemp(prefix="kforge-bench-behind-")
+    try:
+        got = {c: [] for c, _ in cases}
+        for r in range(repeats):
+            for case, steps in (cases if r % 2 == 0 else cases[::-1]):
+                got[case].append(run_behind(case, steps, tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print()
+    print(f"A loop faster than the writer thread (default options), median of {repeats} repeats")
+    print()
+    print("| loop | steps | µs/step | rows written | rows dropped | part files | end_step waited (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for case, steps in cases:
+        rs = got[case]
+        med = {k: statistics.median(x[k] for x in rs) if rs[0][k] is not None else None for k in rs[0]}
+        wait = "n/a" if med["wait_s"] is None else f"{med['wait_s']:.2f}"
+        print(f"| {case} | {steps:,} | {med['us']:.1f} | {med['written']:,.0f} | {med['dropped']:,.0f} | "
+              f"{med['parts']:,.0f} | {wait} |", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
 # Memory: one fresh child process per mode (so RSS peaks do not carry over between modes), read
 # at each checkpoint N: the peaks over steps 1..N.
 # --------------------------------------------------------------------------------------------
@@ -308,7 +367,7 @@ def mem_child(mode: str, checkpoints: list[int], tmp: str) -> None:
                     rec.flush()
             else:
                 # Diagnostic only (a private attribute): rows handed over, not yet taken by the writer.
-                max_queued = max(max_queued, rec._writer._inbox_rows)
+                max_queued = max(max_queued, rec._writer.inbox.waiting_rows)
         if n == todo[0]:
             todo.pop(0)
             if hwm_ok:
@@ -351,6 +410,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--mem-steps", default="100000,300000,1000000", help="step counts for the memory table")
     ap.add_argument("--quick", action="store_true", help="small counts: a smoke run of every part")
+    ap.add_argument("--behind-only", action="store_true", help="only the writer-behind table (1M + 50k steps)")
     ap.add_argument("--mem-child", nargs=3, metavar=("MODE", "STEPS", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     t_start = perf_counter()
@@ -358,6 +418,9 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     if args.mem_child:
         mem_child(args.mem_child[0], [int(n) for n in args.mem_child[1].split(",")], args.mem_child[2])
+        return
+    if args.behind_only:
+        print_behind(1_000_000, 50_000, 3)
         return
     if args.quick:
         args.steps, args.repeats, args.mem_steps = 10_000, 3, "10000,30000,100000"
@@ -430,10 +493,12 @@ def main() -> None:
           "other threads CPU: CPU\ntime of this process's other threads (the recorder's writer) over loop "
           "+ close, per step; wandb's separate\nservice process is not counted. paced: after every flush window the "
           "loop waits (untimed) until the writer\nhas written it, as steps of milliseconds let it; back to "
-          "back: the writer falls behind and the rest waits for close().\ntensors: loss, grad_norm and "
+          "back: the writer falls behind and end_step waits for it (see the table below).\ntensors: loss, grad_norm and "
           "the 3 user scalars are 0-dim CPU tensors (wandb and TensorBoard get floats).")
     print(f"Goal (issue 2): at most 5 µs per step. kforge end_step, paced: {kforge_us:.2f} µs "
           f"({'met' if kforge_us <= 5 else 'NOT met'}).")
+
+    print_behind(100_000 if args.quick else 1_000_000, 5_000 if args.quick else 50_000, 1 if args.quick else 3)
 
     print()
     print(f"Recorder memory over N steps (floats, flush_every_steps={FLUSH_EVERY_STEPS}), "
@@ -451,7 +516,7 @@ def main() -> None:
           "RSS growth:\npeak RSS minus RSS before the run (includes pyarrow's buffers and tracemalloc's own "
           f"bookkeeping). paced: the writer\nis at most {MEM_PACE_WINDOWS} flush windows behind, as steps of a millisecond "
           f"or more keep it. back to back: end_step\nwith nothing between; the writer falls behind, merges the windows queued meanwhile into one "
-          "part,\nand never holds more than max_backlog_rows (100,000) rows waiting: past that the oldest are dropped, counted.")
+          "part,\nand end_step waits once max(2 windows, 256 rows) are pending: nothing is dropped.")
     print(f"\n# whole run: {(perf_counter() - t_start) / 60:.1f} min")
 
 

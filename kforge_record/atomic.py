@@ -9,6 +9,7 @@ and end with ".tmp", which every reader ignores (docs/CONTRACT.md).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -45,16 +46,46 @@ def publish(tmp: str, path: str) -> None:
     fsync_dir(os.path.dirname(path))
 
 
+def publish_new(tmp: str, path: str) -> None:
+    """Like ``publish``, but never replaces a file: FileExistsError when ``path`` exists already.
+
+    A hard link is an exclusive, atomic rename: it fails when the name is taken. Where the
+    filesystem has no hard links, ``O_EXCL`` claims the name first (an empty file for a moment,
+    which readers skip as unreadable and read again next time) and the rename fills it.
+    """
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in _NO_HARD_LINKS:
+            raise
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.replace(tmp, path)
+    else:
+        os.remove(tmp)
+    fsync_dir(os.path.dirname(path))
+
+
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+
+
 @contextlib.contextmanager
-def atomic_path(path: str, *, tmp: str | None = None) -> Iterator[str]:
+def atomic_path(path: str, *, tmp: str | None = None, exclusive: bool = False) -> Iterator[str]:
     """Yield a temp path to write ``path``'s new content to; published on success, removed on error.
 
     For writers that want a file name (pyarrow, polars): ``with atomic_path(p) as t: df.write_parquet(t)``.
+    ``exclusive=True``: never replace an existing ``path`` (FileExistsError instead).
     """
     tmp = tmp or temp_name(path)
     try:
         yield tmp
-        publish(tmp, path)
+        (publish_new if exclusive else publish)(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)

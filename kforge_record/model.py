@@ -38,20 +38,9 @@ class ModelSpec:
     moe_frequency: int | None = None
     mlp: str | None = None  # None reads as "swiglu"
 
-    def __post_init__(self) -> None:  # noqa: C901
+    def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if v is None:
-                continue
-            if f.name == "mlp":
-                if v not in MLP_KINDS:
-                    raise ValueError(f"model: mlp must be one of {', '.join(map(repr, MLP_KINDS))}, got {v!r}")
-                continue
-            if f.name in ("flops_per_token", "n_params"):  # large counts are often written 7e9
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                    raise ValueError(f"model: {f.name} must be a positive finite number, got {v!r}")
-            elif isinstance(v, bool) or not isinstance(v, int) or v < (0 if f.name == "moe_shared_experts" else 1):
-                raise ValueError(f"model: {f.name} must be a positive integer, got {v!r}")
+            _check_field(f.name, getattr(self, f.name))
         given = {f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
         if not given:
             raise ValueError("model: empty; give flops_per_token, or n_params with n_layers/dim/seq_len, or the shape")
@@ -62,6 +51,10 @@ class ModelSpec:
             if missing:
                 raise ValueError(f"model: n_params also needs {', '.join(missing)} (for the attention term 12·L·D·S)")
             return
+        self._check_shape(given)
+        self._check_moe(given)
+
+    def _check_shape(self, given: set[str]) -> None:
         missing = [k for k in _SHAPE if k not in given]
         if missing:
             raise ValueError(
@@ -72,12 +65,14 @@ class ModelSpec:
             raise ValueError(f"model: dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
             raise ValueError(f"model: n_kv_heads {self.n_kv_heads} must divide n_heads {self.n_heads}")
-        moe = [k for k in _MOE if k in given]
-        if moe:
-            if self.moe_num_experts is None or self.moe_top_k is None:
-                raise ValueError("model: a mixture of experts needs both moe_num_experts and moe_top_k")
-            if self.moe_top_k > self.moe_num_experts:
-                raise ValueError(f"model: moe_top_k {self.moe_top_k} exceeds moe_num_experts {self.moe_num_experts}")
+
+    def _check_moe(self, given: set[str]) -> None:
+        if not any(k in given for k in _MOE):
+            return
+        if self.moe_num_experts is None or self.moe_top_k is None:
+            raise ValueError("model: a mixture of experts needs both moe_num_experts and moe_top_k")
+        if self.moe_top_k > self.moe_num_experts:
+            raise ValueError(f"model: moe_top_k {self.moe_top_k} exceeds moe_num_experts {self.moe_num_experts}")
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelSpec":
@@ -89,3 +84,18 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+def _check_field(name: str, v) -> None:
+    """One field's type and range; None (not given) is always fine."""
+    if v is None:
+        return
+    if name == "mlp":
+        if v not in MLP_KINDS:
+            raise ValueError(f"model: mlp must be one of {', '.join(map(repr, MLP_KINDS))}, got {v!r}")
+        return
+    if name in ("flops_per_token", "n_params"):  # large counts are often written 7e9
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"model: {name} must be a positive finite number, got {v!r}")
+    elif isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "moe_shared_experts" else 1):
+        raise ValueError(f"model: {name} must be a positive integer, got {v!r}")

@@ -5,6 +5,8 @@ Kept free of heavy imports: the recorder and ingest both import this module.
 
 from __future__ import annotations
 
+import re
+
 SCHEMA_VERSION = "1.0"  # major.minor; ingest refuses a newer major
 
 META_FILE = "meta.json"
@@ -41,6 +43,21 @@ def phase_column(name: str) -> str:
 
 def rank_dir_name(rank: int) -> str:
     return f"{RANK_PREFIX}{rank:05d}"
+
+
+def taken_attempt_id(attempt_id: str, pid: int, stamp: str, n: int = 0) -> str:
+    """The folder name a recorder claims when its launch's ``attempt_id`` folder is taken already
+    (a second process given the same rank in one launch, or a second Recorder in one process):
+    ``<attempt_id>-p<pid>-<HHMMSSffffff>[-<n>]``."""
+    return f"{attempt_id}-p{pid}-{stamp}" + (f"-{n}" if n else "")
+
+
+_TAKEN_SUFFIX = re.compile(r"-p\d+-\d{12}(?:-\d+)?$")
+
+
+def launch_of_attempt(folder: str) -> str:
+    """The attempt id a folder was claimed for: its name without a ``taken_attempt_id`` suffix."""
+    return _TAKEN_SUFFIX.sub("", folder)
 
 
 def part_file_name(index: int) -> str:

@@ -2,10 +2,15 @@
 
 Usage: python record_child.py RUN_DIR MODE [options as key=value]
 Prints "step N" (flushed) after each end_step so the parent knows how far it got.
+start_at=UNIX_TIME: busy-wait until then before building the Recorder (children started together).
+progress=PATH: instead of printing, write the last ended step into PATH (8 bytes, through mmap:
+the page survives a SIGKILL), so that a loop with nothing but end_step stays that fast.
 """
 
+import mmap
 import resource
 import signal
+import struct
 import sys
 import time
 
@@ -28,6 +33,10 @@ if mode == "prev-handler":
         sys.exit(0)
     signal.signal(signal.SIGTERM, _prev)
 
+start_at = float(opts.get("start_at", 0))
+while time.time() < start_at:  # several children building their Recorder in the same instant
+    pass
+
 rec = Recorder(run_dir, rank=0, world_size=1,
                flush_every_steps=int(opts.get("flush_every_steps", 20)),
                flush_every_s=float(opts.get("flush_every_s", 3600)),
@@ -39,6 +48,22 @@ if mode == "disk-full":
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
 
+class SlowToConvert:
+    """slow=MS: each step also logs a value the writer thread needs MS milliseconds to read."""
+
+    def __float__(self):
+        time.sleep(float(opts["slow"]) / 1000)
+        return 1.0
+
+
+extra = {"slow": SlowToConvert()} if "slow" in opts else {}
+progress = None
+if "progress" in opts:
+    with open(opts["progress"], "wb") as f:
+        f.write(bytes(8))
+    with open(opts["progress"], "r+b") as f:
+        progress = mmap.mmap(f.fileno(), 8)
+
 heal_at = int(opts.get("heal_at", 0))
 stop_after = 0
 for step in range(1, steps + 1):
@@ -47,7 +72,10 @@ for step in range(1, steps + 1):
         resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     rec.start_step()
     time.sleep(sleep_s)
-    rec.end_step(step, loss=1.0 / step, lr=1e-3, tokens=128)
+    rec.end_step(step, loss=1.0 / step, lr=1e-3, tokens=128, **extra)
+    if progress is not None:
+        struct.pack_into("<q", progress, 0, step)
+        continue
     print(f"step {step}", flush=True)
     if stop:
         stop_after = stop_after or step

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from kforge_dash.contract import INGESTED_DIR
 from kforge_dash.ingest.meta_fields import typed_fields
+from kforge_dash.ingest.second_writers import warn_second_writers
 from kforge_record.schema import (
     END_FILE,
     FIXED_COLUMNS,
@@ -128,7 +129,7 @@ def list_attempts(run_dir: str, warnings: list[str]) -> list[AttemptFiles]:
                 warnings.append(f"{att.path}: neither {META_FILE} nor part files; not an attempt folder, skipped")
                 continue
             out.append(AttemptFiles(rank, att.name, att.path, tuple(os.path.join(att.path, n) for n in names)))
-    return out
+    return warn_second_writers(out, warnings)
 
 
 def _entries(path: str, warnings: list[str]) -> list[os.DirEntry]:

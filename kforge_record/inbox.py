@@ -1,0 +1,86 @@
+"""The hand-over between the training thread and the writer thread, with its two bounds.
+
+* Back-pressure: when more than ``lag_rows`` rows are handed over and not yet processed by the
+  writer (waiting here, or taken and being converted/written), ``put`` waits until the writer is
+  back under it. A loop faster than the writer (back-to-back ``end_step``, very wide rows) thus
+  runs at the writer's speed and loses nothing, and a SIGKILL loses at most those ``lag_rows``
+  plus the window being filled.
+* A stuck writer: one that has been on the same batch for ``stall_s`` seconds (a hung
+  filesystem) is not waited for again until it finishes something; rows then queue here, at
+  most ``max_rows`` of them, and older batches beyond that are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .warn import Warner
+
+WARN_AFTER_WAIT_S = 1.0
+
+
+class Inbox:
+    def __init__(self, *, lag_rows: int, max_rows: int, stall_s: float, warn: Warner):
+        self.lag_rows = lag_rows
+        self.max_rows = max_rows
+        self.stall_s = stall_s
+        self._warn = warn
+        # Re-entrant: a SIGTERM handler runs on the main thread, possibly inside put().
+        self._cond = threading.Condition(threading.RLock())
+        self._batches: list[list[tuple]] = []
+        self.waiting_rows = 0  # here, not yet taken by the writer
+        self.pending_rows = 0  # here + taken and not yet done
+        self._busy_since = time.monotonic()  # when the writer last took or finished a batch
+        self.dropped = 0
+        self.waited_s = 0.0  # total time put() waited for the writer
+
+    # -- training thread -------------------------------------------------------------------
+    def put(self, rows: list[tuple]) -> None:
+        with self._cond:
+            if not self.pending_rows:  # the writer was idle: the stall clock starts now
+                self._busy_since = time.monotonic()
+            self._batches.append(rows)
+            self.waiting_rows += len(rows)
+            self.pending_rows += len(rows)
+            if self.pending_rows > self.lag_rows:
+                self._wait_for_writer()
+            self._drop_oldest_past_bound()
+
+    def _wait_for_writer(self) -> None:
+        t0 = time.monotonic()
+        while self.pending_rows > self.lag_rows:
+            busy_for = time.monotonic() - self._busy_since
+            if busy_for >= self.stall_s:
+                self._warn("stuck", f"the writer thread has been on one write for {busy_for:.1f} s (a hung filesystem?): "
+                           f"end_step no longer waits for it; up to {self.max_rows} rows queue, older ones are "
+                           "dropped (counted, reported at close)")
+                break
+            self._cond.wait(self.stall_s - busy_for)
+        self.waited_s += time.monotonic() - t0
+        if self.waited_s >= WARN_AFTER_WAIT_S:  # short waits are normal back-pressure, not news
+            self._warn("behind", f"the writer thread is behind (rows arrive faster than it converts and writes them): "
+                       f"end_step has waited {self.waited_s:.1f} s for it so far, each time {self.lag_rows} rows were "
+                       "pending; nothing is dropped (the total wait is in end.json, writer_wait_s)")
+
+    def _drop_oldest_past_bound(self) -> None:
+        while self.waiting_rows > self.max_rows and len(self._batches) > 1:
+            old = self._batches.pop(0)
+            self.waiting_rows -= len(old)
+            self.pending_rows -= len(old)
+            self.dropped += len(old)
+
+    # -- writer thread ---------------------------------------------------------------------
+    def take(self) -> list[tuple]:
+        """Every row handed over so far, oldest first (one part file: a slow write means bigger parts)."""
+        with self._cond:
+            batches, self._batches, self.waiting_rows = self._batches, [], 0
+            self._busy_since = time.monotonic()
+        return [row for batch in batches for row in batch]
+
+    def done(self, n: int) -> None:
+        """The writer finished ``n`` taken rows (written, kept for a retry, or dropped)."""
+        with self._cond:
+            self.pending_rows -= n
+            self._busy_since = time.monotonic()
+            self._cond.notify_all()

@@ -1,0 +1,110 @@
+"""The Recorder's options, validated once at construction (a bad one raises, naming it)."""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+from dataclasses import dataclass
+
+from . import env
+from .model import ModelSpec
+
+STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
+# A part write costs a few ms whatever its size (two fsyncs): 256 rows of slack let a writer keep
+# up with steps down to ~20 us even when every window is one step.
+MIN_LAG_ROWS = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecorderOptions:
+    model: ModelSpec | None
+    hparams: dict
+    tags: tuple[str, ...]
+    peak_tflops: float | None
+    counts_tokens: bool
+    flush_every_steps: int
+    flush_every_s: float
+    memory_every_steps: int
+    max_backlog_rows: int
+    close_timeout_s: float
+
+    @classmethod
+    def from_arguments(cls, *, model, hparams, tags, peak_tflops, counts_tokens, flush_every_steps,
+                       flush_every_s, memory_every_steps, max_backlog_rows, close_timeout_s) -> "RecorderOptions":
+        """The Recorder's keyword arguments as given (dicts, lists, ints where floats will do) to options."""
+        model = _model(model)
+        if hparams is not None and not isinstance(hparams, dict):
+            raise TypeError(f"hparams: must be a dict, got {type(hparams).__name__}")
+        if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
+            raise TypeError("tags: must be a list of strings")
+        if peak_tflops is not None:
+            check_positive("peak_tflops", peak_tflops, "a positive finite number")
+        if not isinstance(counts_tokens, bool):
+            raise TypeError(f"counts_tokens: must be True or False, got {counts_tokens!r}")
+        check_int("flush_every_steps", flush_every_steps, 1)
+        check_int("memory_every_steps", memory_every_steps, 0)
+        check_int("max_backlog_rows", max_backlog_rows, 1)
+        check_positive("flush_every_s", flush_every_s, "a positive number of seconds", finite=False)
+        return cls(model=model, hparams=hparams or {}, tags=tuple(tags),
+                   peak_tflops=None if peak_tflops is None else float(peak_tflops), counts_tokens=counts_tokens,
+                   flush_every_steps=flush_every_steps, flush_every_s=float(flush_every_s),
+                   memory_every_steps=memory_every_steps, max_backlog_rows=max_backlog_rows,
+                   close_timeout_s=close_timeout_s)
+
+    @property
+    def lag_rows(self) -> int:
+        """Rows handed to the writer and not yet written before end_step waits for it: two windows
+        (the one being written and the next), at least MIN_LAG_ROWS (so that with tiny windows
+        the writer can catch up by merging them into bigger parts), at most max_backlog_rows."""
+        return min(max(2 * self.flush_every_steps, MIN_LAG_ROWS), self.max_backlog_rows)
+
+
+def check_int(name: str, v, lo: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name}: must be an integer >= {lo}, got {v!r}")
+
+
+def check_positive(name: str, v, what: str, *, finite: bool = True) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (finite and not math.isfinite(v)) or not v > 0:
+        raise ValueError(f"{name}: must be {what}, got {v!r}")
+
+
+def _model(model) -> ModelSpec | None:
+    if model is None or isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, dict):
+        return ModelSpec.from_dict(model)
+    raise TypeError(f"model: must be a dict or ModelSpec, got {type(model).__name__}")
+
+
+def checked_run_dir(run_dir) -> str:
+    run_dir = os.fspath(run_dir)
+    if not run_dir:
+        raise ValueError("run_dir: must be a non-empty path")
+    return run_dir
+
+
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The given rank and world size, else what the process says (see env.detect_rank_world), validated."""
+    det_rank, det_world = env.detect_rank_world()
+    rank = det_rank if rank is None else rank
+    world_size = det_world if world_size is None else world_size
+    check_int("rank", rank, 0)
+    check_int("world_size", world_size, 1)
+    if rank >= world_size:
+        raise ValueError(f"rank {rank} is not below world_size {world_size}")
+    return rank, world_size
+
+
+def as_step(step) -> int | None:
+    """A step given as an int or another integer type (numpy) as int; None for anything else: None,
+    "5", 2.0, True (a bool is a bug, not step 1), a tensor (its value would need a device sync), or
+    an int outside int64 (the step column's type)."""
+    if isinstance(step, bool) or not (isinstance(step, int) or type(step).__module__ == "numpy"):
+        return None
+    try:
+        i = operator.index(step)
+    except TypeError:
+        return None
+    return i if STEP_MIN <= i <= STEP_MAX else None
