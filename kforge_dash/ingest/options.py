@@ -28,8 +28,8 @@ class IngestOptions:
     alpha: float = 0.1
     peak_tflops: float | None = None
     flops_per_token: float | None = None
-    # Rows a window (memory ~200 bytes each with polars' work space). 1M, not 4M: half the peak and no slower,
-    # since the write of one window overlaps the read of the next (benchmarks/bench_ingest.py).
+    # Rows a window (memory ~200 bytes each with polars' work space). 1M, not 4M: half the peak and no
+    # slower (the last window's write, which nothing overlaps, is smaller; benchmarks/bench_ingest.py).
     chunk_rows: int = 1_000_000
     lock_timeout_s: float = 600.0
     force: bool = False
