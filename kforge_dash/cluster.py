@@ -62,6 +62,10 @@ class DaskOptions:
     address: str  # tcp://host:port (any Dask address), local:N, or a scheduler file (*.json)
     connect_timeout_s: float = 10.0  # an unreachable scheduler fails after this long
     no_workers_timeout_s: float = 60.0  # no worker alive this long (all died, none joined): fail
+    # One task (a window, a whole run) not back this long is taken as stuck (a hung filesystem, a
+    # deadlocked worker): fail its run rather than wait for ever. Its start counts from when the
+    # driver begins to wait for it, so a window queued behind others gets the full time too.
+    task_timeout_s: float = 3600.0
     whole_run_bytes: int = 256 << 20  # a run with fewer bytes of part files is one task (see module docstring)
     windows_per_worker: int = 2  # windows in flight per worker: one running, one queued behind it
 
@@ -72,7 +76,7 @@ class DaskOptions:
             n = self.address[len("local:"):]
             if not (n.isdigit() and int(n) >= 1):
                 raise ValueError(f"address {self.address!r}: local:N needs a worker count N >= 1")
-        for name in ("connect_timeout_s", "no_workers_timeout_s"):
+        for name in ("connect_timeout_s", "no_workers_timeout_s", "task_timeout_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"{name}: must be > 0 seconds, got {v!r}")
@@ -128,7 +132,8 @@ def dask_client(opts: DaskOptions) -> Iterator:
 
 class _Watch:
     """Waits on one future with a timeout slice at a time, and gives up (ClusterError) when the
-    cluster has had no worker, or the client no scheduler, for ``no_workers_timeout_s``."""
+    cluster has had no worker, or the client no scheduler, for ``no_workers_timeout_s``, or the
+    task is not back after ``task_timeout_s``."""
 
     def __init__(self, client, opts: DaskOptions):
         self.client, self.opts = client, opts
@@ -139,6 +144,7 @@ class _Watch:
     def result(self, future, what: str):
         distributed = require("distributed", extra="dask", purpose=_PURPOSE)
         lost_since = None
+        since = time.monotonic()
         while True:
             try:
                 return future.result(timeout=1.0)
@@ -150,6 +156,9 @@ class _Watch:
             except (distributed.client.FutureCancelledError, distributed.CancelledError) as e:
                 raise ClusterError(f"{what}: cancelled by the Dask cluster, the scheduler lost? ({e}); "
                                    f"no output was written") from None
+            if time.monotonic() - since > self.opts.task_timeout_s:
+                raise ClusterError(f"{what}: not done after {self.opts.task_timeout_s:g}s on the Dask cluster "
+                                   f"({self.opts.address}); given up, no output was written")
             if self.alive():
                 lost_since = None
                 continue

@@ -124,6 +124,26 @@ def test_a_worker_that_dies_fails_the_run_and_keeps_the_last_outputs(tmp_path, m
     assert not [n for n in os.listdir(ing) if n.endswith(".tmp")]
 
 
+def test_a_stuck_window_fails_the_run_after_task_timeout_s(tmp_path, monkeypatch, local2):
+    client, _ = local2
+    opts = DaskOptions(address="local:2", task_timeout_s=1.0)
+    run = make_run(tmp_path / "a", monkeypatch, ranks=2)
+
+    def stuck(task, **kw):  # a worker thread that never comes back (a hung filesystem, say)
+        time.sleep(4)
+        return ingest_window(task, **kw)
+
+    class Stuck(DaskWindows):
+        def map(self, fn, tasks):
+            return super().map(stuck, tasks)
+
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=r"window of steps \[\d+, \d+\): not done after 1s on the Dask cluster"):
+        ingest_run(run, chunk_rows=CHUNK, windows=Stuck(client, opts, run_dir=run))
+    assert time.monotonic() - t0 < 4
+    assert not [n for n in os.listdir(os.path.join(run, "ingested")) if n.endswith(".parquet")]
+
+
 def test_cli_dask_local2_equals_a_local_ingest(tmp_path, monkeypatch):
     """Two small runs: each one whole-run task on a LocalCluster the CLI starts and stops."""
     for name in ("a", "b"):
