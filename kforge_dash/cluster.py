@@ -130,6 +130,11 @@ def dask_client(opts: DaskOptions) -> Iterator:
                 cluster.close(timeout=opts.connect_timeout_s)
 
 
+def _cancelled(distributed) -> tuple:
+    """The exception types of a future cancelled under us (FutureCancelledError is newer than 2024.6)."""
+    return tuple(t for t in (getattr(distributed.client, "FutureCancelledError", None), distributed.CancelledError) if t)
+
+
 class _Watch:
     """Waits on one future with a timeout slice at a time, and gives up (ClusterError) when the
     cluster has had no worker, or the client no scheduler, for ``no_workers_timeout_s``, or the
@@ -153,7 +158,7 @@ class _Watch:
             except distributed.KilledWorker as e:
                 raise ClusterError(f"{what}: the Dask worker running it died, also when retried ({e}); "
                                    f"no output was written") from None
-            except (distributed.client.FutureCancelledError, distributed.CancelledError) as e:
+            except _cancelled(distributed) as e:
                 raise ClusterError(f"{what}: cancelled by the Dask cluster, the scheduler lost? ({e}); "
                                    f"no output was written") from None
             if time.monotonic() - since > self.opts.task_timeout_s:

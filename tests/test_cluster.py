@@ -15,7 +15,7 @@ import distributed
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
+from ingest_fixtures import close_all, flush_all, open_ranks, read_outputs, run_steps
 
 from kforge_dash.cli.ingest import main
 from kforge_dash.cluster import ClusterError, DaskOptions, DaskWindows, dask_client, ingest_paths_dask
@@ -96,6 +96,24 @@ def test_windows_on_local2_equal_a_local_ingest(tmp_path, monkeypatch, local2):
     assert [r.run_dir for r in res.ok] == [run] and not res.failed
     windows = [t for t in ts.data if str(t["key"]).startswith("kforge-window-")]
     assert len(windows) >= 4  # the run went window by window through the workers
+    assert_same(outputs(run), want)
+
+
+def test_an_append_on_local2_equals_a_local_ingest(tmp_path, monkeypatch, local2):
+    """A running job's new parts, appended window by window on the workers (old rows merged in there)."""
+    client, opts = local2
+    run = str(tmp_path / "runs" / "live")
+    recs = open_ranks(run, 4, flush_every_steps=5)
+    clock = run_steps(monkeypatch, recs, range(1, 31), step_time=lambda r, s: 0.1 * (1 + s % 3), values=values,
+                      flush_every=5)
+    ingest_run(run, chunk_rows=CHUNK)
+    run_steps(monkeypatch, recs, range(31, 46), step_time=lambda r, s: 0.2, values=values, clock=clock, flush_every=5)
+    recs[2].log(33, **{"eval/loss": 1.5})
+    flush_all(recs)
+    want = local_outputs(twin(tmp_path / "runs", tmp_path / "local") + "/live")
+    res = ingest_paths_dask([run], options=IngestOptions(chunk_rows=CHUNK), exporters=[], client=client, opts=opts)
+    close_all(recs)
+    assert len(res.ok) == 1 and res.ok[0].appended, res.failed
     assert_same(outputs(run), want)
 
 
