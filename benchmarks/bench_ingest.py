@@ -3,6 +3,8 @@
     python benchmarks/bench_ingest.py                      # 64x100k and 1024x100k (needs ~6 GB of /tmp)
     python benchmarks/bench_ingest.py --sizes 64x20000     # quick
     python benchmarks/bench_ingest.py --repeat 5           # median wall of 5 interleaved runs (shared machine)
+    python benchmarks/bench_ingest.py --dask local:2       # also kforge-ingest --dask on the same files
+    python benchmarks/bench_ingest.py --one-core           # also kforge-ingest under `taskset -c 0`
 
 Shards: meta.json/end.json come from real kforge_record.Recorder objects (one per rank); the part
 files are written here with pyarrow directly, in the recorder's exact format (same columns, types,
@@ -99,6 +101,25 @@ from kforge_dash.ingest.run import ingest_run
 res = ingest_run(sys.argv[1], force=True)
 print(res.summary["steps"])
 """
+# The run window by window on the cluster (whole_run_bytes=0: one run is the case that needs it).
+# Wall includes starting and stopping a local:N cluster; "WORKERS" is the largest worker's peak.
+DASK = """
+import sys, time
+from kforge_dash.cluster import DaskOptions, dask_client, ingest_paths_dask
+from kforge_dash.ingest.options import IngestOptions
+
+def vmhwm():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
+
+if __name__ == "__main__":
+    opts = DaskOptions(address=sys.argv[2], whole_run_bytes=0)
+    with dask_client(opts) as client:
+        t0 = time.perf_counter()
+        res = ingest_paths_dask([sys.argv[1]], options=IngestOptions(force=True), exporters=[], client=client, opts=opts)
+        assert res.ok and not res.failed, res.failed
+        print("INGEST_S", time.perf_counter() - t0)
+        print("WORKERS", max(client.run(vmhwm).values()))
+"""
 
 
 # The child's own peak: VmHWM from /proc. Not ru_maxrss: Linux carries it across fork/exec, so a
@@ -113,13 +134,17 @@ print("MAXRSS", kib)
 """
 
 
-def measure(code: str, run_dir: str) -> tuple[float, float]:
-    """(wall seconds, peak RSS GiB) of a fresh interpreter running ``code``."""
+def measure(code: str, run_dir: str, *args: str, prefix: tuple = ()) -> tuple[float, float]:
+    """(wall seconds, peak RSS GiB) of a fresh interpreter running ``code`` (its workers' largest
+    peak when it prints one: a Dask run)."""
     wrapper = code + PEAK
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", wrapper, run_dir], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([*prefix, sys.executable, "-c", wrapper, run_dir, *args], capture_output=True, text=True,
+                         check=True).stdout
     wall = time.perf_counter() - t0
     rss_kib = int(out.split("MAXRSS")[1].split()[0])
+    if "WORKERS" in out:
+        rss_kib = max(rss_kib, int(out.split("WORKERS")[1].split()[0]))
     return wall, rss_kib / 2**20
 
 
@@ -131,9 +156,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the pipelines N times, interleaved (floor, read+write, ingest, floor, ...), and "
                          "report the median wall time and the largest peak (default 1)")
+    ap.add_argument("--dask", default=None, metavar="ADDRESS", help="also time kforge-ingest --dask ADDRESS (e.g. local:2)")
+    ap.add_argument("--one-core", action="store_true", help="also time kforge-ingest pinned to one core (taskset -c 0)")
     args = ap.parse_args()
     base = args.dir or tempfile.mkdtemp(prefix="kforge-bench-")
-    print(f"{'case':>12} {'rows':>12} {'pipeline':>15} {'wall s':>8} {'rows/s':>12} {'peak GiB':>9} {'speed vs floor':>15} {'mem vs floor':>13}")
+    print(f"{'case':>12} {'rows':>12} {'pipeline':>15} {'wall s':>8} {'rows/s':>12} {'peak GiB':>9} {'speed vs floor':>15} {'mem vs floor':>13} {'vs r+w all':>11}")
     try:
         for size in args.sizes.split(","):
             ranks, steps = map(int, size.lower().split("x"))
@@ -141,17 +168,23 @@ def main():
             t0 = time.perf_counter()
             rows = write_run(run, ranks, steps, args.steps_per_part)
             print(f"# {size}: wrote {rows:,} rows in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-            got = {FLOOR: [], IO_FLOOR: [], INGEST: []}
+            pipelines = {"polars floor": (FLOOR, (), ()), "read+write all": (IO_FLOOR, (), ()),
+                         "kforge-ingest": (INGEST, (), ())}
+            if args.one_core:
+                pipelines["ingest 1 core"] = (INGEST, (), ("taskset", "-c", "0"))
+            if args.dask:
+                pipelines[f"--dask {args.dask}"] = (DASK, (args.dask,), ())
+            got = {name: [] for name in pipelines}
             for _ in range(max(1, args.repeat)):
-                for code, runs in got.items():
+                for name, (code, extra, prefix) in pipelines.items():
                     shutil.rmtree(os.path.join(run, "ingested"), ignore_errors=True)  # each ingest from scratch
-                    runs.append(measure(code, run))
-            (f_wall, f_mem), (o_wall, o_mem), (i_wall, i_mem) = (
-                (statistics.median(w for w, _ in r), max(m for _, m in r)) for r in got.values())
-            for name, wall, mem in (("polars floor", f_wall, f_mem), ("read+write all", o_wall, o_mem),
-                                    ("kforge-ingest", i_wall, i_mem)):
+                    got[name].append(measure(code, run, *extra, prefix=prefix))
+            med = {name: (statistics.median(w for w, _ in r), max(m for _, m in r)) for name, r in got.items()}
+            f_wall, f_mem = med["polars floor"]
+            o_wall = med["read+write all"][0]
+            for name, (wall, mem) in med.items():
                 print(f"{size:>12} {rows:>12,} {name:>15} {wall:>8.1f} {rows / wall:>12,.0f} {mem:>9.2f} "
-                      f"{(f_wall / wall):>14.2f}x {(mem / f_mem):>12.2f}x", flush=True)
+                      f"{(f_wall / wall):>14.2f}x {(mem / f_mem):>12.2f}x {(o_wall / wall):>10.2f}x", flush=True)
             shutil.rmtree(run)
     finally:
         if args.dir is None:

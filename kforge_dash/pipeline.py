@@ -27,7 +27,8 @@ from kforge_dash.ingest.run import ingest_run
 from kforge_dash.progress import NullProgress
 from kforge_record.atomic import write_json_atomic
 
-__all__ = ["failed_exports", "ingest_path", "ingest_paths", "IngestPass", "watch"]
+__all__ = ["export_ingested", "failed_exports", "ingest_and_export", "ingest_path", "ingest_paths", "IngestPass",
+           "runs_at", "watch"]
 
 
 def ingest_path(path, *, exporters: Sequence[Exporter] | None = None, options: IngestOptions | None = None,
@@ -44,10 +45,10 @@ def ingest_path(path, *, exporters: Sequence[Exporter] | None = None, options: I
                                      wandb_project=wandb_project, wandb_entity=wandb_entity)
     opts = options if options is not None else IngestOptions(**option_kwargs)
     progress = progress if progress is not None else NullProgress()
-    return [ingest_and_export(run, options=opts, exporters=exporters, progress=progress) for run in _runs_at(path)]
+    return [ingest_and_export(run, options=opts, exporters=exporters, progress=progress) for run in runs_at(path)]
 
 
-def _runs_at(path) -> list[str]:
+def runs_at(path) -> list[str]:
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
         raise IngestError(f"{path}: no such file or directory")
@@ -60,10 +61,11 @@ def _runs_at(path) -> list[str]:
 
 
 def ingest_and_export(run: str, *, options: IngestOptions, exporters: Sequence[Exporter],
-                      progress) -> IngestResult | IngestFailure | IngestWaiting:
-    """One run: ingest, then export. Any failure of the ingest is this run's, never raised."""
+                      progress, windows=None) -> IngestResult | IngestFailure | IngestWaiting:
+    """One run: ingest, then export. Any failure of the ingest is this run's, never raised.
+    ``windows``: where its step windows run (ingest_run; kforge_dash.cluster)."""
     try:
-        res = ingest_run(run, options=options, progress=progress)
+        res = ingest_run(run, options=options, progress=progress, windows=windows)
     except IngestNotReady as e:  # a job before its first flush: nothing to do yet, nothing wrong
         return IngestWaiting(run, str(e))
     except IngestError as e:
@@ -71,7 +73,12 @@ def ingest_and_export(run: str, *, options: IngestOptions, exporters: Sequence[E
     except BaseException as e:  # any failure (a bug of ours, a polars panic) is this run's: the others still ingest
         _reraise_interrupts(e)
         return IngestFailure(run, f"{run}: {type(e).__name__}: {e}")
-    summary = _export_and_record(res, exporters, lock_timeout_s=options.lock_timeout_s)
+    return export_ingested(res, exporters, lock_timeout_s=options.lock_timeout_s)
+
+
+def export_ingested(res: IngestResult, exporters: Sequence[Exporter], *, lock_timeout_s: float) -> IngestResult:
+    """Run ``exporters`` on an ingested run, their outcomes recorded in its summary.json."""
+    summary = _export_and_record(res, exporters, lock_timeout_s=lock_timeout_s)
     return res if summary is None else IngestResult(res.run_dir, summary, res.skipped, res.appended)
 
 
@@ -187,7 +194,7 @@ def ingest_paths(paths: Sequence[str], *, options: IngestOptions, exporters: Seq
     out = IngestPass()
     for p in paths:
         try:
-            runs = _runs_at(p)
+            runs = runs_at(p)
         except IngestError as e:
             out.errors.append(str(e))
             continue

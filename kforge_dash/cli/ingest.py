@@ -151,12 +151,17 @@ def _note_stale_tensorboard(result) -> None:
               show_default=True, help="Memory growth: allocated memory up by more than this fraction.")
 @click.option("--data-stall-frac", type=click.FloatRange(0, min_open=True), default=_F.data_stall_frac,
               show_default=True, help="Data stall: the median rank's data phase over this share of the step.")
+@click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
+              help="Ingest on a Dask cluster: a scheduler address (tcp://HOST:8786), a scheduler file (PATH.json), "
+                   "or local:N (N local worker processes, started and stopped here). Needs 'kforge[dask]'.")
+@click.option("--dask-connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
+              metavar="SECONDS", help="Give up on an unreachable scheduler after SECONDS.")
 @click.option("--quiet", "-q", is_flag=True, help="Only errors.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a machine-readable summary on stdout (with --watch: one JSON line per pass).")
 def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorboard, no_wandb, upload,
-         wandb_project, wandb_entity, quiet, as_json, spike_k, spike_window, straggler_min_frac, straggler_min_steps,
-         wait_phases, regression_min_rel, memory_growth_frac, data_stall_frac):
+         wandb_project, wandb_entity, dask_address, dask_connect_timeout, quiet, as_json, spike_k, spike_window,
+         straggler_min_frac, straggler_min_steps, wait_phases, regression_min_rel, memory_growth_frac, data_stall_frac):
     """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
 
     Exit status: 0 all ingested (a run with no part file yet is waiting, not failed), 1 nothing could be
@@ -178,6 +183,12 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
                             findings=findings)
     exporters = choose_exporters(tensorboard=not no_tensorboard, wandb=not no_wandb, upload=upload,
                                  wandb_project=wandb_project, wandb_entity=wandb_entity)
+    if dask_address is not None:
+        if watch is not None:
+            raise click.UsageError("--dask and --watch: a watch pass appends a few new part files, which one "
+                                   "machine does faster; run --watch without --dask")
+        sys.exit(_on_dask(paths, dask_address, dask_connect_timeout, options=options, exporters=exporters,
+                          quiet=quiet, as_json=as_json))
     with warnings.catch_warnings(), progress_for(quiet=quiet or as_json) as progress:
         warnings.simplefilter("ignore", IngestWarning)  # they are in each run's summary, printed below
         first = ingest_paths(paths, options=options, exporters=exporters, progress=progress)
@@ -191,3 +202,29 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
         sys.exit(watch_paths(paths, interval_s=watch, options=options, exporters=exporters, progress=progress,
                              report=lambda r: _report(r, as_json=as_json, quiet=quiet, only_changed=True,
                                                       json_lines=True)))
+
+
+def _on_dask(paths, address, connect_timeout, *, options, exporters, quiet, as_json) -> int:
+    """One pass on a Dask cluster (kforge_dash.cluster); the exit status."""
+    import warnings
+
+    from kforge_dash.ingest.options import IngestWarning
+    from kforge_dash.optional import MissingDependency
+    from kforge_dash.progress import progress_for
+
+    try:
+        from kforge_dash.cluster import ClusterError, DaskOptions, dask_client, ingest_paths_dask
+
+        opts = DaskOptions(address=address, connect_timeout_s=connect_timeout)
+    except (MissingDependency, ValueError) as e:
+        raise click.UsageError(f"--dask: {e}") from None
+    try:
+        with dask_client(opts) as client, warnings.catch_warnings(), progress_for(quiet=quiet or as_json) as progress:
+            warnings.simplefilter("ignore", IngestWarning)
+            result = ingest_paths_dask(paths, options=options, exporters=exporters, client=client, opts=opts,
+                                       progress=progress)
+    except (ClusterError, MissingDependency) as e:
+        click.echo(f"kforge-ingest: error: {e}", err=True)
+        return 1
+    _report(result, as_json=as_json, quiet=quiet)
+    return result.exit_code

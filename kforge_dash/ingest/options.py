@@ -28,7 +28,9 @@ class IngestOptions:
     alpha: float = 0.1
     peak_tflops: float | None = None
     flops_per_token: float | None = None
-    chunk_rows: int = 4_000_000  # rows held in memory at once (about 100 bytes each, plus polars' work space)
+    # Rows a window (memory ~200 bytes each with polars' work space). 1M, not 4M: half the peak and no
+    # slower (the last window's write, which nothing overlaps, is smaller; benchmarks/bench_ingest.py).
+    chunk_rows: int = 1_000_000
     lock_timeout_s: float = 600.0
     force: bool = False
     findings: FindingsOptions = FindingsOptions()  # thresholds of summary.json findings

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 
 import polars as pl
 
@@ -13,7 +14,7 @@ from kforge_dash.ingest.append import AppendPlan, copy_head, old_ranks_parts, ol
 from kforge_dash.ingest.merge import AppendConflict
 from kforge_dash.ingest.options import IngestError
 from kforge_dash.ingest.plan import IngestPlan
-from kforge_dash.ingest.read import PartToRead, RanksWriter, plan_windows
+from kforge_dash.ingest.read import PartToRead, RanksWriter, overlapping_parts, plan_windows
 from kforge_dash.ingest.reduce import Buffers, step_columns
 from kforge_dash.ingest.window import WindowTask, ingest_window
 from kforge_record.atomic import atomic_path
@@ -31,14 +32,15 @@ class Rows:
     appended: bool  # only new part files were read, on top of the last outputs
 
 
-def read_rows(plan: IngestPlan, progress, warnings: list[str]) -> Rows:
-    """The row pass; an append whose new rows cannot be merged exactly starts again from scratch."""
+def read_rows(plan: IngestPlan, progress, warnings: list[str], windows=None) -> Rows:
+    """The row pass; an append whose new rows cannot be merged exactly starts again from scratch.
+    ``windows``: None (here, window after window) or an executor (ingest_run)."""
     mark = len(warnings)
     try:
-        return _row_pass(plan, plan.append, progress, warnings)
+        return _row_pass(plan, plan.append, progress, warnings, windows)
     except AppendConflict:  # as if there were no last ingest
         del warnings[mark:]
-        return _row_pass(plan, None, progress, warnings)
+        return _row_pass(plan, None, progress, warnings, windows)
 
 
 @dataclass
@@ -59,7 +61,7 @@ class _Acc:
             self.rank_ids.update(got.rank_ids)
 
 
-def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: list[str]) -> Rows:
+def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: list[str], windows) -> Rows:
     acc = _Acc({}, set(), [], {})
     files, extra = list(plan.files), []
     if append is not None:
@@ -78,7 +80,8 @@ def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: l
     if not files:
         raise IngestError(f"{plan.run_dir}: no readable rows (all rows superseded)")
     with atomic_path(os.path.join(plan.out_dir, RANKS_FILE)) as ranks_tmp:
-        n_new = _write_windows(plan, ranks_tmp, files, extra, append, acc, warnings, progress)
+        write = _write_windows if windows is None else partial(_write_windows_on, windows)
+        n_new = write(plan, ranks_tmp, files, extra, append, acc, warnings, progress)
         if not n_new and append is None:  # (an append keeps the old rows, even if every new part is bad)
             raise IngestError(f"{plan.run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
     _warn_repeats(acc.repeats, warnings)
@@ -118,6 +121,35 @@ def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, a
             n_new += got.steps is not None
             got = None
             progress.chunk(plan.run_dir, i + 1, len(windows))
+        writer.close()
+    finally:
+        writer.close()
+    return n_new
+
+
+def _write_windows_on(windows, plan: IngestPlan, ranks_tmp: str, files: list, extra: list,
+                      append: AppendPlan | None, acc: _Acc, warnings: list[str], progress) -> int:
+    """_write_windows with the windows run by ``windows`` (e.g. on Dask workers, several at once):
+    each task names only the parts it reads, the rows come back and are written here in order."""
+    spans = plan_windows(files + extra, plan.chunk_rows)
+    old_ranks_path = append.ranks_path if append is not None else None
+    tasks = [WindowTask(lo, hi, overlapping_parts(files, lo, hi), plan.spec, skip=dict(acc.bad),
+                        old_ranks_path=old_ranks_path) for lo, hi in spans]
+    writer = RanksWriter(ranks_tmp)
+    n_new = 0
+    try:
+        if append is not None:
+            copy_head(append.ranks_path, append.start, plan.spec.cols, writer.put)
+        for i, got in enumerate(windows.map(ingest_window, tasks)):
+            # Windows run apart may each find the same corrupt part: its warning once, as here.
+            known = set(acc.bad.values())
+            warnings.extend(w for w in got.warnings if w not in known)
+            acc.add(got)
+            if got.rows is not None:
+                writer.put(got.rows)
+            n_new += got.steps is not None
+            got = None
+            progress.chunk(plan.run_dir, i + 1, len(tasks))
         writer.close()
     finally:
         writer.close()

@@ -55,11 +55,14 @@ __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce
 INGEST_VERSION = "3"
 
 
-def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, **option_kwargs) -> IngestResult:
+def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, windows=None,
+               **option_kwargs) -> IngestResult:
     """Ingest one run directory into RUN/ingested/. Raises IngestError when nothing can be ingested.
 
     Options come as an IngestOptions or as its keywords (``ingest_run(run, alpha=0.05)``).
     ``progress`` (kforge_dash.progress; silent by default) hears of lock waits and windows done.
+    ``windows``: where the step windows run, an object whose ``map(ingest_window, tasks)`` yields
+    their WindowRows in order (kforge_dash.cluster.DaskWindows); default: here, one after the other.
     """
     opts = options if options is not None else IngestOptions(**option_kwargs)
     if options is not None and option_kwargs:
@@ -71,7 +74,7 @@ def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, 
     lock = _acquire_lock(os.path.join(out_dir, LOCK_FILE), run_dir, opts.lock_timeout_s, progress)
     try:
         remove_stale_temps(out_dir)  # also when the run turns out unchanged
-        result = _ingest_locked(run_dir, out_dir, opts, progress)
+        result = _ingest_locked(run_dir, out_dir, opts, progress, windows)
     finally:
         lock.release()
     for w in result.summary.get("warnings", []) if not result.skipped else []:
@@ -107,14 +110,14 @@ def _acquire_lock(path: str, run_dir: str, timeout_s: float, progress):
     return lock
 
 
-def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress) -> IngestResult:
+def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress, windows=None) -> IngestResult:
     warnings: list[str] = []
     inputs = _list_inputs(run_dir, out_dir, opts, warnings)
     prev = None if opts.force else _unchanged_summary(inputs)
     if prev is not None:
         return IngestResult(run_dir, prev, True)
     plan = make_plan(inputs, opts, warnings)
-    rows = read_rows(plan, progress, warnings)
+    rows = read_rows(plan, progress, warnings, windows)
     steps = _derive(rows.steps, plan.launches, opts, warnings)
     _write_outputs(plan, rows, steps)
     summary = build_summary(SummaryInput(
