@@ -1,6 +1,6 @@
 """The architecture, checked statically: one sub-package per stage, nothing imports upward, no cycle.
 
-kforge_record <- kforge_dash.contract (and its helpers) <- ingest <- {export, browse} <- pipeline <- cli.
+kforge_record <- kforge_dash.contract (and its helpers) <- ingest <- {export, browse} <- pipeline (cluster) <- cli.
 Every import counts, those under `if TYPE_CHECKING:` and inside functions included.
 """
 
@@ -14,7 +14,7 @@ LAYERS = {  # module prefix -> layer; a module may import only from its own laye
     "kforge_dash.contract": 1, "kforge_dash.optional": 1, "kforge_dash.progress": 1,
     "kforge_dash.ingest": 2,
     "kforge_dash.export": 3, "kforge_dash.browse": 3,
-    "kforge_dash.pipeline": 4,
+    "kforge_dash.pipeline": 4, "kforge_dash.cluster": 4,  # cluster: the pipeline on Dask
     "kforge_dash.cli": 5,
 }
 SIBLINGS = {"kforge_dash.export", "kforge_dash.browse"}  # same layer, but neither imports the other
