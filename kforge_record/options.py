@@ -28,10 +28,12 @@ class RecorderOptions:
     memory_every_steps: int
     max_backlog_rows: int
     close_timeout_s: float
+    merge_parts: bool = True  # the writer merges its part files (compact.py); False: one file per flush
 
     @classmethod
     def from_arguments(cls, *, model, hparams, tags, peak_tflops, counts_tokens, flush_every_steps,
-                       flush_every_s, memory_every_steps, max_backlog_rows, close_timeout_s) -> "RecorderOptions":
+                       flush_every_s, memory_every_steps, max_backlog_rows, close_timeout_s,
+                       merge_parts=True) -> "RecorderOptions":
         """The Recorder's keyword arguments as given (dicts, lists, ints where floats will do) to options."""
         model = _model(model)
         if hparams is not None and not isinstance(hparams, dict):
@@ -40,8 +42,9 @@ class RecorderOptions:
             raise TypeError("tags: must be a list of strings")
         if peak_tflops is not None:
             check_positive("peak_tflops", peak_tflops, "a positive finite number")
-        if not isinstance(counts_tokens, bool):
-            raise TypeError(f"counts_tokens: must be True or False, got {counts_tokens!r}")
+        for name, flag in (("counts_tokens", counts_tokens), ("merge_parts", merge_parts)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: must be True or False, got {flag!r}")
         check_int("flush_every_steps", flush_every_steps, 1)
         check_int("memory_every_steps", memory_every_steps, 0)
         check_int("max_backlog_rows", max_backlog_rows, 1)
@@ -50,7 +53,7 @@ class RecorderOptions:
                    peak_tflops=None if peak_tflops is None else float(peak_tflops), counts_tokens=counts_tokens,
                    flush_every_steps=flush_every_steps, flush_every_s=float(flush_every_s),
                    memory_every_steps=memory_every_steps, max_backlog_rows=max_backlog_rows,
-                   close_timeout_s=close_timeout_s)
+                   close_timeout_s=close_timeout_s, merge_parts=merge_parts)
 
     @property
     def lag_rows(self) -> int:

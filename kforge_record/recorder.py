@@ -102,6 +102,7 @@ class Recorder:
         world_size: int | None = None,
         local_rank: int | None = None,
         install_sigterm_handler: bool = True,
+        merge_parts: bool = True,
     ):
         self._pid = os.getpid()
         self._closed = True  # until construction succeeds, nothing to close
@@ -109,7 +110,7 @@ class Recorder:
         self._opts = RecorderOptions.from_arguments(
             model=model, hparams=hparams, tags=tags, peak_tflops=peak_tflops, counts_tokens=counts_tokens,
             flush_every_steps=flush_every_steps, flush_every_s=flush_every_s, memory_every_steps=memory_every_steps,
-            max_backlog_rows=max_backlog_rows, close_timeout_s=close_timeout_s)
+            max_backlog_rows=max_backlog_rows, close_timeout_s=close_timeout_s, merge_parts=merge_parts)
         self.model = self._opts.model
         self.rank, self.world_size = rank_and_world(rank, world_size)
         if os.path.exists(self.run_dir) and not os.path.isdir(self.run_dir):
@@ -171,10 +172,9 @@ class Recorder:
 
     def _start_writer(self) -> None:
         self._writer = ShardWriter(self.attempt_dir, self._meta, max_backlog_rows=self._opts.max_backlog_rows,
-                                   lag_rows=self._opts.lag_rows, where=f"rank {self.rank}")
+                                   lag_rows=self._opts.lag_rows, where=f"rank {self.rank}", merge_parts=self._opts.merge_parts)
         self._writer.write_meta()  # synchronously: a bad path fails at construction, loudly
-        # pyarrow's first pa.array() call imports pandas when present (~0.2 s holding the GIL);
-        # pay it here, not on the writer thread in the middle of training.
+        # pyarrow's first pa.array() imports pandas when present (~0.2 s holding the GIL): paid here, not by the writer.
         rows_to_table([(0, 0.0, None, None, None, None, None, None, None, None, None)], self._warn)
 
     def _register(self, install_sigterm_handler: bool) -> None:

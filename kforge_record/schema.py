@@ -6,6 +6,7 @@ Kept free of heavy imports: the recorder and ingest both import this module.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 SCHEMA_VERSION = "1.0"  # major.minor; ingest refuses a newer major
 
@@ -62,6 +63,53 @@ def launch_of_attempt(folder: str) -> str:
 
 def part_file_name(index: int) -> str:
     return f"{PART_PREFIX}{index:06d}{PART_SUFFIX}"
+
+
+def merged_part_name(first: int, last: int) -> str:
+    """The part that replaces the flushes ``first``..``last`` (part-000000-000009.parquet): it sorts
+    where its first flush did, so name order stays write order."""
+    return f"{PART_PREFIX}{first:06d}-{last:06d}{PART_SUFFIX}"
+
+
+_PART_NAME = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
+
+
+@dataclass(frozen=True)
+class PartSpan:
+    """The flushes a part file holds: part-N is flush N alone, part-A-B flushes A to B."""
+
+    first: int
+    last: int
+
+
+def part_span(name: str) -> PartSpan | None:
+    """The flushes named by a part file's name; None for a name kforge did not write."""
+    m = _PART_NAME.match(name)
+    if m is None:
+        return None
+    first = int(m.group(1))
+    last = first if m.group(2) is None else int(m.group(2))
+    return PartSpan(first, last) if last >= first else None
+
+
+def live_parts(names) -> list[str]:
+    """The part files among ``names`` (an attempt folder's listing), less those a merged part replaces.
+
+    A merged part is published whole (atomic rename) before the parts it replaces are deleted,
+    so while both exist the one whose span holds the other's wins. Spans written by kforge are
+    nested or disjoint; a name without a span (not written by kforge) is always kept. Sorted.
+    """
+    spans = {n: part_span(n) for n in names if is_part_file(n)}
+    out = [n for n, span in spans.items() if span is None]
+    reach = -1
+    # By first flush, the widest span first among equal starts: a span is replaced exactly when
+    # it ends within the reach of the spans before it.
+    for name in sorted((n for n, s in spans.items() if s is not None), key=lambda n: (spans[n].first, -spans[n].last)):
+        if spans[name].last <= reach:
+            continue
+        reach = spans[name].last
+        out.append(name)
+    return sorted(out)
 
 
 def is_part_file(name: str) -> bool:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .atomic import atomic_path, write_json_atomic
+from .compact import Compactor
 from .convert import rows_to_table
 from .inbox import Inbox
 from .schema import END_FILE, META_FILE, PARQUET_META_KEY, SCHEMA_VERSION, is_part_file, part_file_name, taken_attempt_id
@@ -47,11 +48,13 @@ def claim_attempt_dir(rank_dir: str, attempt_id: str, *, pid: int, stamp: str) -
 class ShardWriter:
     """Owns one attempt directory and the thread that writes into it."""
 
-    def __init__(self, attempt_dir: str, meta: dict, *, max_backlog_rows: int, lag_rows: int, where: str):
+    def __init__(self, attempt_dir: str, meta: dict, *, max_backlog_rows: int, lag_rows: int, where: str,
+                 merge_parts: bool = True):
         self.attempt_dir = attempt_dir
         self.meta = meta
         self.max_backlog_rows = max_backlog_rows
         self.warn = Warner(where)
+        self._compactor = Compactor(attempt_dir, self.warn, enabled=merge_parts)  # bounded files per folder
         self._dropped = {"disk": 0, "unconvertible": 0, "rejected": 0}  # "stuck" is the inbox's
         self.rows_written = 0
         self.parts_written = 0
@@ -235,15 +238,16 @@ class ShardWriter:
         path = []
         if self._guarded("part file", lambda: path.append(self._write_part(table))):
             self._backlog.clear()
-            self.part_written(path[0], table.num_rows)
+            self.part_written(path[0], table)
         else:
             self._trim_backlog()
 
-    def part_written(self, path: str, num_rows: int) -> None:
-        """Called once after every part file published (``path``, durable): the one place to hook
-        work that follows a write."""
-        self.rows_written += num_rows
+    def part_written(self, path: str, table: pa.Table) -> None:
+        """Called once after every part file published (``path``, durable, holding ``table``): the
+        one place to hook work that follows a write."""
+        self.rows_written += table.num_rows
         self.parts_written += 1
+        self._compactor.part_written(self._next_part - 1, table.num_rows, table)  # merges; never raises
 
     def _write_part(self, table: pa.Table) -> str:
         if not os.path.exists(os.path.join(self.attempt_dir, META_FILE)):

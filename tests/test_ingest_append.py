@@ -319,7 +319,7 @@ def test_footers_read_by_worker_processes_give_the_same_ingest(tmp_path, monkeyp
     import kforge_dash.ingest.manifest as ingest_state
 
     run = str(tmp_path / "many")
-    recs = open_ranks(run, 3, flush_every_steps=4)
+    recs = open_ranks(run, 3, flush_every_steps=4, merge_parts=False)  # many small footers
     run_steps(monkeypatch, recs, range(1, 41), step_time=lambda r, s: 0.1 + 0.01 * r, values=values, flush_every=4)
     close_all(recs)
     bad = part_files(run)[3]

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
 from kforge_dash.ingest import shards as _shards
+from kforge_dash.ingest.coverage import Coverage, unread_tail
 from kforge_dash.ingest.manifest import Prior, output_stat
 from kforge_dash.ingest.merge import AppendConflict
 from kforge_record.schema import META_FILE
@@ -64,12 +65,38 @@ def plan_append(prior: Prior, *, run_dir: str, out_dir: str, listing, stats: dic
             or outputs.get("ranks") != output_stat(out_dir, RANKS_FILE):
         return None
     current = {_shards.rel_path(run_dir, p): st for p, st in stats.items()}
-    for rel, (size, mtime, *_) in prior.parts.items():
-        if current.get(rel) != (size, mtime):
-            return None  # a part the outputs were made from changed or is gone
-    new = [f for f in files if _shards.rel_path(run_dir, f[0].path) not in prior.parts]
+    cover = Coverage(prior.parts, (_shards.rel_path(run_dir, p) for af in listing for p in af.parts))
+    for rel, entry in prior.parts.items():
+        if not entry.same_file(current.get(rel)) and (rel in current or not cover.replaced(rel)):
+            return None  # a part the outputs were made from changed or is gone (and not merged)
+    new = _new_rows(files, prior, cover, run_dir)
+    if new is None:
+        return None
     start = min((p.min_step for p, _, _ in new), default=None)
     return AppendPlan(new, start, os.path.join(out_dir, RANKS_FILE), os.path.join(out_dir, STEPS_FILE), s)
+
+
+def _new_rows(files: list, prior: Prior, cover: Coverage, run_dir: str) -> list | None:
+    """The files (read.PartToRead) with rows the last ingest did not read: new parts, and
+    merged parts less the head it read from the parts they replace; None when that cannot be told."""
+    new = []
+    for f in files:
+        rel = _shards.rel_path(run_dir, f.part.path)
+        if rel in prior.parts:
+            continue
+        read = cover.flushes_read(rel)
+        if read is None:
+            return None
+        if read == 0:
+            new.append(f)
+            continue
+        try:
+            tail = unread_tail(f.part, read)
+        except (OSError, ValueError, KeyError, TypeError):  # no flush_rows, unreadable: a full ingest tells
+            return None
+        if tail is not None:
+            new.append(f._replace(part=tail))
+    return new
 
 
 def recheck_bad(known_bad: dict, bad: dict, warnings: list[str]) -> None:

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from kforge_dash.contract import MANIFEST_FILE
 from kforge_dash.ingest import shards as _shards
+from kforge_dash.ingest.options import PartVanished
 from kforge_record.atomic import atomic_path
 
 _STATE_KEY = b"kforge_ingest_state"
@@ -30,10 +31,25 @@ _COLUMNS = ("rel", "size", "mtime_ns", "num_rows", "min_step", "max_step", "has_
 
 
 @dataclass(frozen=True)
+class PartEntry:
+    """What the manifest keeps of one part file: its stat, its footer facts, the warnings its
+    footer gave, and the warning if its rows failed to decode (None: they decoded)."""
+
+    size: int
+    mtime_ns: int
+    info: _shards.PartInfo
+    warnings: tuple[str, ...]
+    bad: str | None = None
+
+    def same_file(self, st: tuple[int, int] | None) -> bool:
+        return st is not None and (self.size, self.mtime_ns) == st
+
+
+@dataclass(frozen=True)
 class Prior:
     """The manifest of the last ingest: footers by relative path, and its state (a dict)."""
 
-    parts: dict  # rel path -> (size, mtime_ns, PartInfo, footer warnings tuple, bad: warning | None)
+    parts: dict[str, PartEntry]  # by path relative to the run
     state: dict
 
 
@@ -51,7 +67,7 @@ def load_prior(out_dir: str, run_dir: str) -> Prior | None:
     parts = {}
     for rel, size, mtime, n, lo, hi, log, end, dropped, schema, warns, bad in zip(*(cols[c] for c in _COLUMNS)):
         info = _shards.PartInfo(os.path.join(run_dir, rel), n, schemas[schema], lo, hi, log, dropped, end)
-        parts[rel] = (size, mtime, info, tuple(warns or ()), bad)
+        parts[rel] = PartEntry(size, mtime, info, tuple(warns or ()), bad)
     return Prior(parts, state)
 
 
@@ -68,14 +84,13 @@ class FooterCache:
         self.run_dir = run_dir
         self.stats = stats
         self.prior = prior.parts if prior is not None else {}
-        self.entries: dict[str, tuple] = {}  # rel -> (size, mtime_ns, PartInfo, warnings, bad)
+        self.entries: dict[str, PartEntry] = {}  # by path relative to the run
         self.known_bad: dict[str, str] = {}  # path -> warning: rows failed to decode last time
         self.fetched: dict[str, tuple] = {}  # path -> (PartInfo | None, warnings), from prefetch()
 
-    def _hit(self, path: str):
-        st = self.stats.get(path)
+    def _hit(self, path: str) -> PartEntry | None:
         hit = self.prior.get(_shards.rel_path(self.run_dir, path))
-        return hit if hit is not None and st is not None and (hit[0], hit[1]) == st else None
+        return hit if hit is not None and hit.same_file(self.stats.get(path)) else None
 
     def prefetch(self, listing, *, min_parts: int | None = None, workers: int | None = None) -> None:
         """Read the footers the cache cannot answer in worker processes when there are many
@@ -96,19 +111,21 @@ class FooterCache:
         st = self.stats.get(path)
         hit = self._hit(path)
         if hit is not None:
-            warnings.extend(hit[3])
+            warnings.extend(hit.warnings)
             self.entries[rel] = hit
-            if hit[4] is not None:
-                self.known_bad[path] = hit[4]
-            return hit[2]
+            if hit.bad is not None:
+                self.known_bad[path] = hit.bad
+            return hit.info
         if path in self.fetched:
             info, mine = self.fetched.pop(path)
         else:
             mine = []
             info = _shards.read_part(path, rank, mine)
+        if info is None and not os.path.lexists(path):  # merged by the recorder since the listing
+            raise PartVanished(path)
         warnings.extend(mine)
         if st is not None and info is not None:
-            self.entries[rel] = (st[0], st[1], info, tuple(mine), None)
+            self.entries[rel] = PartEntry(st[0], st[1], info, tuple(mine))
         return info
 
     def mark_bad(self, bad: dict) -> None:
@@ -117,20 +134,21 @@ class FooterCache:
         for rel, entry in self.entries.items():
             path = os.path.join(self.run_dir, rel)
             msg = bad.get(path)
-            if msg != entry[4]:
-                self.entries[rel] = (*entry[:4], msg)
+            if msg != entry.bad:
+                self.entries[rel] = replace(entry, bad=msg)
 
 
 def save_manifest(out_dir: str, cache: FooterCache, state: dict) -> None:
     """Write manifest.parquet atomically (temp name, then rename)."""
     schemas: dict[tuple, int] = {}
     rows = {c: [] for c in _COLUMNS}
-    for rel, (size, mtime, info, warns, bad) in cache.entries.items():
+    for rel, entry in cache.entries.items():
+        info = entry.info
         rows["rel"].append(rel)
-        rows["size"].append(size)
-        rows["mtime_ns"].append(mtime)
-        rows["warnings"].append(list(warns))
-        rows["bad"].append(bad)
+        rows["size"].append(entry.size)
+        rows["mtime_ns"].append(entry.mtime_ns)
+        rows["warnings"].append(list(entry.warnings))
+        rows["bad"].append(entry.bad)
         rows["num_rows"].append(info.num_rows)
         rows["min_step"].append(info.min_step)
         rows["max_step"].append(info.max_step)

@@ -19,6 +19,11 @@ class IngestNotReady(IngestError):
     its first flush. Not a failure: ``kforge-ingest --watch`` reports the run as waiting."""
 
 
+class PartVanished(Exception):
+    """A listed part file is gone: the recorder merged it into a bigger part since the listing
+    (kforge_record/compact.py). Ingest lists the run again; the message names the file."""
+
+
 class IngestWarning(UserWarning):
     """Something was skipped or could not be derived; the run was still ingested (see summary)."""
 

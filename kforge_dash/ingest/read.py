@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from kforge_dash.contract import RESERVED_OUTPUT_NAMES
 from kforge_dash.ingest.merge import merge_old
+from kforge_dash.ingest.options import PartVanished
 from kforge_dash.ingest.reduce import Buffers
 from kforge_dash.ingest.shards import PartInfo, corrupt_part
 from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS, PHASE_PREFIX
@@ -97,6 +98,9 @@ def _scan_one(item: PartToRead, spec: ReadSpec, lo: int, hi: int) -> pl.LazyFram
     if cutoff is not None:
         cond = cond & (pl.col("step") < cutoff)
     # glob=False: a run directory may be named like a pattern (sweep[lr=3e-4]); a path is a path.
+    if part.skip_rows:  # the head of a merged part that an append read before (coverage.py)
+        lf = pl.scan_parquet(part.path, glob=False, row_index_name="_row")
+        return lf.filter(cond & (pl.col("_row") >= part.skip_rows)).select(exprs)
     return pl.scan_parquet(part.path, glob=False).filter(cond).select(exprs)
 
 
@@ -177,6 +181,9 @@ def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str], b
     return pl.concat([merged, only.select(ends.columns)], how="vertical", rechunk=False) if only.height else merged
 
 
+_PIECE_ROWS = 16_384  # rows of a big part file counted as one place a window may end
+
+
 def plan_windows(files: list[PartToRead], chunk_rows: int) -> list[tuple[int, int]]:
     """Step windows [lo, hi) of about chunk_rows rows each, cut where part files start.
 
@@ -184,10 +191,18 @@ def plan_windows(files: list[PartToRead], chunk_rows: int) -> list[tuple[int, in
     file where it starts), so windows follow the part files (each read once when ranks flush
     in step, as the recorder does by default) and a stray far-away step cannot make one huge
     window. A part that straddles a cut is read by both windows, each keeping its own steps.
+    A merged part (kforge_record/compact.py) spans many windows' steps: it is counted in pieces
+    of about _PIECE_ROWS rows spread over its steps, so a window can end inside it (each window
+    then reads its own row groups of it).
     """
     rows_starting_at: dict[int, int] = {}  # step -> rows of the parts that start there
     for f in files:
-        rows_starting_at[f.part.min_step] = rows_starting_at.get(f.part.min_step, 0) + f.part.num_rows
+        p = f.part
+        pieces = min(-(-p.num_rows // _PIECE_ROWS), p.max_step - p.min_step + 1)
+        span = p.max_step - p.min_step + 1
+        for j in range(max(pieces, 1)):
+            at = p.min_step + span * j // max(pieces, 1)
+            rows_starting_at[at] = rows_starting_at.get(at, 0) + p.num_rows // max(pieces, 1)
     hi = max(f.part.max_step for f in files) + 1
     windows, held = [], 0
     lo = min(rows_starting_at)
@@ -273,7 +288,8 @@ def _scan_rows(todo: list[PartToRead], schema: dict, lo: int, hi: int):
     num_rows = np.array([f.part.num_rows for f in todo], np.int64)
     ranks = np.array([f.rank for f in todo], np.int64)
     launches = np.array([f.launch for f in todo], np.int64)
-    whole = all(lo <= f.part.min_step and f.part.max_step < hi for f in todo)  # no filter when whole files fit
+    # No filter when whole files fit (and none starts with rows an append read before).
+    whole = all(lo <= f.part.min_step and f.part.max_step < hi and not f.part.skip_rows for f in todo)
     if whole:
         df = pl.scan_parquet(paths, schema=schema, missing_columns="insert", glob=False).collect()
         if df.height == num_rows.sum():  # every file read whole, in order: its rows are its footer's row count
@@ -284,7 +300,12 @@ def _scan_rows(todo: list[PartToRead], schema: dict, lo: int, hi: int):
     if not whole:
         lf = lf.filter((pl.col("step") >= lo) & (pl.col("step") < hi))
     df = lf.collect()
-    file_of_row = np.searchsorted(np.cumsum(np.r_[0, num_rows]), df["_row"].to_numpy(), side="right") - 1
+    first_row = np.cumsum(np.r_[0, num_rows])
+    file_of_row = np.searchsorted(first_row, df["_row"].to_numpy(), side="right") - 1
+    skip = np.array([f.part.skip_rows for f in todo], np.int64)
+    if skip.any():  # the head of a merged part whose rows an append read before, from the parts it replaced
+        keep = df["_row"].to_numpy() - first_row[file_of_row] >= skip[file_of_row]
+        df, file_of_row = df.filter(pl.Series(keep)), file_of_row[keep]
     return df, file_of_row, ranks[file_of_row], launches[file_of_row]
 
 
@@ -339,6 +360,8 @@ def _find_corrupt(todo: list[PartToRead], bad: dict, warnings: list[str]) -> boo
     for f in todo:
         try:
             pq.read_table(f.part.path)
+        except FileNotFoundError:  # merged by the recorder since the listing: list again
+            raise PartVanished(f.part.path) from None
         except Exception as e:
             found = True
             bad[f.part.path] = corrupt_part(f.part.path, e)

@@ -39,6 +39,7 @@ from kforge_dash.ingest.options import (  # noqa: E402
     IngestOptions,
     IngestResult,
     IngestWarning,
+    PartVanished,
 )
 from kforge_dash.ingest.plan import IngestInputs, IngestPlan, make_plan  # noqa: E402
 from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402  (public here too: see __all__)
@@ -74,7 +75,7 @@ def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, 
     lock = _acquire_lock(os.path.join(out_dir, LOCK_FILE), run_dir, opts.lock_timeout_s, progress)
     try:
         remove_stale_temps(out_dir)  # also when the run turns out unchanged
-        result = _ingest_locked(run_dir, out_dir, opts, progress, windows)
+        result = _ingest_relisting(run_dir, out_dir, opts, progress, windows)
     finally:
         lock.release()
     for w in result.summary.get("warnings", []) if not result.skipped else []:
@@ -108,6 +109,24 @@ def _acquire_lock(path: str, run_dir: str, timeout_s: float, progress):
                 f"{timeout_s:g}s; try again when it finishes"
             ) from None
     return lock
+
+
+_RELISTS = 5
+
+
+def _ingest_relisting(run_dir: str, out_dir: str, opts: IngestOptions, progress, windows=None) -> IngestResult:
+    """_ingest_locked, again from a fresh listing when a listed part vanished meanwhile (the
+    recorder of a running job merged it: kforge_record/compact.py). Nothing is published by the
+    pass that met the gap: every output goes to a temp name first."""
+    for _ in range(_RELISTS - 1):
+        try:
+            return _ingest_locked(run_dir, out_dir, opts, progress, windows)
+        except PartVanished:
+            continue
+    try:
+        return _ingest_locked(run_dir, out_dir, opts, progress, windows)
+    except PartVanished as e:
+        raise IngestError(f"{e}; part files kept vanishing during {_RELISTS} listings, try again") from None
 
 
 def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress, windows=None) -> IngestResult:

@@ -27,7 +27,7 @@ from kforge_record.schema import (
     PARQUET_META_KEY,
     SchemaError,
     check_schema_version,
-    is_part_file,
+    live_parts,
 )
 
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
@@ -58,6 +58,7 @@ class PartInfo:
     has_log_rows: bool  # rows from Recorder.log (step_time_s null) that need coalescing
     dropped_rows_total: int | None
     has_end_rows: bool = True  # rows from end_step (step_time_s set); see ended_steps()
+    skip_rows: int = 0  # rows at the head of the file to leave out (an append: read already, coverage.py)
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def list_attempts(run_dir: str, warnings: list[str]) -> list[AttemptFiles]:
             except OSError as e:
                 warnings.append(f"{att.path}: cannot list the attempt folder ({e.strerror or e}); skipped")
                 continue
-            names = sorted(n for n in listed if is_part_file(n))
+            names = live_parts(listed)  # the part files, less those a merged part replaces
             if not names and META_FILE not in listed:  # a stray folder (a copy, a backup): no attempt
                 warnings.append(f"{att.path}: neither {META_FILE} nor part files; not an attempt folder, skipped")
                 continue
