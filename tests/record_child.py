@@ -1,7 +1,8 @@
 """A stand-in training loop run as a child process by the crash tests.
 
 Usage: python record_child.py RUN_DIR MODE [options as key=value]
-Prints "step N" (flushed) after each end_step so the parent knows how far it got.
+Prints "step N" after each end_step so the parent knows how far it got (mode flush-each also
+calls flush() every step and prints "flushed N" once it returned).
 start_at=UNIX_TIME: busy-wait until then before building the Recorder (children started together).
 progress=PATH: instead of printing, write the last ended step into PATH (8 bytes, through mmap:
 the page survives a SIGKILL), so that a loop with nothing but end_step stays that fast.
@@ -77,6 +78,9 @@ for step in range(1, steps + 1):
         struct.pack_into("<q", progress, 0, step)
         continue
     print(f"step {step}", flush=True)
+    if mode == "flush-each":  # flush() every step: "flushed N" means steps 1..N are on disk
+        rec.flush()
+        print(f"flushed {step}", flush=True)
     if stop:
         stop_after = stop_after or step
         if step >= stop_after + 10:

@@ -341,3 +341,36 @@ def test_footers_read_by_worker_processes_give_the_same_ingest(tmp_path, monkeyp
     monkeypatch.setattr(shards, "read_part", real)
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))  # workers cannot start: read here
     assert_same(full_outputs(run), want)
+
+
+def test_appends_stay_appends_while_the_recorder_merges_its_parts(tmp_path, monkeypatch):
+    """Merges of parts an ingest already read are not changed parts: each pass reads only the rows
+    after the last one, also out of a merged part that holds old and new rows (kforge_record/compact.py)."""
+    import kforge_dash.ingest.run as run_mod
+
+    starts = []
+    real = run_mod.plan_append
+
+    def spy(*a, **k):
+        plan = real(*a, **k)
+        starts.append(None if plan is None else plan.start)
+        return plan
+
+    monkeypatch.setattr(run_mod, "plan_append", spy)
+    run = str(tmp_path / "merging")
+    recs = open_ranks(run, 2, flush_every_steps=3)
+    clock = run_steps(monkeypatch, recs, range(1, 13), step_time=lambda r, s: 0.1, values=values, flush_every=3)
+    assert not ingest_run(run).appended  # flushes 0-3 of each rank: four parts
+    done = 12
+    # 45: flushes 0-9 merged (four read, six new); 60: no merge; 300: a tier-2 merge of 0-99 with
+    # 80 of them read; 303: the rows of one new part only.
+    for stop in (45, 60, 300, 303):
+        clock = run_steps(monkeypatch, recs, range(done + 1, stop + 1), step_time=lambda r, s: 0.1 + 0.01 * r,
+                          values=values, flush_every=3, clock=clock)
+        res = ingest_run(run)
+        assert res.appended and starts[-1] == done + 1, (stop, starts)
+        assert_same(read_outputs(run), full_outputs(run))
+        done = stop
+    names = sorted(os.path.basename(p) for p in part_files(os.path.join(run, "rank-00000")))
+    assert names == ["part-000000-000099.parquet", "part-000100.parquet"]
+    close_all(recs)

@@ -213,6 +213,32 @@ def test_watch_appends_the_parts_of_a_running_job(tmp_path, monkeypatch):
     assert got == [(5, False), (11, True)]
 
 
+def test_watch_stays_incremental_while_the_recorder_merges_parts(tmp_path, monkeypatch):
+    run = str(tmp_path / "live")
+    recs = open_ranks(run, 2, flush_every_steps=1)
+    clock = run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: 0.5, flush_every=1)
+    ticks = []
+
+    def fake_sleep(seconds):  # between the passes: flushes 5..24, so parts 0-9 (five read) and 10-19 merge
+        ticks.append(seconds)
+        if len(ticks) == 1:
+            run_steps(monkeypatch, recs, range(6, 26), step_time=lambda r, s: 0.5, clock=clock, flush_every=1)
+        else:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.time, "sleep", fake_sleep)
+    r = runner().invoke(main, [run, "--watch", "1", "--json", *NO_EXPORT])
+    names = sorted(os.path.basename(p) for p in part_files(os.path.join(run, "rank-00001")))
+    close_all(recs)
+    assert r.exit_code == 0, r.output
+    assert names[:2] == ["part-000000-000009.parquet", "part-000010-000019.parquet"]
+    passes = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    got = [(p["runs"][0]["summary"]["steps"], p["runs"][0]["appended"]) for p in passes if p["runs"]]
+    assert got == [(5, False), (25, True)]
+    assert pl.read_parquet(os.path.join(run, "ingested", "ranks.parquet")).sort("rank", "step")["step"].to_list() == \
+        list(range(1, 26)) * 2
+
+
 def test_watch_defers_the_wandb_export_until_it_stops(tmp_path, monkeypatch):
     run = str(tmp_path / "live")
     recs = open_ranks(run, 2)
