@@ -14,6 +14,7 @@ Then the recorder's memory at several step counts (one fresh child process per m
     python benchmarks/bench_record.py              # the README table (~2-3 min on 2 busy cores)
     python benchmarks/bench_record.py --quick      # smoke run, small counts
     python benchmarks/bench_record.py --behind-only  # only: a loop faster than the writer thread
+    python benchmarks/bench_record.py --merge --steps 100000   # merging part files on vs off only
 
 The machine may be shared: contenders run interleaved within each repeat (in a rotating order) so
 that a noisy neighbour hits all of them alike, and every figure is a median over the repeats.
@@ -123,9 +124,10 @@ def run_floor(pool, steps, tmp):
     return _result(c0, c1, c2)
 
 
-def _new_recorder(tmp):
+def _new_recorder(tmp, merge_parts=True):
     d = tempfile.mkdtemp(dir=tmp)
-    rec = Recorder(os.path.join(d, "run"), flush_every_steps=FLUSH_EVERY_STEPS, install_sigterm_handler=False)
+    rec = Recorder(os.path.join(d, "run"), flush_every_steps=FLUSH_EVERY_STEPS, install_sigterm_handler=False,
+                   merge_parts=merge_parts)
     return d, rec
 
 
@@ -156,8 +158,8 @@ def _close_and_measure(rec, d, steps, p0, m0):
     return w2 - t1, max(0.0, (p2 - p0) - (m2 - m0))
 
 
-def run_kforge(pool, steps, tmp, paced=True):
-    d, rec = _new_recorder(tmp)
+def run_kforge(pool, steps, tmp, paced=True, merge_parts=True):
+    d, rec = _new_recorder(tmp, merge_parts)
     gc.collect()
     w0, p0, m0 = _clocks()
     if paced:
@@ -179,6 +181,14 @@ def run_kforge(pool, steps, tmp, paced=True):
 
 def run_kforge_back_to_back(pool, steps, tmp):
     return run_kforge(pool, steps, tmp, paced=False)
+
+
+def run_kforge_unmerged(pool, steps, tmp):
+    return run_kforge(pool, steps, tmp, merge_parts=False)
+
+
+def run_kforge_back_to_back_unmerged(pool, steps, tmp):
+    return run_kforge(pool, steps, tmp, paced=False, merge_parts=False)
 
 
 def run_kforge_phases(pool, steps, tmp):
@@ -411,6 +421,8 @@ def main() -> None:
     ap.add_argument("--mem-steps", default="100000,300000,1000000", help="step counts for the memory table")
     ap.add_argument("--quick", action="store_true", help="small counts: a smoke run of every part")
     ap.add_argument("--behind-only", action="store_true", help="only the writer-behind table (1M + 50k steps)")
+    ap.add_argument("--merge", action="store_true",
+                    help="only the recorder, merging its part files (the default) vs not: the cost of kforge_record/compact.py")
     ap.add_argument("--mem-child", nargs=3, metavar=("MODE", "STEPS", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     t_start = perf_counter()
@@ -454,6 +466,14 @@ def main() -> None:
         ("wandb offline run.log", run_wandb, floats, slow_steps),
         ("SummaryWriter.add_scalar × 10 fields", run_tensorboard, floats, slow_steps),
     ]
+    if args.merge:
+        contenders = [
+            ("floor: list.append(dict)", run_floor, floats, 4 * args.steps),
+            ("kforge end_step, paced, merge_parts=True", run_kforge, floats, args.steps),
+            ("kforge end_step, paced, merge_parts=False", run_kforge_unmerged, floats, args.steps),
+            ("kforge end_step, back to back, merge_parts=True", run_kforge_back_to_back, floats, args.steps),
+            ("kforge end_step, back to back, merge_parts=False", run_kforge_back_to_back_unmerged, floats, args.steps),
+        ]
     tmp = tempfile.mkdtemp(prefix="kforge-bench-")
     try:
         # Warm-up, untimed: imports, pyarrow/zstd initialisation, wandb's service process.
@@ -497,6 +517,12 @@ def main() -> None:
           "the 3 user scalars are 0-dim CPU tensors (wandb and TensorBoard get floats).")
     print(f"Goal (issue 2): at most 5 µs per step. kforge end_step, paced: {kforge_us:.2f} µs "
           f"({'met' if kforge_us <= 5 else 'NOT met'}).")
+    if args.merge:
+        on, off = (med(f"kforge end_step, paced, merge_parts={m}", 2, args.steps) * 1e6 for m in (True, False))
+        print(f"Goal (issue 12): the writer thread's CPU per step with merging at most 2x without: "
+              f"{on:.2f} / {off:.2f} µs = {on / off:.2f}x ({'met' if on <= 2 * off else 'NOT met'}).")
+        print(f"\n# whole run: {(perf_counter() - t_start) / 60:.1f} min")
+        return
 
     print_behind(100_000 if args.quick else 1_000_000, 5_000 if args.quick else 50_000, 1 if args.quick else 3)
 

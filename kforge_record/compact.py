@@ -37,6 +37,7 @@ MAX_TIER = 3
 # Rows per row group of a merged part. Ingest reads a run in step windows and Parquet row groups
 # are the unit it can skip, so groups stay small enough for a window of many ranks.
 ROW_GROUP_ROWS = 8192
+HELD_MAX_ROWS = 10_000  # a flush bigger than this (a writer that fell behind) is read back from disk
 
 # Test hook (tests/test_record_compact.py): SIGKILL this process at the N-th point of merging
 # (1-based, counted over the process's merges), to check every intermediate state on disk.
@@ -61,14 +62,22 @@ class Compactor:
         self.warn = warn
         self.fanout = fanout
         self.tiers: list[list[Part]] = [[] for _ in range(max_tier)]
+        # The rows of the flushes waiting in the first tier, as the writer wrote them: decoding a
+        # small Parquet file costs ~0.6 ms of CPU, more than encoding it did, and the first tier
+        # is merged ten times as often as the next. At most fanout small tables.
+        self._held: dict[str, pa.Table] = {}
         self.merges = 0
         kill_at = os.environ.get(KILL_AT_ENV)
         self._kill_at = int(kill_at) if kill_at else None
         self._points = 0
 
-    def part_written(self, index: int, num_rows: int) -> None:
-        """Flush ``index`` was published as part_file_name(index): merge what is now due."""
-        self.tiers[0].append(Part(part_file_name(index), index, index, (num_rows,)))
+    def part_written(self, index: int, num_rows: int, table: pa.Table | None = None) -> None:
+        """Flush ``index`` was published as part_file_name(index) (its rows: ``table`` when the
+        caller has them at hand): merge what is now due."""
+        part = Part(part_file_name(index), index, index, (num_rows,))
+        if table is not None and table.num_rows <= HELD_MAX_ROWS:
+            self._held[part.name] = table
+        self.tiers[0].append(part)
         for tier, parts in enumerate(self.tiers):
             if len(parts) < self.fanout:
                 break
@@ -80,6 +89,9 @@ class Compactor:
                 self.warn(f"merge:{type(e).__name__}", f"could not merge part files in {self.attempt_dir} "
                           f"({e!r}); they are kept as they are")
                 return
+            finally:
+                for p in group:
+                    self._held.pop(p.name, None)
             self.merges += 1
             if tier + 1 < len(self.tiers):
                 self.tiers[tier + 1].append(merged)
@@ -90,10 +102,11 @@ class Compactor:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _merge(self, group: list[Part]) -> Part:
-        files = [pq.ParquetFile(os.path.join(self.attempt_dir, p.name)) for p in group]
+        sources = [self._held.get(p.name) or pq.ParquetFile(os.path.join(self.attempt_dir, p.name)) for p in group]
         try:
-            schema = pa.unify_schemas([f.schema_arrow.remove_metadata() for f in files])
-            kv = json.loads((files[-1].schema_arrow.metadata or {}).get(PARQUET_META_KEY, b"{}"))
+            schema = pa.unify_schemas([_schema(src).remove_metadata() for src in sources])
+            last = pq.read_schema(os.path.join(self.attempt_dir, group[-1].name))
+            kv = json.loads((last.metadata or {}).get(PARQUET_META_KEY, b"{}"))
             merged = Part(merged_part_name(group[0].first, group[-1].last), group[0].first, group[-1].last,
                           tuple(n for p in group for n in p.flush_rows))
             # dropped_rows_total stays the last input's: a count up to the last flush this part holds.
@@ -102,11 +115,12 @@ class Compactor:
             path = os.path.join(self.attempt_dir, merged.name)
             with atomic_path(path, tmp=os.path.join(self.attempt_dir, f".{merged.name}.tmp")) as tmp:
                 with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
-                    self._copy(files, schema, out)
+                    self._copy(sources, schema, out)
                 self._point()  # written whole, not yet published
         finally:
-            for f in files:
-                f.close()
+            for src in sources:
+                if isinstance(src, pq.ParquetFile):
+                    src.close()
         self._point()  # published; the inputs are still there
         for p in group:
             try:
@@ -116,14 +130,13 @@ class Compactor:
             self._point()
         return merged
 
-    def _copy(self, files, schema: pa.Schema, out: pq.ParquetWriter) -> None:
-        """Every row of ``files`` in order into ``out``, one input row group at a time (memory
+    def _copy(self, sources: list, schema: pa.Schema, out: pq.ParquetWriter) -> None:
+        """Every row of ``sources`` in order into ``out``, one input row group at a time (memory
         stays at about ROW_GROUP_ROWS rows), a column an input lacks as null."""
         buf: list[pa.Table] = []
         n = 0
-        for f in files:
-            for g in range(f.num_row_groups):
-                t = f.read_row_group(g)
+        for src in sources:
+            for t in _row_groups(src):
                 have = set(t.column_names)
                 buf.append(pa.table([t.column(c) if c in have else pa.nulls(t.num_rows, schema.field(c).type)
                                      for c in schema.names], schema=schema))
@@ -135,3 +148,15 @@ class Compactor:
             self._point()  # (also counted when the rows are still buffered)
         if buf:
             out.write_table(pa.concat_tables(buf), row_group_size=n)
+
+
+def _schema(src) -> pa.Schema:
+    return src.schema if isinstance(src, pa.Table) else src.schema_arrow
+
+
+def _row_groups(src):
+    if isinstance(src, pa.Table):
+        yield src
+        return
+    for g in range(src.num_row_groups):
+        yield src.read_row_group(g, use_threads=False)  # threads cost more than they save on small groups

@@ -77,20 +77,28 @@ def test_the_tiers_bound_files_and_rewrites_over_10000_flushes(monkeypatch, tmp_
 
 
 def test_merged_parts_hold_exactly_the_rows_of_the_parts_they_replace(tmp_path, monkeypatch):
-    run = tmp_path / "plain"
-    recs = open_ranks(str(run), 1, flush_every_steps=1, merge_parts=False)
+    run, live = tmp_path / "plain", tmp_path / "live"
+    # The same rows twice: unmerged, and merged by the writer thread as it goes (the default).
+    recs = {0: open_ranks(str(run), 1, flush_every_steps=1, merge_parts=False)[0],
+            1: open_ranks(str(live), 1, flush_every_steps=1)[0]}
 
     def vals(r, s):  # a scalar that appears mid-run, NaN, a missing value, a log row for an earlier step
         return {"loss": float("nan") if s == 7 else 1.0 / s, "tokens": None if s == 3 else 16,
                 **({"moe/aux": s * 0.5} if s > 40 else {})}
     clock = run_steps(monkeypatch, recs, range(1, 31), step_time=lambda r, s: 0.1, values=vals, flush_every=1)
-    recs[0].log(12, **{"eval/loss": 2.5})
-    recs[0].flush()
+    for rec in recs.values():
+        rec.log(12, **{"eval/loss": 2.5})
+        rec.flush()
     run_steps(monkeypatch, recs, range(31, 111), step_time=lambda r, s: 0.2, values=vals, flush_every=1, clock=clock)
     close_all(recs)
     d = attempt_dir(run)
     plain = parquet_files(d)
     assert len(plain) == 111
+    by_writer = attempt_dir(live)
+    assert parquet_files(by_writer) == ["part-000000-000099.parquet", "part-000100-000109.parquet", "part-000110.parquet"]
+    assert_frame_equal(pl.from_arrow(rows_of(by_writer, parquet_files(by_writer))).drop("time"),
+                       pl.from_arrow(rows_of(d, plain)).drop("time"), check_exact=True)
+    # And merged from the files on disk (what a writer does with a flush too big to keep).
     merged_run = tmp_path / "merged"
     shutil.copytree(run, merged_run)
     md = attempt_dir(merged_run)
