@@ -5,11 +5,15 @@
     python benchmarks/bench_ingest.py --repeat 5           # median wall of 5 interleaved runs (shared machine)
     python benchmarks/bench_ingest.py --dask local:2       # also kforge-ingest --dask on the same files
     python benchmarks/bench_ingest.py --one-core           # also kforge-ingest under `taskset -c 0`
+    python benchmarks/bench_ingest.py --sizes 64x20000 --steps-per-part 100 --merge   # the recorder's layout:
+                                                           # as flushed, merged by its writer thread, 10k-step parts
 
 Shards: meta.json/end.json come from real kforge_record.Recorder objects (one per rank); the part
 files are written here with pyarrow directly, in the recorder's exact format (same columns, types,
 zstd, the `kforge` key-value metadata, part-NNNNNN names), because pushing 100M rows through the
-recorder's Python hot path would take longer than the benchmark. Every rank also logs an
+recorder's Python hot path would take longer than the benchmark. With --merge the same run is also
+written a second time and merged as it goes by the recorder's own kforge_record.compact.Compactor
+(called after every part, as the writer thread does), and every pipeline runs on both layouts. Every rank also logs an
 `eval/loss` through log rows every 1000 steps, so ingest's log coalescing runs too.
 
 Each pipeline runs in its own subprocess (fresh interpreter) so its peak RSS is its own.
@@ -31,16 +35,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kforge_record import Recorder
+from kforge_record.compact import Compactor
 from kforge_record.schema import PARQUET_META_KEY, SCHEMA_VERSION, part_file_name
 
 
-def write_run(run_dir: str, ranks: int, steps: int, steps_per_part: int) -> int:
+def write_run(run_dir: str, ranks: int, steps: int, steps_per_part: int, merge: bool = False) -> int:
     rng = np.random.default_rng(0)
     rows = 0
     for r in range(ranks):
@@ -49,6 +55,7 @@ def write_run(run_dir: str, ranks: int, steps: int, steps_per_part: int) -> int:
                               "ffn_hidden_dim": 11008, "vocab_size": 32000, "seq_len": 4096},
                        peak_tflops=989.0)
         rec.close()
+        merger = Compactor(rec.attempt_dir, warn=_fail) if merge else None
         for i, lo in enumerate(range(1, steps + 1, steps_per_part)):
             step = np.arange(lo, min(lo + steps_per_part, steps + 1), dtype=np.int64)
             n = len(step)
@@ -74,7 +81,17 @@ def write_run(run_dir: str, ranks: int, steps: int, steps_per_part: int) -> int:
                 {"schema_version": SCHEMA_VERSION, "rank": r, "attempt_id": rec.attempt_id, "dropped_rows_total": 0}).encode()})
             pq.write_table(table, os.path.join(rec.attempt_dir, part_file_name(i)), compression="zstd")
             rows += table.num_rows
+            if merger is not None:
+                merger.part_written(i, table.num_rows, table)
     return rows
+
+
+def _fail(kind, message):
+    raise SystemExit(f"merge failed: {message}")
+
+
+def count_files(run_dir: str) -> int:
+    return sum(n.endswith(".parquet") for _, _, names in os.walk(run_dir) for n in names)
 
 
 FLOOR = """
@@ -148,6 +165,33 @@ def measure(code: str, run_dir: str, *args: str, prefix: tuple = ()) -> tuple[fl
     return wall, rss_kib / 2**20
 
 
+@dataclass(frozen=True)
+class WrittenRun:
+    path: str
+    rows: int
+    files: int
+
+
+def _write_layouts(base: str, ranks: int, steps: int, layouts: list) -> dict[str, WrittenRun]:
+    runs = {}
+    for i, (layout, per_part, merge) in enumerate(layouts):
+        path = os.path.join(base, f"run-{ranks}x{steps}-{i}")
+        t0 = time.perf_counter()
+        rows = write_run(path, ranks, steps, per_part, merge)
+        runs[layout] = WrittenRun(path, rows, count_files(path))
+        print(f"# {ranks}x{steps} {layout}: wrote {rows:,} rows in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    return runs
+
+
+def _print_layout(size: str, layout: str, run: WrittenRun, got: dict) -> None:
+    med = {name: (statistics.median(w for w, _ in r), max(m for _, m in r)) for name, r in got.items()}
+    f_wall, f_mem = med["polars floor"]
+    o_wall = med["read+write all"][0]
+    for name, (wall, mem) in med.items():
+        print(f"{size:>12} {layout:>16} {run.files:>9,} {run.rows:>12,} {name:>15} {wall:>8.1f} {run.rows / wall:>12,.0f} "
+              f"{mem:>9.2f} {(f_wall / wall):>14.2f}x {(mem / f_mem):>12.2f}x {(o_wall / wall):>10.2f}x", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="64x100000,1024x100000", help="RANKSxSTEPS,... ")
@@ -158,34 +202,36 @@ def main():
                          "report the median wall time and the largest peak (default 1)")
     ap.add_argument("--dask", default=None, metavar="ADDRESS", help="also time kforge-ingest --dask ADDRESS (e.g. local:2)")
     ap.add_argument("--one-core", action="store_true", help="also time kforge-ingest pinned to one core (taskset -c 0)")
+    ap.add_argument("--merge", action="store_true",
+                    help="write each run three times: in --steps-per-part parts, merged as they come as the "
+                         "recorder's writer thread merges them, and in 10k-step parts; time every pipeline on each")
     args = ap.parse_args()
     base = args.dir or tempfile.mkdtemp(prefix="kforge-bench-")
-    print(f"{'case':>12} {'rows':>12} {'pipeline':>15} {'wall s':>8} {'rows/s':>12} {'peak GiB':>9} {'speed vs floor':>15} {'mem vs floor':>13} {'vs r+w all':>11}")
+    # (label, steps per part, merged as it goes)
+    layouts = [(f"{args.steps_per_part} steps/part", args.steps_per_part, False)]
+    if args.merge:
+        layouts = [("as flushed", args.steps_per_part, False), ("merged", args.steps_per_part, True),
+                   ("10k steps/part", 10_000, False)]
+    pipelines = {"polars floor": (FLOOR, (), ()), "read+write all": (IO_FLOOR, (), ()), "kforge-ingest": (INGEST, (), ())}
+    if args.one_core:
+        pipelines["ingest 1 core"] = (INGEST, (), ("taskset", "-c", "0"))
+    if args.dask:
+        pipelines[f"--dask {args.dask}"] = (DASK, (args.dask,), ())
+    print(f"{'case':>12} {'layout':>16} {'files':>9} {'rows':>12} {'pipeline':>15} {'wall s':>8} {'rows/s':>12} "
+          f"{'peak GiB':>9} {'speed vs floor':>15} {'mem vs floor':>13} {'vs r+w all':>11}")
     try:
         for size in args.sizes.split(","):
             ranks, steps = map(int, size.lower().split("x"))
-            run = os.path.join(base, f"run-{ranks}x{steps}")
-            t0 = time.perf_counter()
-            rows = write_run(run, ranks, steps, args.steps_per_part)
-            print(f"# {size}: wrote {rows:,} rows in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-            pipelines = {"polars floor": (FLOOR, (), ()), "read+write all": (IO_FLOOR, (), ()),
-                         "kforge-ingest": (INGEST, (), ())}
-            if args.one_core:
-                pipelines["ingest 1 core"] = (INGEST, (), ("taskset", "-c", "0"))
-            if args.dask:
-                pipelines[f"--dask {args.dask}"] = (DASK, (args.dask,), ())
-            got = {name: [] for name in pipelines}
+            runs = _write_layouts(base, ranks, steps, layouts)
+            got = {(layout, name): [] for layout in runs for name in pipelines}
             for _ in range(max(1, args.repeat)):
-                for name, (code, extra, prefix) in pipelines.items():
-                    shutil.rmtree(os.path.join(run, "ingested"), ignore_errors=True)  # each ingest from scratch
-                    got[name].append(measure(code, run, *extra, prefix=prefix))
-            med = {name: (statistics.median(w for w, _ in r), max(m for _, m in r)) for name, r in got.items()}
-            f_wall, f_mem = med["polars floor"]
-            o_wall = med["read+write all"][0]
-            for name, (wall, mem) in med.items():
-                print(f"{size:>12} {rows:>12,} {name:>15} {wall:>8.1f} {rows / wall:>12,.0f} {mem:>9.2f} "
-                      f"{(f_wall / wall):>14.2f}x {(mem / f_mem):>12.2f}x {(o_wall / wall):>10.2f}x", flush=True)
-            shutil.rmtree(run)
+                for (layout, name), res in got.items():  # interleaved: a noisy neighbour hits every pipeline alike
+                    code, extra, prefix = pipelines[name]
+                    shutil.rmtree(os.path.join(runs[layout].path, "ingested"), ignore_errors=True)  # from scratch
+                    res.append(measure(code, runs[layout].path, *extra, prefix=prefix))
+            for layout, run in runs.items():
+                _print_layout(size, layout, run, {name: got[(layout, name)] for name in pipelines})
+                shutil.rmtree(run.path)
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)

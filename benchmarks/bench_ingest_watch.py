@@ -4,6 +4,7 @@
     python benchmarks/bench_ingest_watch.py --sizes 8x5000    # quick (seconds)
     python benchmarks/bench_ingest_watch.py --sizes 64x20000 --repeat 3 --append-steps 500
     python benchmarks/bench_ingest_watch.py --sizes 8x5000 --log-rows next-part   # the recorder's own log-row layout
+    python benchmarks/bench_ingest_watch.py --sizes 64x99500 --merge   # parts merged as the recorder's writer does
 
 For each RANKSxSTEPS size:
 
@@ -16,6 +17,11 @@ For each RANKSxSTEPS size:
    the part that ends the step, or with --log-rows next-part at the start of the next part, where a
    real Recorder puts a log() that follows the flush (then the first appended part carries the
    eval of the last step ingested before the append, when STEPS is a multiple of 1000).
+   With --merge every rank's parts are merged as they are written by the recorder's own
+   kforge_record.compact.Compactor (as its writer thread does), also during step 3: with STEPS
+   not a multiple of 100k, the appended parts then complete merges of parts the first ingest
+   read (e.g. 64x99500: flushes 990-999 merge, then 900-999, then 0-999), which an append must
+   take as old rows, not as changed parts.
 2. "first ingest": ingest_run(run) from nothing, timed once. RUN/ingested/ is then copied aside.
 3. --append-steps more steps (default 1000) are written to every rank as further part files in its
    attempt folder (numbering continued), as a live job does between two --watch polls.
@@ -53,7 +59,8 @@ from bench_ingest import PEAK  # the child's own peak (VmHWM), as bench_ingest m
 
 from kforge_dash.contract import INGESTED_DIR, RANKS_FILE, STEPS_FILE, SUMMARY_FILE
 from kforge_record import Recorder
-from kforge_record.schema import END_FILE, PARQUET_META_KEY, SCHEMA_VERSION, is_part_file, part_file_name, rank_dir_name
+from kforge_record.compact import Compactor
+from kforge_record.schema import END_FILE, PARQUET_META_KEY, SCHEMA_VERSION, part_file_name, part_span, rank_dir_name
 
 OUTPUTS = (STEPS_FILE, RANKS_FILE, SUMMARY_FILE)
 SUMMARY_IGNORED = ("ingested_at", "fingerprint", "exports")
@@ -82,19 +89,27 @@ def _attempt_dir(run_dir: str, rank: int, ranks: int) -> str:
     return att
 
 
+def _fail(kind, message):
+    sys.exit(f"merge failed: {message}")
+
+
 def write_steps(run_dir: str, ranks: int, lo: int, hi: int, steps_per_part: int,
-                log_next_part: bool = False) -> tuple[int, int]:
+                log_next_part: bool = False, mergers: dict | None = None) -> tuple[int, int]:
     """Write steps [lo, hi) of every rank as part files after the ones already there.
     Returns (rows, files) written. The columns are bench_ingest.write_run's.
 
     ``log_next_part``: the eval log row of step S (S % 1000 == 0) opens the part after the one
     that ends S, as a real Recorder writes it when rec.log(S, ...) follows the flush at end_step(S);
-    by default it closes the same part (bench_ingest.py's layout)."""
+    by default it closes the same part (bench_ingest.py's layout).
+
+    ``mergers``: rank -> its Compactor (made on first use), which merges the parts as they come."""
     rng = np.random.default_rng(lo)
     rows = files = 0
     for r in range(ranks):
         att = _attempt_dir(run_dir, r, ranks)
-        first = sum(1 for n in os.listdir(att) if is_part_file(n))
+        spans = [part_span(n) for n in os.listdir(att)]
+        first = max((sp.last for sp in spans if sp is not None), default=-1) + 1  # the next flush
+        merger = None if mergers is None else mergers.setdefault(r, Compactor(att, warn=_fail))
         for i, s0 in enumerate(range(lo, hi, steps_per_part), start=first):
             step = np.arange(s0, min(s0 + steps_per_part, hi), dtype=np.int64)
             ev = step[step % 1000 == 0]  # log rows: step_time_s null, only eval/loss set
@@ -130,6 +145,8 @@ def write_steps(run_dir: str, ranks: int, lo: int, hi: int, steps_per_part: int,
             pq.write_table(table, os.path.join(att, part_file_name(i)), compression="zstd")
             rows += table.num_rows
             files += 1
+            if merger is not None:
+                merger.part_written(i, table.num_rows, table)
     return rows, files
 
 
@@ -206,6 +223,10 @@ def compare(dir_a: str, dir_b: str) -> list[str]:
     return diffs
 
 
+def count_files(run_dir: str) -> int:
+    return sum(n.endswith(".parquet") for d, _, names in os.walk(run_dir) if INGESTED_DIR not in d for n in names)
+
+
 def restore(src: str, ingested: str) -> None:
     shutil.rmtree(ingested, ignore_errors=True)
     shutil.copytree(src, ingested)
@@ -223,6 +244,8 @@ def main():
                          "default) or the start of the next part (what a real Recorder writes when the log "
                          "follows the flush; with STEPS a multiple of 1000 the first appended part then carries "
                          "a log row for a step the first ingest already wrote)")
+    ap.add_argument("--merge", action="store_true",
+                    help="merge every rank's parts as they are written, as the recorder's writer thread does")
     ap.add_argument("--dir", default=None, help="where to write runs (default: a temp dir, deleted after)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run both re-ingests N times, interleaved; report the median wall and the largest "
@@ -255,7 +278,9 @@ def main():
 
             t0 = time.perf_counter()
             nxt = args.log_rows == "next-part"
-            rows, files = write_steps(run, ranks, 1, steps + 1, args.steps_per_part, nxt)
+            mergers = {} if args.merge else None
+            rows, _ = write_steps(run, ranks, 1, steps + 1, args.steps_per_part, nxt, mergers)
+            files = count_files(run)
             print(f"# {case}: wrote {rows:,} rows in {files:,} part files in {time.perf_counter() - t0:.1f}s",
                   file=sys.stderr, flush=True)
             wall, mem, out = measure(INCREMENTAL, run)
@@ -264,8 +289,9 @@ def main():
             shutil.copytree(ingested, saved)
 
             t0 = time.perf_counter()
-            new_rows, new_files = write_steps(run, ranks, steps + 1, total + 1, args.steps_per_part, nxt)
-            print(f"# {case}: appended {new_rows:,} rows in {new_files:,} part files in "
+            new_rows, new_flushes = write_steps(run, ranks, steps + 1, total + 1, args.steps_per_part, nxt, mergers)
+            new_files = count_files(run) - files
+            print(f"# {case}: appended {new_rows:,} rows in {new_flushes:,} part files in "
                   f"{time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
 
             got = {"a": [], "b": []}
@@ -295,7 +321,7 @@ def main():
                     failed |= bool(diffs)
             (a_wall, a_mem), (b_wall, b_mem) = (
                 (statistics.median(w for w, _ in r), max(m for _, m in r)) for r in got.values())
-            files_now = f"{files + new_files:,} (+{new_files:,})"
+            files_now = f"{files + new_files:,} ({new_files:+,})"
             row(case, files_now, "re-ingest (watch)", f"{a_wall:.2f}", f"{a_mem:.2f}", f"{b_wall / a_wall:.2f}x faster")
             row(case, files_now, "full re-ingest", f"{b_wall:.2f}", f"{b_mem:.2f}", "")
             for p in (run, saved, check_a):
