@@ -21,6 +21,7 @@ from .schema import (
     SchemaError,
     check_schema_version,
     is_part_file,
+    part_span,
     rank_dir_name,
 )
 
@@ -75,7 +76,7 @@ def check_attempt(path: str, *, rank_name: str | None = None) -> list[str]:
 def _check_part(path: str) -> list[str]:
     try:
         schema = pq.read_schema(path)
-        pq.read_metadata(path)
+        md = pq.read_metadata(path)
     except Exception as e:  # pyarrow raises several types for a damaged file
         return [f"{path}: not a readable Parquet file ({e})"]
     problems = []
@@ -94,10 +95,26 @@ def _check_part(path: str) -> list[str]:
         problems.append(f"{path}: no 'kforge' key-value metadata")
     else:
         try:
-            check_schema_version(json.loads(kv).get("schema_version"), source=path)
+            kv = json.loads(kv)
+            check_schema_version(kv.get("schema_version"), source=path)
+            problems += _check_merged(path, kv, md.num_rows)
         except (ValueError, SchemaError) as e:
             problems.append(f"{path}: {e}")
     return problems
+
+
+def _check_merged(path: str, kv: dict, num_rows: int) -> list[str]:
+    """A merged part (part-A-B) must say how many rows each of its flushes A..B holds: ingest
+    relies on it to skip the rows it read before (docs/CONTRACT.md, "Shards")."""
+    span = part_span(os.path.basename(path))
+    if span is None or span.first == span.last:
+        return []
+    rows = kv.get("flush_rows")
+    n = span.last - span.first + 1
+    if not (isinstance(rows, list) and len(rows) == n and all(isinstance(r, int) for r in rows) and sum(rows) == num_rows):
+        return [f"{path}: 'flush_rows' in its kforge metadata should list the rows of its {n} flushes "
+                f"({num_rows} rows in all), got {str(rows)[:80]}"]
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -205,3 +205,22 @@ def attempt_dir_of(run, rank):
 def test_merge_parts_must_be_a_bool(tmp_path, merge_parts):
     with pytest.raises(TypeError, match="merge_parts"):
         Recorder(tmp_path / "r", rank=0, world_size=1, merge_parts=merge_parts, install_sigterm_handler=False)
+
+
+def test_the_contract_checker_accepts_merged_parts_and_checks_their_flush_rows(tmp_path):
+    from kforge_record.check import check_run
+
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, flush_every_steps=1, install_sigterm_handler=False)
+    for step in range(1, 13):
+        rec.end_step(step, loss=1.0, tokens=8)
+        rec.flush()
+    rec.close()
+    d = attempt_dir(tmp_path / "run")
+    assert parquet_files(d) == ["part-000000-000009.parquet", "part-000010.parquet", "part-000011.parquet"]
+    assert check_run(tmp_path / "run") == []
+    t = pq.read_table(os.path.join(d, "part-000000-000009.parquet"))
+    kv = json.loads(t.schema.metadata[PARQUET_META_KEY])
+    kv["flush_rows"] = kv["flush_rows"][:-1]  # one flush short
+    pq.write_table(t.replace_schema_metadata({PARQUET_META_KEY: json.dumps(kv)}), os.path.join(d, "part-000000-000009.parquet"))
+    (problem,) = check_run(tmp_path / "run")
+    assert "part-000000-000009.parquet" in problem and "flush_rows" in problem

@@ -88,8 +88,11 @@ def unread_tail(info: PartInfo, flushes: int) -> PartInfo | None:
     with the step range and row kinds of the rest; None when no row is left. Raises (OSError,
     ValueError, KeyError) when the part cannot tell: the caller then ingests in full."""
     md = pq.read_metadata(info.path)
-    kv = json.loads(md.metadata[PARQUET_META_KEY])
-    skip = sum(int(n) for n in kv["flush_rows"][:flushes])
+    rows = [int(n) for n in json.loads(md.metadata[PARQUET_META_KEY])["flush_rows"]]
+    span = part_span(os.path.basename(info.path))
+    if span is None or len(rows) != span.last - span.first + 1 or sum(rows) != md.num_rows:
+        raise ValueError(f"{info.path}: flush_rows does not match the part")
+    skip = sum(rows[:flushes])
     if skip >= md.num_rows:
         return None
     tbl = pq.read_table(info.path, columns=["step", "step_time_s"]).slice(skip)
