@@ -57,7 +57,8 @@ class Part:
 class Compactor:
     """Keeps the parts of each tier and merges them when a tier is full. Writer thread only."""
 
-    def __init__(self, attempt_dir: str, warn, *, fanout: int = FANOUT, max_tier: int = MAX_TIER):
+    def __init__(self, attempt_dir: str, warn, *, enabled: bool = True, fanout: int = FANOUT, max_tier: int = MAX_TIER):
+        self.enabled = enabled  # False: Recorder(merge_parts=False), one file per flush
         self.attempt_dir = attempt_dir
         self.warn = warn
         self.fanout = fanout
@@ -74,6 +75,8 @@ class Compactor:
     def part_written(self, index: int, num_rows: int, table: pa.Table | None = None) -> None:
         """Flush ``index`` was published as part_file_name(index) (its rows: ``table`` when the
         caller has them at hand): merge what is now due."""
+        if not self.enabled:
+            return
         part = Part(part_file_name(index), index, index, (num_rows,))
         if table is not None and table.num_rows <= HELD_MAX_ROWS:
             self._held[part.name] = table

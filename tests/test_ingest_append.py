@@ -346,17 +346,17 @@ def test_footers_read_by_worker_processes_give_the_same_ingest(tmp_path, monkeyp
 def test_appends_stay_appends_while_the_recorder_merges_its_parts(tmp_path, monkeypatch):
     """Merges of parts an ingest already read are not changed parts: each pass reads only the rows
     after the last one, also out of a merged part that holds old and new rows (kforge_record/compact.py)."""
-    import kforge_dash.ingest.run as run_mod
+    import kforge_dash.ingest.plan as plan_mod
 
     starts = []
-    real = run_mod.plan_append
+    real = plan_mod.plan_append
 
     def spy(*a, **k):
         plan = real(*a, **k)
         starts.append(None if plan is None else plan.start)
         return plan
 
-    monkeypatch.setattr(run_mod, "plan_append", spy)
+    monkeypatch.setattr(plan_mod, "plan_append", spy)
     run = str(tmp_path / "merging")
     recs = open_ranks(run, 2, flush_every_steps=3)
     clock = run_steps(monkeypatch, recs, range(1, 13), step_time=lambda r, s: 0.1, values=values, flush_every=3)

@@ -77,7 +77,7 @@ def test_windows_end_inside_big_merged_parts(tmp_path, monkeypatch):
     """A merged part spans many steps (kforge_record/compact.py): windows must still hold about
     chunk_rows rows, cut inside it, or one window would hold the whole run."""
     import kforge_dash.ingest.read as read
-    import kforge_dash.ingest.run as run_mod
+    import kforge_dash.ingest.rows as rows_mod
 
     run = str(tmp_path / "merged")
     recs = open_ranks(run, 3, flush_every_steps=2)
@@ -85,8 +85,8 @@ def test_windows_end_inside_big_merged_parts(tmp_path, monkeypatch):
     close_all(recs)  # 100 flushes per rank: one part of 200 rows each
     monkeypatch.setattr(read, "_PIECE_ROWS", 16)  # (16k rows in real runs)
     planned = []
-    real = run_mod.plan_windows
-    monkeypatch.setattr(run_mod, "plan_windows", lambda *a: planned.append(real(*a)) or planned[-1])
+    real = rows_mod.plan_windows
+    monkeypatch.setattr(rows_mod, "plan_windows", lambda *a: planned.append(real(*a)) or planned[-1])
     (one_steps, one_ranks, _), (many_steps, many_ranks, _) = ingest_whole_and_windowed(run, 60)
     assert len(planned[0]) == 1 and len(planned[1]) >= 5
     assert many_steps.height == 200 and many_steps.equals(one_steps)
