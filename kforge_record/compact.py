@@ -86,6 +86,12 @@ class Compactor:
                 break
             group = parts[:self.fanout]
             del parts[:self.fanout]  # merged or not, these are not tried again (a failure stays cheap)
+            if group[-1].last - group[0].first + 1 != sum(len(p.flush_rows) for p in group):
+                # A flush index was skipped (a name taken by another writer in this folder): the
+                # merged name would claim that file's flush too, so these stay as they are.
+                for p in group:
+                    self._held.pop(p.name, None)
+                continue
             try:
                 merged = self._merge(group)
             except Exception as e:  # the inputs stay and readers use them: nothing is lost
@@ -116,7 +122,7 @@ class Compactor:
             kv.update(replaces=[p.name for p in group], flush_rows=list(merged.flush_rows))
             schema = schema.with_metadata({PARQUET_META_KEY: json.dumps(kv).encode()})
             path = os.path.join(self.attempt_dir, merged.name)
-            with atomic_path(path, tmp=os.path.join(self.attempt_dir, f".{merged.name}.tmp")) as tmp:
+            with atomic_path(path, tmp=os.path.join(self.attempt_dir, f".{merged.name}.tmp"), exclusive=True) as tmp:
                 with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
                     self._copy(sources, schema, out)
                 self._point()  # written whole, not yet published

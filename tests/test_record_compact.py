@@ -224,3 +224,18 @@ def test_the_contract_checker_accepts_merged_parts_and_checks_their_flush_rows(t
     pq.write_table(t.replace_schema_metadata({PARQUET_META_KEY: json.dumps(kv)}), os.path.join(d, "part-000000-000009.parquet"))
     (problem,) = check_run(tmp_path / "run")
     assert "part-000000-000009.parquet" in problem and "flush_rows" in problem
+
+
+def test_parts_around_a_skipped_flush_index_are_not_merged(tmp_path):
+    """A part name taken by another writer makes the writer skip an index (writer.py): a merged
+    name spanning it would hide that file from readers, so such a group stays unmerged."""
+    import pyarrow as pa
+
+    d = str(tmp_path)
+    indexes = [0, 1, 2, 3, 4, 6, 7, 8, 9, 10] + list(range(11, 21))
+    c = compact.Compactor(d, warn=None)
+    for i in indexes:
+        t = pa.table({"step": pa.array([i], pa.int64())})
+        pq.write_table(t, os.path.join(d, f"part-{i:06d}.parquet"))
+        c.part_written(i, 1, t)
+    assert parquet_files(d) == [f"part-{i:06d}.parquet" for i in indexes[:10]] + ["part-000011-000020.parquet"]
