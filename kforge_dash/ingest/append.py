@@ -72,7 +72,7 @@ def plan_append(prior: Prior, *, run_dir: str, out_dir: str, listing, stats: dic
     new = _new_rows(files, prior, cover, run_dir)
     if new is None:
         return None
-    start = min((p.min_step for p, _, _ in new), default=None)
+    start = min((f.part.min_step for f in new), default=None)
     return AppendPlan(new, start, os.path.join(out_dir, RANKS_FILE), os.path.join(out_dir, STEPS_FILE), s)
 
 
@@ -91,11 +91,11 @@ def _new_rows(files: list, prior: Prior, cover: Coverage, run_dir: str) -> list 
             new.append(f)
             continue
         try:
-            tail = unread_tail(f.part, read)
+            tail = unread_tail(f, read)
         except (OSError, ValueError, KeyError, TypeError):  # no flush_rows, unreadable: a full ingest tells
             return None
         if tail is not None:
-            new.append(f._replace(part=tail))
+            new.append(tail)
     return new
 
 

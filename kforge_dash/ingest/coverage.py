@@ -6,7 +6,7 @@ is no change to the run: a part the last ingest read and that is gone now is fin
 part holds its flushes, and a merged part the last ingest did not see holds, first, the rows of
 the flushes it did read (a prefix: parts are written in flush order), then new rows. Its
 key-value metadata (``flush_rows``) says how many rows each flush has, so the append reads only
-the rows after that prefix (``PartInfo.skip_rows``). Anything else (the last ingest read flushes
+the rows after that prefix (``PartToRead.skip_rows``). Anything else (the last ingest read flushes
 that are not a prefix, or a part it could not decode) gives None: a full ingest.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kforge_dash.ingest.shards import PartInfo
+from kforge_dash.ingest.read import PartToRead
 from kforge_record.schema import PARQUET_META_KEY, PartSpan, part_span
 
 
@@ -83,10 +83,12 @@ class Coverage:
         return expect - span.first
 
 
-def unread_tail(info: PartInfo, flushes: int) -> PartInfo | None:
-    """``info`` less the rows of its first ``flushes`` flushes (``flush_rows`` in its metadata),
-    with the step range and row kinds of the rest; None when no row is left. Raises (OSError,
-    ValueError, KeyError) when the part cannot tell: the caller then ingests in full."""
+def unread_tail(f: PartToRead, flushes: int) -> PartToRead | None:
+    """``f`` less the rows of its part's first ``flushes`` flushes (``flush_rows`` in its metadata):
+    ``skip_rows`` set, the part's step range and row kinds those of the rest; None when no row is
+    left. Raises (OSError, ValueError, KeyError) when the part cannot tell: the caller then
+    ingests in full."""
+    info = f.part
     md = pq.read_metadata(info.path)
     rows = [int(n) for n in json.loads(md.metadata[PARQUET_META_KEY])["flush_rows"]]
     span = part_span(os.path.basename(info.path))
@@ -98,5 +100,6 @@ def unread_tail(info: PartInfo, flushes: int) -> PartInfo | None:
     tbl = pq.read_table(info.path, columns=["step", "step_time_s"]).slice(skip)
     mm = pc.min_max(tbl.column("step"))
     nulls = tbl.column("step_time_s").null_count
-    return replace(info, min_step=mm["min"].as_py(), max_step=mm["max"].as_py(), has_log_rows=nulls > 0,
-                   has_end_rows=nulls < tbl.num_rows, skip_rows=skip)
+    part = replace(info, min_step=mm["min"].as_py(), max_step=mm["max"].as_py(), has_log_rows=nulls > 0,
+                   has_end_rows=nulls < tbl.num_rows)
+    return f._replace(part=part, skip_rows=skip)

@@ -33,6 +33,7 @@ class PartToRead(NamedTuple):
     part: PartInfo
     rank: int | None
     launch: int | None  # the launch index, written as the ``attempt`` column
+    skip_rows: int = 0  # rows at the head of the file an append already has (a merged part: coverage.py)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def output_columns(parts: list) -> tuple[list[str], dict[str, str]]:
 def _scan_one(item: PartToRead, spec: ReadSpec, lo: int, hi: int) -> pl.LazyFrame:
     """One part file as a lazy frame with every output column (absent ones null) and its step
     window. The filter is pushed into the Parquet reader: rows outside it are never built."""
-    part, rank, launch = item
+    part, rank, launch = item.part, item.rank, item.launch
     recorded = spec.recorded_name
     exprs = []
     for c in spec.cols:
@@ -98,9 +99,9 @@ def _scan_one(item: PartToRead, spec: ReadSpec, lo: int, hi: int) -> pl.LazyFram
     if cutoff is not None:
         cond = cond & (pl.col("step") < cutoff)
     # glob=False: a run directory may be named like a pattern (sweep[lr=3e-4]); a path is a path.
-    if part.skip_rows:  # the head of a merged part that an append read before (coverage.py)
+    if item.skip_rows:  # the head of a merged part that an append read before (coverage.py)
         lf = pl.scan_parquet(part.path, glob=False, row_index_name="_row")
-        return lf.filter(cond & (pl.col("_row") >= part.skip_rows)).select(exprs)
+        return lf.filter(cond & (pl.col("_row") >= item.skip_rows)).select(exprs)
     return pl.scan_parquet(part.path, glob=False).filter(cond).select(exprs)
 
 
@@ -197,12 +198,11 @@ def plan_windows(files: list[PartToRead], chunk_rows: int) -> list[tuple[int, in
     """
     rows_starting_at: dict[int, int] = {}  # step -> rows of the parts that start there
     for f in files:
-        p = f.part
-        pieces = min(-(-p.num_rows // _PIECE_ROWS), p.max_step - p.min_step + 1)
-        span = p.max_step - p.min_step + 1
-        for j in range(max(pieces, 1)):
-            at = p.min_step + span * j // max(pieces, 1)
-            rows_starting_at[at] = rows_starting_at.get(at, 0) + p.num_rows // max(pieces, 1)
+        span = f.part.max_step - f.part.min_step + 1
+        pieces = max(1, min(-(-f.part.num_rows // _PIECE_ROWS), span))
+        for j in range(pieces):
+            at = f.part.min_step + span * j // pieces
+            rows_starting_at[at] = rows_starting_at.get(at, 0) + f.part.num_rows // pieces
     hi = max(f.part.max_step for f in files) + 1
     windows, held = [], 0
     lo = min(rows_starting_at)
@@ -289,7 +289,7 @@ def _scan_rows(todo: list[PartToRead], schema: dict, lo: int, hi: int):
     ranks = np.array([f.rank for f in todo], np.int64)
     launches = np.array([f.launch for f in todo], np.int64)
     # No filter when whole files fit (and none starts with rows an append read before).
-    whole = all(lo <= f.part.min_step and f.part.max_step < hi and not f.part.skip_rows for f in todo)
+    whole = all(lo <= f.part.min_step and f.part.max_step < hi and not f.skip_rows for f in todo)
     if whole:
         df = pl.scan_parquet(paths, schema=schema, missing_columns="insert", glob=False).collect()
         if df.height == num_rows.sum():  # every file read whole, in order: its rows are its footer's row count
@@ -302,7 +302,7 @@ def _scan_rows(todo: list[PartToRead], schema: dict, lo: int, hi: int):
     df = lf.collect()
     first_row = np.cumsum(np.r_[0, num_rows])
     file_of_row = np.searchsorted(first_row, df["_row"].to_numpy(), side="right") - 1
-    skip = np.array([f.part.skip_rows for f in todo], np.int64)
+    skip = np.array([f.skip_rows for f in todo], np.int64)
     if skip.any():  # the head of a merged part whose rows an append read before, from the parts it replaced
         keep = df["_row"].to_numpy() - first_row[file_of_row] >= skip[file_of_row]
         df, file_of_row = df.filter(pl.Series(keep)), file_of_row[keep]

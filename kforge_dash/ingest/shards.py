@@ -58,7 +58,6 @@ class PartInfo:
     has_log_rows: bool  # rows from Recorder.log (step_time_s null) that need coalescing
     dropped_rows_total: int | None
     has_end_rows: bool = True  # rows from end_step (step_time_s set); see ended_steps()
-    skip_rows: int = 0  # rows at the head of the file to leave out (an append: read already, coverage.py)
 
 
 @dataclass(frozen=True)
