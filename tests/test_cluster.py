@@ -124,9 +124,15 @@ def test_a_worker_that_dies_fails_the_run_and_keeps_the_last_outputs(tmp_path, m
     ing = os.path.join(run, "ingested")
     before = {n: open(os.path.join(ing, n), "rb").read() for n in sorted(os.listdir(ing)) if n.endswith(".parquet")}
 
-    def die_after_the_first(task, **kw):  # sent by value (cloudpickle); the worker exits mid-ingest
+    marker = str(tmp_path / "died")
+
+    def die_after_the_first(task, **kw):  # sent by value (cloudpickle); one worker exits mid-ingest
         if task.lo > 1:
-            os._exit(1)
+            try:  # only the first such window kills its worker: no other dying task is left to
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))  # kill a worker of a later test
+                os._exit(1)
+            except FileExistsError:
+                pass
         return ingest_window(task, **kw)
 
     class Dying(DaskWindows):
@@ -144,6 +150,7 @@ def test_a_worker_that_dies_fails_the_run_and_keeps_the_last_outputs(tmp_path, m
 
 def test_a_stuck_window_fails_the_run_after_task_timeout_s(tmp_path, monkeypatch, local2):
     client, _ = local2
+    client.wait_for_workers(2, timeout=60)  # the nanny has restarted a worker an earlier test killed
     opts = DaskOptions(address="local:2", task_timeout_s=1.0)
     run = make_run(tmp_path / "a", monkeypatch, ranks=2)
 
