@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import partial
 
 import polars as pl
 
@@ -80,8 +79,7 @@ def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: l
     if not files:
         raise IngestError(f"{plan.run_dir}: no readable rows (all rows superseded)")
     with atomic_path(os.path.join(plan.out_dir, RANKS_FILE)) as ranks_tmp:
-        write = _write_windows if windows is None else partial(_write_windows_on, windows)
-        n_new = write(plan, ranks_tmp, files, extra, append, acc, warnings, progress)
+        n_new = _write_windows(plan, ranks_tmp, files, extra, append, acc, warnings, progress, windows)
         if not n_new and append is None:  # (an append keeps the old rows, even if every new part is bad)
             raise IngestError(f"{plan.run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
     _warn_repeats(acc.repeats, warnings)
@@ -101,46 +99,24 @@ def _stack_steps(step_parts: list[pl.DataFrame], cols: list[str], appended: bool
 
 
 def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, append: AppendPlan | None,
-                   acc: _Acc, warnings: list[str], progress) -> int:
-    """Every window through ingest_window, its rows into ``ranks_tmp`` (on a background thread)
-    and its steps into ``acc``. The number of windows that held rows."""
-    windows = plan_windows(files + extra, plan.chunk_rows)
-    writer = RanksWriter(ranks_tmp)
-    buffers = Buffers()  # numpy work space of the reductions, reused window after window
-    old_ranks_path = append.ranks_path if append is not None else None
-    n_new = 0
-    try:
-        if append is not None:
-            copy_head(append.ranks_path, append.start, plan.spec.cols, writer.put)
-        for i, (lo, hi) in enumerate(windows):
-            writer.wait()  # the last window is written and freed: this one reuses its memory (no page faults)
-            task = WindowTask(lo, hi, files, plan.spec, skip=acc.bad, old_ranks_path=old_ranks_path)
-            got = ingest_window(task, buffers=buffers, put_rows=writer.put)
-            warnings.extend(got.warnings)
-            acc.add(got)
-            n_new += got.steps is not None
-            got = None
-            progress.chunk(plan.run_dir, i + 1, len(windows))
-        writer.close()
-    finally:
-        writer.close()
-    return n_new
-
-
-def _write_windows_on(windows, plan: IngestPlan, ranks_tmp: str, files: list, extra: list,
-                      append: AppendPlan | None, acc: _Acc, warnings: list[str], progress) -> int:
-    """_write_windows with the windows run by ``windows`` (e.g. on Dask workers, several at once):
-    each task names only the parts it reads, the rows come back and are written here in order."""
+                   acc: _Acc, warnings: list[str], progress, windows=None) -> int:
+    """Every window through ingest_window, here (``windows`` None) or by ``windows`` (e.g. on Dask
+    workers, several at once); its rows into ``ranks_tmp`` in window order, its steps into ``acc``.
+    The number of windows that held rows."""
     spans = plan_windows(files + extra, plan.chunk_rows)
     old_ranks_path = append.ranks_path if append is not None else None
-    tasks = [WindowTask(lo, hi, overlapping_parts(files, lo, hi), plan.spec, skip=dict(acc.bad),
-                        old_ranks_path=old_ranks_path) for lo, hi in spans]
     writer = RanksWriter(ranks_tmp)
     n_new = 0
     try:
         if append is not None:
             copy_head(append.ranks_path, append.start, plan.spec.cols, writer.put)
-        for i, got in enumerate(windows.map(ingest_window, tasks)):
+        if windows is None:
+            results = _windows_here(spans, files, plan, acc, old_ranks_path, writer)
+        else:  # each task names only the parts it reads; the rows come back and are written here
+            results = windows.map(ingest_window, [
+                WindowTask(lo, hi, overlapping_parts(files, lo, hi), plan.spec, skip=dict(acc.bad),
+                           old_ranks_path=old_ranks_path) for lo, hi in spans])
+        for i, got in enumerate(results):
             # Windows run apart may each find the same corrupt part: its warning once, as here.
             known = set(acc.bad.values())
             warnings.extend(w for w in got.warnings if w not in known)
@@ -149,11 +125,21 @@ def _write_windows_on(windows, plan: IngestPlan, ranks_tmp: str, files: list, ex
                 writer.put(got.rows)
             n_new += got.steps is not None
             got = None
-            progress.chunk(plan.run_dir, i + 1, len(tasks))
+            progress.chunk(plan.run_dir, i + 1, len(spans))
         writer.close()
     finally:
         writer.close()
     return n_new
+
+
+def _windows_here(spans, files: list, plan: IngestPlan, acc: _Acc, old_ranks_path, writer: RanksWriter):
+    """The windows run in this process, one after the other: each writes its rows through the
+    writer's background thread while it is reduced, and skips the parts earlier ones found bad."""
+    buffers = Buffers()  # numpy work space of the reductions, reused window after window
+    for lo, hi in spans:
+        writer.wait()  # the last window is written and freed: this one reuses its memory (no page faults)
+        task = WindowTask(lo, hi, files, plan.spec, skip=acc.bad, old_ranks_path=old_ranks_path)
+        yield ingest_window(task, buffers=buffers, put_rows=writer.put)
 
 
 def _warn_repeats(repeats: dict, warnings: list[str]) -> None:
