@@ -13,7 +13,8 @@ from kforge_dash.ingest.append import AppendPlan, copy_head, old_ranks_parts, ol
 from kforge_dash.ingest.merge import AppendConflict
 from kforge_dash.ingest.options import IngestError
 from kforge_dash.ingest.plan import IngestPlan
-from kforge_dash.ingest.read import PartToRead, RanksWriter, overlapping_parts, plan_windows
+from kforge_dash.ingest.ranks_writer import RanksWriter
+from kforge_dash.ingest.read import PartToRead, overlapping_parts, plan_windows
 from kforge_dash.ingest.reduce import Buffers, step_columns
 from kforge_dash.ingest.window import WindowTask, ingest_window
 from kforge_record.atomic import atomic_path

@@ -15,7 +15,8 @@ import polars as pl
 import pyarrow as pa
 
 from kforge_dash.ingest.append import old_rows
-from kforge_dash.ingest.read import PartToRead, ReadSpec, arrow_table, read_window
+from kforge_dash.ingest.ranks_writer import arrow_table
+from kforge_dash.ingest.read import PartToRead, ReadSpec, read_window
 from kforge_dash.ingest.reduce import Buffers, reduce_steps
 
 
