@@ -172,13 +172,23 @@ class WrittenRun:
     files: int
 
 
-def _write_layouts(base: str, ranks: int, steps: int, layouts: list) -> dict[str, WrittenRun]:
+def _write_layouts(base: str, ranks: int, steps: int, layouts: list, *, keep: bool = False) -> dict[str, WrittenRun]:
     runs = {}
-    for i, (layout, per_part, merge) in enumerate(layouts):
-        path = os.path.join(base, f"run-{ranks}x{steps}-{i}")
+    for layout, per_part, merge in layouts:
+        path = os.path.join(base, f"run-{ranks}x{steps}-{per_part}{'-merged' if merge else ''}")
+        done = os.path.join(base, os.path.basename(path) + ".written.json")  # beside the run: ingest never sees it
+        if keep and os.path.exists(done):
+            with open(done) as f:
+                runs[layout] = WrittenRun(path, **json.load(f))
+            print(f"# {ranks}x{steps} {layout}: reused {runs[layout].rows:,} rows", file=sys.stderr)
+            continue
+        shutil.rmtree(path, ignore_errors=True)  # a write a kill interrupted
         t0 = time.perf_counter()
         rows = write_run(path, ranks, steps, per_part, merge)
         runs[layout] = WrittenRun(path, rows, count_files(path))
+        if keep:
+            with open(done, "w") as f:
+                json.dump({"rows": rows, "files": runs[layout].files}, f)
         print(f"# {ranks}x{steps} {layout}: wrote {rows:,} rows in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     return runs
 
@@ -205,13 +215,24 @@ def main():
     ap.add_argument("--merge", action="store_true",
                     help="write each run three times: in --steps-per-part parts, merged as they come as the "
                          "recorder's writer thread merges them, and in 10k-step parts; time every pipeline on each")
+    ap.add_argument("--layouts", default=None, metavar="L,...",
+                    help="instead of --merge's three layouts, only these of them: flushed, merged, 10k "
+                         "(e.g. merged,10k for 1024x100000: 'flushed' is a million files there)")
+    ap.add_argument("--keep", action="store_true",
+                    help="with --dir: keep the written runs, and reuse those a previous --keep run completed")
+    ap.add_argument("--write-only", action="store_true", help="with --keep: write the runs, time nothing (prepare data)")
     args = ap.parse_args()
+    if args.keep and not args.dir:
+        ap.error("--keep needs --dir")
     base = args.dir or tempfile.mkdtemp(prefix="kforge-bench-")
     # (label, steps per part, merged as it goes)
     layouts = [(f"{args.steps_per_part} steps/part", args.steps_per_part, False)]
+    every = {"flushed": ("as flushed", args.steps_per_part, False), "merged": ("merged", args.steps_per_part, True),
+             "10k": ("10k steps/part", 10_000, False)}
     if args.merge:
-        layouts = [("as flushed", args.steps_per_part, False), ("merged", args.steps_per_part, True),
-                   ("10k steps/part", 10_000, False)]
+        layouts = list(every.values())
+    if args.layouts:
+        layouts = [every[name] for name in args.layouts.split(",")]
     pipelines = {"polars floor": (FLOOR, (), ()), "read+write all": (IO_FLOOR, (), ()), "kforge-ingest": (INGEST, (), ())}
     if args.one_core:
         pipelines["ingest 1 core"] = (INGEST, (), ("taskset", "-c", "0"))
@@ -222,7 +243,9 @@ def main():
     try:
         for size in args.sizes.split(","):
             ranks, steps = map(int, size.lower().split("x"))
-            runs = _write_layouts(base, ranks, steps, layouts)
+            runs = _write_layouts(base, ranks, steps, layouts, keep=args.keep)
+            if args.write_only:
+                continue
             got = {(layout, name): [] for layout in runs for name in pipelines}
             for _ in range(max(1, args.repeat)):
                 for (layout, name), res in got.items():  # interleaved: a noisy neighbour hits every pipeline alike
@@ -231,7 +254,8 @@ def main():
                     res.append(measure(code, runs[layout].path, *extra, prefix=prefix))
             for layout, run in runs.items():
                 _print_layout(size, layout, run, {name: got[(layout, name)] for name in pipelines})
-                shutil.rmtree(run.path)
+                if not args.keep:
+                    shutil.rmtree(run.path)
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
