@@ -17,6 +17,10 @@ RANKS_FILE = "ranks.parquet"
 SUMMARY_FILE = "summary.json"
 MANIFEST_FILE = "manifest.parquet"  # ingest's own footer cache, safe to delete
 LOCK_FILE = ".ingest.lock"
+# ranks.parquet's key-value metadata: a JSON list of the float columns that may hold NaN/inf (every
+# other float column is finite throughout), so the nonfinite finding need not read the file again.
+# Absent (a file from another writer): unknown, every float column is read.
+RANKS_NONFINITE_KEY = "kforge_maybe_nonfinite"
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
 

@@ -3,9 +3,14 @@ is read (docs/CONTRACT.md, "Ingested outputs")."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from kforge_dash.contract import RANKS_NONFINITE_KEY
 
 
 def arrow_table(df: pl.DataFrame) -> pa.Table:
@@ -19,9 +24,32 @@ def arrow_table(df: pl.DataFrame) -> pa.Table:
     return pa.table(cols)
 
 
+def may_be_nonfinite(column: pa.ChunkedArray) -> bool:
+    """False only when every value of a float64 column, null slots included, is finite.
+
+    One sum over each chunk's value buffer (no copy, no mask): a NaN or an infinity makes the sum
+    non-finite, and a finite sum means none was there. The garbage a null slot may hold, or a sum
+    that overflows, can only answer True, which costs a read, never a missed finding."""
+    for chunk in column.chunks:
+        if len(chunk) == 0:
+            continue
+        buf = chunk.buffers()[1]
+        if buf is None:
+            return True
+        values = np.frombuffer(buf, dtype=np.float64, count=len(chunk), offset=chunk.offset * 8)
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = np.add.reduce(values)
+        if not np.isfinite(total):
+            return True
+    return False
+
+
 class RanksWriter:
     """Appends each window's rows to ranks.parquet on a background thread (pyarrow releases the
-    GIL while encoding), so writing overlaps reading the next window. At most one window waits."""
+    GIL while encoding), so writing overlaps reading the next window. At most one window waits.
+
+    On close the file's key-value metadata lists the float columns that may hold NaN/inf
+    (contract.RANKS_NONFINITE_KEY): the nonfinite finding reads only those."""
 
     def __init__(self, path: str):
         from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +58,7 @@ class RanksWriter:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kforge-ranks-writer")
         self.pending = None
         self.writer = None
+        self.nonfinite: set[str] = set()
 
     def _write(self, table: pa.Table) -> None:
         if self.writer is None:
@@ -40,7 +69,11 @@ class RanksWriter:
             keys = [c for c in ("step", "rank", "attempt") if c in table.schema.names]
             self.writer = pq.ParquetWriter(self.path, table.schema, compression="lz4", use_dictionary=keys,
                                            write_statistics=keys, write_batch_size=1 << 16)
-        self.writer.write_table(table.cast(self.writer.schema))
+        table = table.cast(self.writer.schema)
+        self.writer.write_table(table)
+        for name, col in zip(table.column_names, table.columns):
+            if name not in self.nonfinite and pa.types.is_float64(col.type) and may_be_nonfinite(col):
+                self.nonfinite.add(name)
 
     def wait(self) -> None:
         """Until the pending window is written (re-raises a write error here)."""
@@ -62,4 +95,5 @@ class RanksWriter:
             self.pool.shutdown()
             self.pool = None
             if self.writer is not None:
+                self.writer.add_key_value_metadata({RANKS_NONFINITE_KEY: json.dumps(sorted(self.nonfinite))})
                 self.writer.close()

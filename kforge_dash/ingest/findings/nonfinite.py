@@ -3,12 +3,17 @@
 Read from ranks.parquet, not steps.parquet: one rank's NaN loss poisons the gradient all-reduce, so
 a step later every rank is NaN, and the rank that went first is the one to look at. One lazy
 aggregation over the file (first step and count per metric), then the rows of those first steps.
+Only the columns ranks.parquet's writer could not vouch for are read (contract.RANKS_NONFINITE_KEY):
+in a healthy run, none, and the file is not read again.
 """
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 
+from kforge_dash.contract import RANKS_NONFINITE_KEY
 from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
 
 _SKIP = {"time"}  # a wall-clock time is never NaN in a file the recorder wrote
@@ -17,7 +22,8 @@ _SKIP = {"time"}  # a wall-clock time is never NaN in a file the recorder wrote
 def nonfinite_findings(facts: RunFacts) -> list[Finding]:
     lf = pl.scan_parquet(facts.ranks_path, glob=False)
     schema = lf.collect_schema()
-    metrics = [c for c, dt in schema.items() if dt == pl.Float64 and c not in _SKIP]
+    maybe = _maybe_nonfinite(facts.ranks_path)
+    metrics = [c for c, dt in schema.items() if dt == pl.Float64 and c not in _SKIP and (maybe is None or c in maybe)]
     if not metrics:
         return []
     bad = {m: pl.col(m).is_not_null() & ~pl.col(m).is_finite() for m in metrics}
@@ -47,6 +53,18 @@ def nonfinite_findings(facts: RunFacts) -> list[Finding]:
                      f"over {steps_range(first, last)}): look at {whose} batch and the update before it."),
         ))
     return out
+
+
+def _maybe_nonfinite(path: str) -> set[str] | None:
+    """The float columns ranks.parquet's writer found may hold NaN/inf; None: it did not say."""
+    raw = (pl.read_parquet_metadata(path) or {}).get(RANKS_NONFINITE_KEY)
+    if raw is None:
+        return None
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        return None
+    return set(names) if isinstance(names, list) else None
 
 
 def _kinds(lf: pl.LazyFrame, metric: str, step: int, ranks) -> str:
