@@ -76,3 +76,17 @@ def test_may_be_nonfinite_is_false_only_when_every_value_is_finite():
     assert may_be_nonfinite(pa.chunked_array([arr.slice(2, 2)]))
     # Huge finite values whose sum overflows: a false alarm (the file is read), never a miss.
     assert may_be_nonfinite(pa.chunked_array([[1e308, 1e308]]))
+
+
+def test_window_matrix_refuses_a_row_twice_where_another_is_missing():
+    from kforge_dash.ingest.findings.matrix import Window
+
+    steps, ranks = [1, 1, 2, 2], [0, 1, 0, 1]
+    df = pl.DataFrame({"step": steps, "rank": ranks, "v": [1.0, 2.0, 3.0, 4.0]})
+    win = Window.of(df.reverse())
+    assert win.col("v").tolist() == [[1.0, 2.0], [3.0, 4.0]]  # steps x ranks, whatever the row order
+    # (2, 1) missing and (1, 0) twice: as many rows as cells, but no matrix
+    assert Window.of(df.with_columns(pl.Series("step", [1, 1, 2, 1]), pl.Series("rank", [0, 1, 0, 0]))) is None
+    # ranks 0, 1, 3 (rank 2 recorded nothing): still a matrix, its columns the ranks present
+    gap = Window.of(pl.DataFrame({"step": steps + [1, 2], "rank": ranks + [3, 3], "v": [1.0, 2, 3, 4, 5, 6]}))
+    assert gap.ranks.tolist() == [0, 1, 3] and gap.col("v").tolist() == [[1.0, 2.0, 5.0], [3.0, 4.0, 6.0]]

@@ -16,6 +16,7 @@ class Window:
 
     def __init__(self, df: pl.DataFrame, order: np.ndarray, s0: int, S: int, ranks: np.ndarray):
         self.df, self.order, self.s0, self.S, self.ranks = df, order, s0, S, ranks
+        self._cols: dict[tuple[str, bool], np.ndarray] = {}  # a column is gathered once (per_step, blocks)
 
     @classmethod
     def of(cls, df: pl.DataFrame) -> Window | None:
@@ -23,8 +24,13 @@ class Window:
         if n == 0 or df["step"].null_count() or df["rank"].null_count():
             return None
         steps, ranks = df["step"].to_numpy(), df["rank"].to_numpy()
-        s0 = int(steps.min())
-        S = int(steps.max()) - s0 + 1
+        s0, r0 = int(steps.min()), int(ranks.min())
+        S, R = int(steps.max()) - s0 + 1, int(ranks.max()) - r0 + 1
+        if S * R == n:  # ranks r0..r0+R-1 (the usual case): a rank's column is its offset, no search
+            order = np.full(n, -1, dtype=np.int64)
+            order[(steps - s0) * R + (ranks - r0)] = np.arange(n)
+            # n rows in n cells: a cell left empty means another holds two rows
+            return cls(df, order, s0, S, np.arange(r0, r0 + R)) if order.min() >= 0 else None
         uniq = np.unique(ranks)
         R = len(uniq)
         if S * R != n:
@@ -37,9 +43,14 @@ class Window:
         return cls(df, order, s0, S, uniq)
 
     def col(self, name: str, *, nan: bool = False) -> np.ndarray:
-        s = self.df[name]
-        a = (s.fill_null(np.nan) if nan else s).to_numpy()
-        return a[self.order].reshape(self.S, len(self.ranks))
+        """The column as an S x R matrix (read-only: shared by every caller)."""
+        key = (name, nan)
+        if key not in self._cols:
+            s = self.df[name]
+            a = (s.fill_null(np.nan) if nan else s).to_numpy()
+            self._cols[key] = m = np.take(a, self.order).reshape(self.S, len(self.ranks))
+            m.flags.writeable = False
+        return self._cols[key]
 
     def lower_median(self, name: str) -> np.ndarray:
         k = (len(self.ranks) - 1) // 2  # an actual rank's value
