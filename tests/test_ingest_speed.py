@@ -90,3 +90,23 @@ def test_window_matrix_refuses_a_row_twice_where_another_is_missing():
     # ranks 0, 1, 3 (rank 2 recorded nothing): still a matrix, its columns the ranks present
     gap = Window.of(pl.DataFrame({"step": steps + [1, 2], "rank": ranks + [3, 3], "v": [1.0, 2, 3, 4, 5, 6]}))
     assert gap.ranks.tolist() == [0, 1, 3] and gap.col("v").tolist() == [[1.0, 2.0, 5.0], [3.0, 4.0, 6.0]]
+
+
+@pytest.mark.filterwarnings("ignore::kforge_dash.ingest.options.IngestWarning")
+def test_per_step_facts_are_the_same_in_many_windows_two_at_a_time(tmp_path, monkeypatch):
+    from kforge_dash.ingest.findings import perstep
+    from kforge_dash.ingest.findings.model import classify_phases
+
+    run = _nan_run(tmp_path, monkeypatch)
+    ingest_run(run)
+    steps = pl.read_parquet(f"{run}/ingested/steps.parquet")
+    o = FindingsOptions()
+    facts = RunFacts(steps=steps, ranks_path=f"{run}/ingested/ranks.parquet", launches=[], summary={"ranks": [0, 1, 2, 3]},
+                     opts=o, phases=classify_phases(steps.columns, o), hosts={})
+    whole = perstep.per_step(facts)
+    monkeypatch.setattr(perstep, "WINDOW_ROWS", 40)  # 5-step windows (one straggler block each)
+    monkeypatch.setattr(perstep, "usable_cpus", lambda: 2)
+    assert len(perstep.windows(facts, perstep.WINDOW_ROWS // 2)) == 9  # [0, 5), [5, 10) ... [40, 41)
+    many = perstep.per_step(facts)
+    for a, b in zip(whole, many):
+        assert a.height and a.equals(b, null_equal=True)

@@ -1,18 +1,22 @@
-"""Per-step facts over ranks that steps.parquet does not hold, in one lazy pass over ranks.parquet.
+"""Per-step facts over ranks that steps.parquet does not hold, in one pass over ranks.parquet.
 
 "The median rank" is the lower median (an actual rank's value: with two ranks, the faster one),
 so a straggler is compared with a rank that did not straggle, however few ranks there are.
 
-ranks.parquet is read in step windows of about ``WINDOW_ROWS`` rows (the Parquet reader skips
-the row groups outside a window), so memory stays bounded however many ranks and steps a run has.
+ranks.parquet is read in step windows (the Parquet reader skips the row groups outside a window),
+two at a time of about ``WINDOW_ROWS / 2`` rows each (one alone on one core), so memory stays
+bounded however many ranks and steps a run has.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 
 from kforge_dash.ingest.findings.matrix import Window
 from kforge_dash.ingest.findings.model import RunFacts
+from kforge_dash.ingest.footers import usable_cpus
 
 WINDOW_ROWS = 2_000_000
 
@@ -22,7 +26,7 @@ def block_size(n_steps: int) -> int:
     return max(5, -(-n_steps // 100))
 
 
-def windows(facts: RunFacts) -> list[tuple[int, int]]:
+def windows(facts: RunFacts, rows: int = WINDOW_ROWS) -> list[tuple[int, int]]:
     """[lo, hi) step ranges covering the run, each a whole number of straggler blocks."""
     steps = facts.steps["step"]
     if steps.len() == 0:
@@ -30,7 +34,7 @@ def windows(facts: RunFacts) -> list[tuple[int, int]]:
     lo, hi = int(steps.min()), int(steps.max()) + 1
     W = block_size(facts.steps.height)
     n_ranks = max(1, len(facts.summary.get("ranks") or []) or 1)
-    span = max(W, (WINDOW_ROWS // n_ranks) // W * W)
+    span = max(W, (rows // n_ranks) // W * W)
     start = lo // W * W
     return [(a, min(a + span, hi)) for a in range(start, hi, span)]
 
@@ -60,28 +64,40 @@ def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
     median step time), and per own-work phase its median excess over the median rank
     (``<phase>\\0ex``) and its summed positive excess (``<phase>\\0cost``: the others' wait).
     """
-    ph, W = facts.phases, block_size(facts.steps.height)
+    W = block_size(facts.steps.height)
     st = facts.steps.select("step", pl.col("step_time_median_s").cast(pl.Float64).alias("_st"))
-    meds, blocks = [], []
-    for lo, hi in windows(facts) or [(0, 0)]:
-        df = (pl.scan_parquet(facts.ranks_path, glob=False)
-              .filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(lo, hi, closed="left"))
-              .select("step", "rank", "attempt", "step_time_s", *ph.own,
-                      own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
-                      own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"),
-                      own_work(ph.wait).fill_null(0.0).alias("_wait")).collect())
-        win = Window.of(df)
-        med = (win.per_step(ph.own, ph.data) if win else None)
-        if med is None:
-            win, med = None, _grouped(df.lazy(), ph)
-        sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy()
-        blk = win.blocks(med, sts, ph.own, W) if win is not None and ph.own else None
-        if blk is None and ph.own:
-            blk = _blocks_grouped(df, med.join(st, on="step", how="left"), ph.own, W)
-        meds.append(med)
-        if blk is not None:
-            blocks.append(blk)
-    return pl.concat(meds, how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())
+    # Two windows at a time (of half the rows: the same memory as one): one is read (polars'
+    # threads) while the other's numpy work runs (it releases the GIL), so both cores are busy.
+    # Windows are whole straggler blocks, so their size does not change the results.
+    threads = min(2, usable_cpus())
+    spans = windows(facts, WINDOW_ROWS // threads) or [(0, 0)]
+    if threads > 1 and len(spans) > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="kforge-perstep") as pool:
+            got = list(pool.map(lambda span: _window(facts, span, st, W), spans))
+    else:
+        got = [_window(facts, span, st, W) for span in spans]
+    blocks = [blk for _, blk in got if blk is not None]
+    return pl.concat([med for med, _ in got], how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())
+
+
+def _window(facts: RunFacts, span: tuple[int, int], st: pl.DataFrame, W: int):
+    """(per-step rows, straggler-block rows or None) of the steps [lo, hi)."""
+    (lo, hi), ph = span, facts.phases
+    df = (pl.scan_parquet(facts.ranks_path, glob=False)
+          .filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(lo, hi, closed="left"))
+          .select("step", "rank", "attempt", "step_time_s", *ph.own,
+                  own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
+                  own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"),
+                  own_work(ph.wait).fill_null(0.0).alias("_wait")).collect())
+    win = Window.of(df)
+    med = (win.per_step(ph.own, ph.data) if win else None)
+    if med is None:
+        win, med = None, _grouped(df.lazy(), ph)
+    sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy()
+    blk = win.blocks(med, sts, ph.own, W) if win is not None and ph.own else None
+    if blk is None and ph.own:
+        blk = _blocks_grouped(df, med.join(st, on="step", how="left"), ph.own, W)
+    return med, blk
 
 
 def _blocks_grouped(df: pl.DataFrame, med: pl.DataFrame, own, W: int) -> pl.DataFrame:
