@@ -18,11 +18,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kforge_dash.contract import INGESTED_DIR
+from kforge_dash.ingest.footer_schema import interned as _interned  # noqa: F401 (manifest.py's name for it)
+from kforge_dash.ingest.footer_schema import open_footer
 from kforge_dash.ingest.meta_fields import typed_fields
 from kforge_dash.ingest.second_writers import warn_second_writers
 from kforge_record.schema import (
     END_FILE,
-    FIXED_COLUMNS,
     META_FILE,
     PARQUET_META_KEY,
     SchemaError,
@@ -32,8 +33,6 @@ from kforge_record.schema import (
 
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
 _ATTEMPT_TIME = re.compile(r"^(\d{8}T\d{6}\.\d{6})Z")  # env.make_attempt_id's leading UTC timestamp
-# Arrow prints float64 as "double".
-_FIXED_TYPES = {n: ("double" if t == "float64" else t) for n, t in FIXED_COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -259,41 +258,29 @@ def corrupt_part(path: str, e: Exception) -> str:
 
 def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
     """The footer of one part file, validated. None (and a warning naming the file) when unusable."""
-    footer = _open_footer(path, warnings)
+    footer = open_footer(path, warnings)
     if footer is None:
         return None
-    md, schema = footer
-    kv = _kforge_metadata(path, schema, warnings)
+    md, (columns, i_step, i_time, problem) = footer
+    kv = _kforge_metadata(path, md.metadata or {}, warnings)
     if kv is None:
         return None
     if kv.get("rank") not in (None, rank):
         warnings.append(f"{path}: says rank {kv.get('rank')} but lies under rank {rank}; counted as rank {rank}")
-    columns = _interned({f.name: str(f.type) for f in schema})
-    problem = _column_problem(columns)
     if problem is not None:
         warnings.append(f"{path}: {problem}; skipped")
         return None
-    steps = _step_facts(path, md, schema, warnings)
+    steps = _step_facts(path, md, i_step, i_time, warnings)
     if steps is None:
         return None
     lo, hi, log_rows = steps
     return PartInfo(path, md.num_rows, columns, lo, hi, log_rows > 0, kv.get("dropped_rows_total"), log_rows < md.num_rows)
 
 
-def _open_footer(path: str, warnings: list[str]):
-    """(FileMetaData, arrow schema), or None with a warning."""
-    try:
-        md = pq.read_metadata(path)
-        return md, md.schema.to_arrow_schema()
-    except Exception as e:  # truncated, not Parquet, unreadable, a symlink loop: pyarrow raises several types
-        warnings.append(f"{path}: corrupt or truncated part file ({type(e).__name__}: {e}); skipped")
-        return None
-
-
-def _kforge_metadata(path: str, schema, warnings: list[str]) -> dict | None:
+def _kforge_metadata(path: str, metadata: dict, warnings: list[str]) -> dict | None:
     """The part's ``kforge`` key-value metadata ({} when absent or unreadable); None when it
     comes from a newer schema major (the part is refused)."""
-    raw = (schema.metadata or {}).get(PARQUET_META_KEY)
+    raw = metadata.get(PARQUET_META_KEY)
     if raw is None:
         return {}
     try:
@@ -308,29 +295,12 @@ def _kforge_metadata(path: str, schema, warnings: list[str]) -> dict | None:
     return kv if isinstance(kv, dict) else {}
 
 
-def _column_problem(columns: dict) -> str | None:
-    """Why the part's columns cannot be read, or None."""
-    for name in ("step", "step_time_s"):
-        if columns.get(name) != _FIXED_TYPES[name]:
-            return f"column {name!r} is {columns.get(name, 'missing')}, expected {_FIXED_TYPES[name]}"
-    bad = [n for n, t in columns.items()
-           if n in _FIXED_TYPES and t != _FIXED_TYPES[n] or n not in _FIXED_TYPES and t not in ("double", "null")]
-    if bad:
-        return f"unexpected column type(s) for {', '.join(bad)}"
-    # A NUL cannot pass into polars (it panics on such a name): the recorder never writes one.
-    nul = [n for n in columns if "\0" in n]
-    if nul:
-        return f"column name(s) with a NUL character {', '.join(repr(n) for n in nul)}"
-    return None
-
-
-def _step_facts(path: str, md, schema, warnings: list[str]) -> tuple[int | None, int | None, int] | None:
+def _step_facts(path: str, md, i_step: int, i_time: int, warnings: list[str]) -> tuple[int | None, int | None, int] | None:
     """(min step, max step, rows from Recorder.log) from the row-group statistics, else from the
     two small columns. None with a warning when a step is null (a row that belongs nowhere)."""
     lo = hi = None
     null_steps = log_rows = 0
     stats_ok = md.num_rows == 0 or md.num_row_groups > 0
-    i_step, i_time = schema.get_field_index("step"), schema.get_field_index("step_time_s")
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
         s, t = rg.column(i_step).statistics, rg.column(i_time).statistics
@@ -354,15 +324,6 @@ def _step_facts(path: str, md, schema, warnings: list[str]) -> tuple[int | None,
         warnings.append(f"{path}: {null_steps} of {md.num_rows} row(s) have no step (null); part file skipped")
         return None
     return lo, hi, log_rows
-
-
-_COLUMN_SETS: dict[tuple, dict] = {}
-
-
-def _interned(columns: dict) -> dict:
-    """One shared dict per distinct schema: a run of 1M part files has a handful of schemas, and
-    a dict per file would cost ~1 KB each. Treat the result as read-only."""
-    return _COLUMN_SETS.setdefault(tuple(columns.items()), columns)
 
 
 def ended_steps(part: PartInfo) -> tuple[int | None, int | None]:
