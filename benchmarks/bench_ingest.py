@@ -5,6 +5,7 @@
     python benchmarks/bench_ingest.py --repeat 5           # median wall of 5 interleaved runs (shared machine)
     python benchmarks/bench_ingest.py --dask local:2       # also kforge-ingest --dask on the same files
     python benchmarks/bench_ingest.py --one-core           # also kforge-ingest under `taskset -c 0`
+    python benchmarks/bench_ingest.py --compare-tree /work/main   # also another checkout's kforge-ingest
     python benchmarks/bench_ingest.py --sizes 64x20000 --steps-per-part 100 --merge   # the recorder's layout:
                                                            # as flushed, merged by its writer thread, 10k-step parts
 
@@ -151,13 +152,14 @@ print("MAXRSS", kib)
 """
 
 
-def measure(code: str, run_dir: str, *args: str, prefix: tuple = ()) -> tuple[float, float]:
+def measure(code: str, run_dir: str, *args: str, prefix: tuple = (), tree: str | None = None) -> tuple[float, float]:
     """(wall seconds, peak RSS GiB) of a fresh interpreter running ``code`` (its workers' largest
-    peak when it prints one: a Dask run)."""
+    peak when it prints one: a Dask run), with the checkout ``tree`` first on its path if given."""
     wrapper = code + PEAK
+    env = None if tree is None else dict(os.environ, PYTHONPATH=os.path.abspath(tree))
     t0 = time.perf_counter()
     out = subprocess.run([*prefix, sys.executable, "-c", wrapper, run_dir, *args], capture_output=True, text=True,
-                         check=True).stdout
+                         check=True, env=env, cwd=None if tree is None else tempfile.gettempdir()).stdout
     wall = time.perf_counter() - t0
     rss_kib = int(out.split("MAXRSS")[1].split()[0])
     if "WORKERS" in out:
@@ -212,6 +214,9 @@ def main():
                          "report the median wall time and the largest peak (default 1)")
     ap.add_argument("--dask", default=None, metavar="ADDRESS", help="also time kforge-ingest --dask ADDRESS (e.g. local:2)")
     ap.add_argument("--one-core", action="store_true", help="also time kforge-ingest pinned to one core (taskset -c 0)")
+    ap.add_argument("--compare-tree", default=None, metavar="PATH",
+                    help="also time kforge-ingest from another checkout (PYTHONPATH=PATH, e.g. /work/main), "
+                         "interleaved with this one's (and with --one-core, that checkout on one core too)")
     ap.add_argument("--merge", action="store_true",
                     help="write each run three times: in --steps-per-part parts, merged as they come as the "
                          "recorder's writer thread merges them, and in 10k-step parts; time every pipeline on each")
@@ -236,6 +241,11 @@ def main():
     pipelines = {"polars floor": (FLOOR, (), ()), "read+write all": (IO_FLOOR, (), ()), "kforge-ingest": (INGEST, (), ())}
     if args.one_core:
         pipelines["ingest 1 core"] = (INGEST, (), ("taskset", "-c", "0"))
+    if args.compare_tree:
+        other = os.path.basename(os.path.normpath(args.compare_tree))
+        pipelines[f"ingest @{other}"] = (INGEST, (), (), args.compare_tree)
+        if args.one_core:
+            pipelines[f"@{other} 1 core"] = (INGEST, (), ("taskset", "-c", "0"), args.compare_tree)
     if args.dask:
         pipelines[f"--dask {args.dask}"] = (DASK, (args.dask,), ())
     print(f"{'case':>12} {'layout':>16} {'files':>9} {'rows':>12} {'pipeline':>15} {'wall s':>8} {'rows/s':>12} "
@@ -249,9 +259,9 @@ def main():
             got = {(layout, name): [] for layout in runs for name in pipelines}
             for _ in range(max(1, args.repeat)):
                 for (layout, name), res in got.items():  # interleaved: a noisy neighbour hits every pipeline alike
-                    code, extra, prefix = pipelines[name]
+                    code, extra, prefix, *tree = pipelines[name]
                     shutil.rmtree(os.path.join(runs[layout].path, "ingested"), ignore_errors=True)  # from scratch
-                    res.append(measure(code, runs[layout].path, *extra, prefix=prefix))
+                    res.append(measure(code, runs[layout].path, *extra, prefix=prefix, tree=(tree or [None])[0]))
             for layout, run in runs.items():
                 _print_layout(size, layout, run, {name: got[(layout, name)] for name in pipelines})
                 if not args.keep:

@@ -113,7 +113,7 @@ def test_per_step_facts_are_the_same_in_many_windows_two_at_a_time(tmp_path, mon
 
 
 def test_footers_sharing_a_schema_keep_their_own_facts_and_a_wrong_type_is_still_refused(tmp_path):
-    from kforge_dash.ingest import footer_schema
+    from kforge_dash.ingest import parquet_io as footer_schema
     from kforge_dash.ingest.shards import read_part
 
     def part(name, steps, step_time):
@@ -131,3 +131,33 @@ def test_footers_sharing_a_schema_keep_their_own_facts_and_a_wrong_type_is_still
     assert (pa_.min_step, pa_.max_step, pa_.has_log_rows, pb.min_step, pb.max_step, pb.has_log_rows) == (1, 2, True, 7, 9, False)
     assert pa_.columns is pb.columns == {"step": "int64", "step_time_s": "double"}
     assert pbad is None and warnings == [f"{bad}: column 'step_time_s' is int64, expected double; skipped"]
+
+
+def test_np_array_is_pa_array():
+    from kforge_dash.ingest.arrays import np_array
+
+    for values in (np.array([1.5, np.nan, -np.inf, 4.0]), np.arange(4, dtype=np.int64), np.arange(4, dtype=np.uint32),
+                   np.arange(8, dtype=np.float64)[::2], np.array([], np.float64), np.array([True, False, True, True])):
+        for mask in (None, np.array([False, True, False, True])[:len(values)], np.zeros(len(values), bool)):
+            want, got = pa.array(values, mask=mask), np_array(values, mask)
+            assert got.type == want.type and got.null_count == want.null_count
+            assert got.is_valid().equals(want.is_valid())
+            fill = False if values.dtype.kind == "b" else 0
+            assert np.array_equal(got.fill_null(fill).to_numpy(zero_copy_only=False),
+                                  want.fill_null(fill).to_numpy(zero_copy_only=False), equal_nan=values.dtype.kind == "f")
+
+
+def test_an_ingest_does_not_import_pandas(tmp_path):
+    """pyarrow's pa.array and pq.read_table import pandas (~0.2 s of every ingest's start)."""
+    import shutil
+    import subprocess
+    import sys
+
+    import pandas  # noqa: F401 (installed here, so the check below can fail)
+
+    run = tmp_path / "preempted"  # two launches; parts that mix log and end_step rows
+    shutil.copytree("sample_runs/preempted", run, ignore=shutil.ignore_patterns("ingested"))
+    code = ("import sys, warnings; warnings.simplefilter('ignore')\nfrom kforge_dash.ingest.run import ingest_run\n"
+            f"ingest_run({str(run)!r})\ningest_run({str(run)!r}, force=True)\nprint('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]

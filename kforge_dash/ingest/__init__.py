@@ -1,7 +1,7 @@
 """Ingest: merge a run's rank shards and restarts into RUN/ingested/ (docs/CONTRACT.md).
 
     shards.py     list attempts and part files, read footers and rows of one part
-    footer_schema.py  a footer's columns, converted once per distinct schema
+    parquet_io.py part files read at the least cost per file (footers, columns)
     second_writers.py  two processes that recorded the same rank of one launch
     manifest.py   the footer cache and the state an append checks (ingested/manifest.parquet)
     footers.py    footers of many parts read by worker processes

@@ -31,6 +31,7 @@ from kforge_dash.ingest import shards as _shards
 from kforge_dash.ingest.coverage import Coverage, unread_tail
 from kforge_dash.ingest.manifest import Prior, output_stat
 from kforge_dash.ingest.merge import AppendConflict
+from kforge_dash.ingest.parquet_io import read_columns
 from kforge_record.schema import META_FILE
 
 
@@ -105,7 +106,7 @@ def recheck_bad(known_bad: dict, bad: dict, warnings: list[str]) -> None:
     their rows are missing from the old outputs, so the append is off (AppendConflict)."""
     for path in known_bad:
         try:
-            pq.read_table(path)
+            read_columns(path)
         except Exception as e:
             bad[path] = _shards.corrupt_part(path, e)
             warnings.append(bad[path])

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from kforge_dash.ingest.parquet_io import read_columns
 from kforge_dash.ingest.read import PartToRead
 from kforge_record.schema import PARQUET_META_KEY, PartSpan, part_span
 
@@ -97,7 +98,7 @@ def unread_tail(f: PartToRead, flushes: int) -> PartToRead | None:
     skip = sum(rows[:flushes])
     if skip >= md.num_rows:
         return None
-    tbl = pq.read_table(info.path, columns=["step", "step_time_s"]).slice(skip)
+    tbl = read_columns(info.path, ["step", "step_time_s"]).slice(skip)
     mm = pc.min_max(tbl.column("step"))
     nulls = tbl.column("step_time_s").null_count
     part = replace(info, min_step=mm["min"].as_py(), max_step=mm["max"].as_py(), has_log_rows=nulls > 0,

@@ -17,12 +17,14 @@ import json
 import os
 from dataclasses import dataclass, replace
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kforge_dash.contract import MANIFEST_FILE
 from kforge_dash.ingest import shards as _shards
 from kforge_dash.ingest.options import PartVanished
+from kforge_dash.ingest.parquet_io import read_columns
 from kforge_record.atomic import atomic_path
 
 _STATE_KEY = b"kforge_ingest_state"
@@ -58,7 +60,7 @@ def load_prior(out_dir: str, run_dir: str) -> Prior | None:
     a cache that cannot be trusted is ignored)."""
     path = os.path.join(out_dir, MANIFEST_FILE)
     try:
-        table = pq.read_table(path)
+        table = read_columns(path)
         state = json.loads((table.schema.metadata or {})[_STATE_KEY])
         cols = {c: table.column(c).to_pylist() for c in _COLUMNS}
     except Exception:  # absent, truncated, from another version: start afresh
@@ -161,7 +163,9 @@ def save_manifest(out_dir: str, cache: FooterCache, state: dict) -> None:
              "has_end_rows": pa.bool_(), "dropped_rows_total": pa.int64(), "schema": pa.int32(),
              "warnings": pa.list_(pa.string())}
     state = dict(state, schemas=[list(s) for s in schemas])
-    table = pa.table({c: pa.array(rows[c], types[c]) for c in _COLUMNS})
+    # Through polars, not pa.array: that one's pandas check imports pandas (~0.2 s, arrays.py).
+    frame = pl.DataFrame({c: pl.Series(c, rows[c], dtype=pl.List(pl.String) if c == "warnings" else None) for c in _COLUMNS})
+    table = frame.to_arrow().cast(pa.schema([(c, types[c]) for c in _COLUMNS]))
     table = table.replace_schema_metadata({_STATE_KEY: json.dumps(state).encode()})
     path = os.path.join(out_dir, MANIFEST_FILE)
     with atomic_path(path) as tmp:

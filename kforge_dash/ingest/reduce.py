@@ -20,6 +20,7 @@ import polars as pl
 import pyarrow as pa
 
 from kforge_dash.contract import REDUCED_HEAD
+from kforge_dash.ingest.arrays import np_array
 from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS
 
 MEM = MEM_COLUMNS
@@ -72,7 +73,7 @@ def _grouped(df: pl.DataFrame, cols: list[str], counts_col: bool) -> pl.DataFram
         total = np.bincount(gid[has], weights=v[has], minlength=g)  # sequential, in row order
         count = np.bincount(gid[has], minlength=g)
         with np.errstate(invalid="ignore", divide="ignore"):
-            fixed.append(pl.Series(c, pa.array(total / count, mask=count == 0)))
+            fixed.append(pl.Series(c, np_array(total / count, mask=count == 0)))
     st = df["step_time_s"]
     has = st.is_not_null().to_numpy()
     x, gx = st.to_numpy()[has], gid[has]
@@ -82,7 +83,7 @@ def _grouped(df: pl.DataFrame, cols: list[str], counts_col: bool) -> pl.DataFram
     mid = np.minimum(start + n // 2, max(len(x) - 1, 0))
     lo = np.where(n % 2, mid, np.maximum(mid - 1, 0))
     med = (x[lo] + x[mid]) / 2 if len(x) else np.full(g, np.nan)
-    fixed.append(pl.Series("step_time_median_s", pa.array(np.where(n % 2, x[mid] if len(x) else med, med), mask=n == 0)))
+    fixed.append(pl.Series("step_time_median_s", np_array(np.where(n % 2, x[mid] if len(x) else med, med), mask=n == 0)))
     return out.with_columns(fixed).select(step_columns(cols))
 
 
@@ -218,7 +219,7 @@ def _as_grid(df: pl.DataFrame, buf: Buffers) -> _Grid | None:
 
 
 def _masked(values: np.ndarray, has: np.ndarray | None) -> pa.Array:
-    return pa.array(values) if has is None else pa.array(values, mask=~has)
+    return np_array(values) if has is None else np_array(values, mask=~has)
 
 
 def _dense_times(g: _Grid, out: dict) -> None:
@@ -226,18 +227,18 @@ def _dense_times(g: _Grid, out: dict) -> None:
     t = g("time", -np.inf)[0].max(axis=0)
     out["time"] = _masked(t, np.isfinite(t))
     s = g("step_time_s", None, "s")[0]
-    out["step_time_s"] = pa.array(s.max(axis=0))
-    out["step_time_min_s"] = pa.array(s.min(axis=0))
+    out["step_time_s"] = np_array(s.max(axis=0))
+    out["step_time_min_s"] = np_array(s.min(axis=0))
     # The median from a sort down the rank axis: ~4x faster than np.median's partition along
     # axis 0 of this layout; the same values (the middle one, or the mean of the two middle ones).
     srt = g.buf.get("sorted", np.float64, g.n_ranks * g.n_steps).reshape(g.n_ranks, g.n_steps)
     srt[:] = s
     srt.sort(axis=0)
     h = g.n_ranks // 2
-    out["step_time_median_s"] = pa.array(srt[h].copy() if g.n_ranks % 2 else (srt[h - 1] + srt[h]) / 2)
-    out["slowest_rank"] = pa.array(g.ranks[s.argmax(axis=0)].astype(np.int64))  # argmax: first = lowest rank
-    out["n_ranks"] = pa.array(np.full(g.n_steps, g.n_ranks, np.int64))
-    out["attempt"] = pa.array(g("attempt", None)[0].max(axis=0).astype(np.int64))
+    out["step_time_median_s"] = np_array(srt[h].copy() if g.n_ranks % 2 else (srt[h - 1] + srt[h]) / 2)
+    out["slowest_rank"] = np_array(g.ranks[s.argmax(axis=0)].astype(np.int64))  # argmax: first = lowest rank
+    out["n_ranks"] = np_array(np.full(g.n_steps, g.n_ranks, np.int64))
+    out["attempt"] = np_array(g("attempt", None)[0].max(axis=0).astype(np.int64))
 
 
 def _dense_tokens(g: _Grid, counts_col: bool) -> pa.Array:
@@ -248,7 +249,7 @@ def _dense_tokens(g: _Grid, counts_col: bool) -> pa.Array:
         has = counted if has is None else has & counted
         v = np.where(has, v, 0)
     if has is None:
-        return pa.array(v.sum(axis=0))
+        return np_array(v.sum(axis=0))
     return _masked(v.sum(axis=0), has.any(axis=0))  # v is 0 where has is False
 
 
@@ -256,7 +257,7 @@ def _dense_lowest_rank(g: _Grid, col: str) -> pa.Array:
     """The value of the lowest rank that reported one (grad_norm, lr)."""
     v, has = g(col, 0.0)
     if has is None:
-        return pa.array(v[0].copy())  # the lowest rank reported it
+        return np_array(v[0].copy())  # the lowest rank reported it
     return _masked(v[has.argmax(axis=0), np.arange(g.n_steps)], has.any(axis=0))
 
 
@@ -265,7 +266,7 @@ def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool, buf: Buffers) ->
     g = _as_grid(df, buf)
     if g is None:
         return None
-    out: dict[str, pa.Array] = {"step": pa.array(g.steps)}
+    out: dict[str, pa.Array] = {"step": np_array(g.steps)}
     _dense_times(g, out)
     out["tokens"] = _dense_tokens(g, counts_col)
     out["loss"] = _mean(*g("loss", 0.0))
@@ -273,7 +274,7 @@ def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool, buf: Buffers) ->
         out[c] = _dense_lowest_rank(g, c)
     for c in MEM:
         v, has = g(c, np.iinfo(np.int64).min)
-        out[c] = pa.array(v.max(axis=0)) if has is None else _masked(v.max(axis=0), has.any(axis=0))
+        out[c] = np_array(v.max(axis=0)) if has is None else _masked(v.max(axis=0), has.any(axis=0))
     for c in cols:
         if c not in _NOT_MEAN:
             out[c] = _mean(*g(c, 0.0))
@@ -283,9 +284,9 @@ def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool, buf: Buffers) ->
 def _mean(v: np.ndarray, has: np.ndarray | None) -> pa.Array:
     """Mean over the ranks that reported a value; a NaN/inf reported stays in (it is news)."""
     if has is None:
-        return pa.array(v.sum(axis=0) / v.shape[0])
+        return np_array(v.sum(axis=0) / v.shape[0])
     count = has.sum(axis=0)
     total = v.sum(axis=0)  # v is 0.0 where has is False
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = total / count
-    return pa.array(mean, mask=count == 0)
+    return np_array(mean, mask=count == 0)

@@ -15,12 +15,11 @@ import re
 from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from kforge_dash.contract import INGESTED_DIR
-from kforge_dash.ingest.footer_schema import interned as _interned  # noqa: F401 (manifest.py's name for it)
-from kforge_dash.ingest.footer_schema import open_footer
 from kforge_dash.ingest.meta_fields import typed_fields
+from kforge_dash.ingest.parquet_io import interned as _interned  # noqa: F401 (manifest.py's name for it)
+from kforge_dash.ingest.parquet_io import open_footer, read_columns
 from kforge_dash.ingest.second_writers import warn_second_writers
 from kforge_record.schema import (
     END_FILE,
@@ -313,7 +312,7 @@ def _step_facts(path: str, md, i_step: int, i_time: int, warnings: list[str]) ->
         log_rows += t.null_count
     if not stats_ok:  # a writer without statistics (or only nulls in a row group): read the two small columns
         try:
-            tbl = pq.read_table(path, columns=["step", "step_time_s"])
+            tbl = read_columns(path, ["step", "step_time_s"])
         except Exception as e:
             warnings.append(corrupt_part(path, e))
             return None
@@ -338,7 +337,7 @@ def ended_steps(part: PartInfo) -> tuple[int | None, int | None]:
     if not part.has_log_rows:
         return part.min_step, part.max_step
     try:
-        tbl = pq.read_table(part.path, columns=["step", "step_time_s"])
+        tbl = read_columns(part.path, ["step", "step_time_s"])
     except Exception:
         return None, None
     mm = pc.min_max(pc.filter(tbl.column("step"), pc.is_valid(tbl.column("step_time_s"))))

@@ -31,9 +31,9 @@ from __future__ import annotations
 import os
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from kforge_dash.ingest.findings.model import RunFacts
+from kforge_dash.ingest.parquet_io import read_columns
 
 BUCKETS = ("startup", "warmup", "wasted_progress", "downtime", "checkpoint", "data_stall", "straggler_wait", "eval",
            "other")
@@ -51,7 +51,7 @@ def last_record(L) -> tuple[float | None, float | None]:
             continue
         p = max(parts, key=lambda p: (p.max_step, os.path.basename(p.path)))
         try:
-            t = pq.read_table(p.path, columns=["time"]).column("time")
+            t = read_columns(p.path, ["time"]).column("time")
             v = max((x for x in t.to_pylist() if x is not None), default=None)
         except Exception:  # unreadable: ingest already warned about that part
             v = None
