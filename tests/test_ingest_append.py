@@ -262,24 +262,24 @@ def test_a_restart_whose_first_parts_are_corrupt_plans_as_a_full_ingest(tmp_path
 
 
 def test_a_footer_that_failed_to_read_once_is_read_again(tmp_path, monkeypatch):
-    import kforge_dash.ingest.shards as shards
+    import kforge_dash.ingest.parquet_io as footers  # where shards.read_part opens a footer
 
     run = str(tmp_path / "flaky")
     recs = open_ranks(run, 2, flush_every_steps=10**6)
     clock = run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.1, values=values)
     flush_all(recs)
     victim = part_files(run)[0]
-    real = shards.pq.read_metadata
+    real = footers.read_metadata
 
     def flaky(path, *a, **k):
         if str(path) == victim:
             raise OSError(5, "Input/output error")  # e.g. a network file system hiccup
         return real(path, *a, **k)
 
-    monkeypatch.setattr(shards.pq, "read_metadata", flaky)
+    monkeypatch.setattr(footers, "read_metadata", flaky)
     first = ingest_run(run)
     assert first.summary["ranks"] == [1]
-    monkeypatch.setattr(shards.pq, "read_metadata", real)
+    monkeypatch.setattr(footers, "read_metadata", real)
     run_steps(monkeypatch, recs, range(11, 21), step_time=lambda r, s: 0.1, values=values, clock=clock)
     flush_all(recs)
     res = ingest_run(run)
