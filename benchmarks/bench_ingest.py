@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -152,19 +153,25 @@ print("MAXRSS", kib)
 """
 
 
-def measure(code: str, run_dir: str, *args: str, prefix: tuple = (), tree: str | None = None) -> tuple[float, float]:
-    """(wall seconds, peak RSS GiB) of a fresh interpreter running ``code`` (its workers' largest
-    peak when it prints one: a Dask run), with the checkout ``tree`` first on its path if given."""
+def measure(code: str, run_dir: str, *args: str, prefix: tuple = (),
+            tree: str | None = None) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS GiB, CPU seconds) of a fresh interpreter running ``code`` (its
+    workers' largest peak when it prints one: a Dask run), with the checkout ``tree`` first on its
+    path if given. CPU seconds (user + system, its child processes included; not a Dask cluster's)
+    suffer less than wall from a busy machine."""
     wrapper = code + PEAK
     env = None if tree is None else dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     out = subprocess.run([*prefix, sys.executable, "-c", wrapper, run_dir, *args], capture_output=True, text=True,
                          check=True, env=env, cwd=None if tree is None else tempfile.gettempdir()).stdout
     wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     rss_kib = int(out.split("MAXRSS")[1].split()[0])
     if "WORKERS" in out:
         rss_kib = max(rss_kib, int(out.split("WORKERS")[1].split()[0]))
-    return wall, rss_kib / 2**20
+    return wall, rss_kib / 2**20, cpu
 
 
 @dataclass(frozen=True)
@@ -196,12 +203,14 @@ def _write_layouts(base: str, ranks: int, steps: int, layouts: list, *, keep: bo
 
 
 def _print_layout(size: str, layout: str, run: WrittenRun, got: dict) -> None:
-    med = {name: (statistics.median(w for w, _ in r), max(m for _, m in r)) for name, r in got.items()}
-    f_wall, f_mem = med["polars floor"]
-    o_wall = med["read+write all"][0]
-    for name, (wall, mem) in med.items():
+    med = {name: (statistics.median(w for w, _, _ in r), max(m for _, m, _ in r), statistics.median(c for _, _, c in r))
+           for name, r in got.items()}
+    f_wall, f_mem, _ = med["polars floor"]
+    o_wall, _, o_cpu = med["read+write all"]
+    for name, (wall, mem, cpu) in med.items():
         print(f"{size:>12} {layout:>16} {run.files:>9,} {run.rows:>12,} {name:>15} {wall:>8.1f} {run.rows / wall:>12,.0f} "
-              f"{mem:>9.2f} {(f_wall / wall):>14.2f}x {(mem / f_mem):>12.2f}x {(o_wall / wall):>10.2f}x", flush=True)
+              f"{mem:>9.2f} {(f_wall / wall):>14.2f}x {(mem / f_mem):>12.2f}x {(o_wall / wall):>10.2f}x "
+              f"{cpu:>7.1f} {(o_cpu / cpu):>10.2f}x", flush=True)
 
 
 def main():
@@ -249,7 +258,7 @@ def main():
     if args.dask:
         pipelines[f"--dask {args.dask}"] = (DASK, (args.dask,), ())
     print(f"{'case':>12} {'layout':>16} {'files':>9} {'rows':>12} {'pipeline':>15} {'wall s':>8} {'rows/s':>12} "
-          f"{'peak GiB':>9} {'speed vs floor':>15} {'mem vs floor':>13} {'vs r+w all':>11}")
+          f"{'peak GiB':>9} {'speed vs floor':>15} {'mem vs floor':>13} {'vs r+w all':>11} {'cpu s':>7} {'cpu vs r+w':>11}")
     try:
         for size in args.sizes.split(","):
             ranks, steps = map(int, size.lower().split("x"))
