@@ -47,9 +47,13 @@ class Window:
         key = (name, nan)
         if key not in self._cols:
             s = self.df[name]
-            a = (s.fill_null(np.nan) if nan else s).to_numpy()
-            self._cols[key] = m = np.take(a, self.order).reshape(self.S, len(self.ranks))
+            if nan and s.null_count() == s.len():  # e.g. no checkpoint phase timed: nothing to gather
+                m = np.full((self.S, len(self.ranks)), np.nan)
+            else:
+                a = (s.fill_null(np.nan) if nan else s).to_numpy()
+                m = np.take(a, self.order).reshape(self.S, len(self.ranks))
             m.flags.writeable = False
+            self._cols[key] = m
         return self._cols[key]
 
     def lower_median(self, name: str) -> np.ndarray:
@@ -80,15 +84,16 @@ class Window:
 
     def blocks(self, med: pl.DataFrame, st_med: np.ndarray, own, W: int) -> pl.DataFrame | None:
         """perstep's straggler blocks for this window (``st_med``: the steps' median step time)."""
-        att = self.col("attempt")
-        if (att != att[0, 0]).any():
+        attempt = self.df["attempt"]
+        if attempt.null_count() or attempt.min() != attempt.max():
             return None
+        att = np.int64(attempt.min())  # one attempt in the window (checked without building its matrix)
         steps = np.arange(self.s0, self.s0 + self.S)
         cut = np.flatnonzero(np.diff(steps // W)) + 1
         bounds = list(zip(np.r_[0, cut], np.r_[cut, self.S]))
         R = len(self.ranks)
         ex = {c: self.col(c) - med[f"{c}\0med"].to_numpy()[:, None] for c in own}
-        out = {"rank": np.tile(self.ranks, len(bounds)), "attempt": np.full(R * len(bounds), att[0, 0]),
+        out = {"rank": np.tile(self.ranks, len(bounds)), "attempt": np.full(R * len(bounds), att),
                "_block": np.repeat([steps[a] // W for a, _ in bounds], R),
                "first": np.repeat([steps[a] for a, _ in bounds], R),
                "last": np.repeat([steps[b - 1] for _, b in bounds], R),
