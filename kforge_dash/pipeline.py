@@ -181,6 +181,9 @@ class _Tracking(NullProgress):
         self.changed.add(run_dir)
         self.inner.chunk(run_dir, done, total)
 
+    def rows_read(self, run_dir: str, rows: int) -> None:
+        self.inner.rows_read(run_dir, rows)
+
     def done(self, run_dir: str) -> None:
         self.inner.done(run_dir)
 

@@ -1,7 +1,10 @@
 """How ingest reports progress: an object chosen once, by default one that says nothing.
 
 Ingest calls ``lock_wait(run_dir)`` when another ingest of the run holds its lock,
-``chunk(run_dir, done, total)`` after each window of rows, and ``done(run_dir)`` at the end.
+``chunk(run_dir, done, total)`` after each window of rows, ``rows_read(run_dir, rows)`` just before
+it for each read the window took (the whole window, or each batch of its ranks when the window
+holds more than ``chunk_rows`` rows: the rows a read returns bound what ingest holds at once),
+and ``done(run_dir)`` at the end.
 The CLI picks RichProgress on a terminal, PlainProgress otherwise, NullProgress with --quiet.
 """
 
@@ -17,6 +20,9 @@ class NullProgress:
         pass
 
     def chunk(self, run_dir: str, done: int, total: int) -> None:
+        pass
+
+    def rows_read(self, run_dir: str, rows: int) -> None:
         pass
 
     def done(self, run_dir: str) -> None:

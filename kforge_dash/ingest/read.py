@@ -1,5 +1,6 @@
 """Reading a run's rows in step windows: the output columns, the window plan, one scan per
-window and log-row coalescing (ranks.parquet is written by ranks_writer.py).
+window or per batch of ranks in it (log rows coalesced by coalesce.py; ranks.parquet is written
+by ranks_writer.py).
 
 Memory is bounded by the window: each holds every rank's rows for its steps, so the per-step
 reductions are complete within it and the run can be far larger than memory.
@@ -15,6 +16,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from kforge_dash.contract import RESERVED_OUTPUT_NAMES
+from kforge_dash.ingest.coalesce import Clashes, coalesce_logs
 from kforge_dash.ingest.merge import merge_old
 from kforge_dash.ingest.options import PartVanished
 from kforge_dash.ingest.reduce import Buffers
@@ -102,83 +104,6 @@ def _scan_one(item: PartToRead, spec: ReadSpec, lo: int, hi: int) -> pl.LazyFram
         lf = pl.scan_parquet(part.path, glob=False, row_index_name="_row")
         return lf.filter(cond & (pl.col("_row") >= item.skip_rows)).select(exprs)
     return pl.scan_parquet(part.path, glob=False).filter(cond).select(exprs)
-
-
-def _key(df: pl.DataFrame, as_int: bool) -> pl.Series:
-    """(rank, step) as one hashable value: an int64 when the values allow (fast), else a struct."""
-    if as_int:
-        return df.select((pl.col("rank") * (1 << 40) + pl.col("step")).alias("k"))["k"]
-    return df.select(pl.struct("rank", "step").alias("k"))["k"]
-
-
-def _match_sorted(ends: pl.DataFrame, agg: pl.DataFrame, buffers: Buffers):
-    """(positions in ``ends`` of the matched ``agg`` rows, which ``agg`` rows matched), or None
-    when ``ends``' (rank, step) keys are not strictly increasing (two launches in the window, a
-    repeated step): then the caller hashes. ``agg``'s ranks and steps must fit the int key."""
-    key = buffers.column("key", ends["rank"])[0]  # a reused buffer: no fresh pages per window
-    key <<= 40
-    key += buffers.column("v", ends["step"])[0]
-    if key.size > 1 and not (key[1:] > key[:-1]).all():
-        return None
-    want = (agg["rank"].to_numpy().astype(np.int64) << 40) + agg["step"].to_numpy()
-    pos = np.searchsorted(key, want)
-    got = pos < key.size
-    got[got] = key[pos[got]] == want[got]
-    return pl.Series(pos[got], dtype=pl.UInt32), pl.Series(got)
-
-
-def _twice(logs: pl.DataFrame, scalars: list[str], warnings: list[str] | None) -> None:
-    """Warn about values logged more than once, differently, for one (rank, step): the last wins."""
-    if warnings is None or logs.select(pl.struct("rank", "step").is_unique().all()).item():
-        return
-    n = logs.group_by(["rank", "step"]).agg(*[(pl.col(c).drop_nulls().n_unique() > 1).alias(c) for c in scalars])
-    for c in scalars:
-        if (k := int(n[c].sum())):
-            warnings.append(f"{c!r} logged with different values more than once for {k} (rank, step) "
-                            f"(steps {int(n.filter(pl.col(c))['step'].min())}...): the last logged kept")
-
-
-def _coalesce_logs(ends: pl.DataFrame, logs: pl.DataFrame, scalars: list[str], buffers: Buffers | None = None,
-                   warnings: list[str] | None = None) -> pl.DataFrame:
-    """Fold Recorder.log rows (step_time_s null) into the end_step row of the same (rank, step).
-
-    The end_step row's values win; log rows fill the columns it left null (the last logged value
-    when several). Either kind of clash (end_step and log, or log twice, with different values)
-    adds a warning to ``warnings``. A log for a step the rank never ended stays a row of its own.
-    Log rows are few, so instead of joining the big frame (slow), the matching end rows are found
-    with a hash lookup and only those cells are written (scatter).
-    """
-    _twice(logs, scalars, warnings)
-    agg = logs.group_by(["rank", "step"], maintain_order=True).agg(
-        pl.all().exclude("rank", "step", *scalars).last(), *[pl.col(c).drop_nulls().last() for c in scalars]
-    )
-    if ends.height == 0:  # a window of log rows only (e.g. an eval logged past the last ended step)
-        return agg.select(ends.columns)
-    as_int = ends["step"].min() >= 0 and ends["step"].max() < 1 << 40 and ends["rank"].max() < 1 << 22
-    as_int = as_int and agg["step"].min() >= 0 and agg["step"].max() < 1 << 40
-    found = _match_sorted(ends, agg, buffers or Buffers()) if as_int else None
-    if found is not None:  # the usual case: no hash of the big frame, a binary search per log row
-        hit, got = found
-        at, only = agg.filter(got), agg.filter(~got)
-    else:
-        hit = _key(ends, as_int).is_in(_key(agg, as_int).implode()).arg_true()
-        at = ends.select("rank", "step")[hit].with_row_index("_j").join(agg, on=["rank", "step"], how="inner").sort("_j")
-        only = None
-    updates = []
-    for c in scalars:
-        if agg[c].null_count() == agg.height:
-            continue  # this column never appears in a log row
-        col = ends[c].clone()
-        was = col.gather(hit)
-        if warnings is not None and (k := int((was.is_not_null() & at[c].is_not_null() & (was != at[c])).sum())):
-            warnings.append(f"{c!r} given by both end_step and log, differently, for {k} (rank, step) "
-                            f"(steps {int(ends['step'].gather(hit).filter(was != at[c]).min())}...): the end_step value kept")
-        col.scatter(hit, pl.select(pl.coalesce(was, at[c])).to_series())
-        updates.append(col)
-    merged = ends.with_columns(updates) if updates else ends
-    if only is None:
-        only = agg.join(at.select("rank", "step"), on=["rank", "step"], how="anti")
-    return pl.concat([merged, only.select(ends.columns)], how="vertical", rechunk=False) if only.height else merged
 
 
 _PIECE_ROWS = 16_384  # rows of a big part file counted as one place a window may end
@@ -312,14 +237,26 @@ def _find_corrupt(todo: list[PartToRead], bad: dict, warnings: list[str]) -> boo
 
 
 def read_window(files: list[PartToRead], spec: ReadSpec, lo: int, hi: int, *, bad: dict, warnings: list[str],
-                buffers: Buffers | None = None, old: pl.DataFrame | None = None) -> pl.DataFrame:
+                buffers: Buffers | None = None, old: pl.DataFrame | None = None,
+                clashes: Clashes | None = None) -> pl.DataFrame:
     """All rows with lo <= step < hi, log rows coalesced. A part file that fails to decode is
     found, reported, put in ``bad`` (path -> warning) and left out (its footer was fine, so only
     a full read tells). ``old``: the last ingest's kept rows of this window (an append, see
-    docs/CONTRACT.md "Re-ingest"), merged in before coalescing."""
-    overlap = overlapping_parts(files, lo, hi)
+    docs/CONTRACT.md "Re-ingest"), merged in before coalescing. ``clashes``: where values logged
+    twice are counted (a window read in batches warns once, at its end); None: warned here."""
     # What a log row can carry: the values Recorder.log takes by name, phases and user scalars.
     fill = [*LOGGED_FIXED, *spec.scalars]
+    own = clashes is None
+    clashes = Clashes() if own else clashes
+    df = _read_coalesced(overlapping_parts(files, lo, hi), spec, lo, hi, fill, bad, warnings, buffers, old, clashes)
+    if own:
+        warnings.extend(clashes.warnings(fill))
+    return df
+
+
+def _read_coalesced(overlap: list[PartToRead], spec: ReadSpec, lo: int, hi: int, fill: list[str], bad: dict,
+                    warnings: list[str], buffers: Buffers | None, old: pl.DataFrame | None,
+                    clashes: Clashes) -> pl.DataFrame:
     while True:
         todo = [f for f in overlap if f.part.path not in bad]
         if not todo:
@@ -339,4 +276,38 @@ def read_window(files: list[PartToRead], spec: ReadSpec, lo: int, hi: int, *, ba
     elif not any(f.part.has_log_rows for f in todo):
         return df
     is_log = df["step_time_s"].is_null()
-    return _coalesce_logs(df.filter(~is_log), df.filter(is_log), fill, buffers, warnings) if is_log.any() else df
+    return coalesce_logs(df.filter(~is_log), df.filter(is_log), fill, buffers, clashes) if is_log.any() else df
+
+
+def rows_in(f: PartToRead, lo: int, hi: int) -> int:
+    """About how many of a part's rows lie in [lo, hi), from its footer (rows spread evenly over its steps)."""
+    span = f.part.max_step - f.part.min_step + 1
+    inside = min(hi, f.part.max_step + 1) - max(lo, f.part.min_step)
+    return f.part.num_rows if inside >= span else f.part.num_rows * max(inside, 0) // span
+
+
+def read_batches(files: list[PartToRead], lo: int, hi: int, batch_rows: int, *, bad: dict) -> list[list[PartToRead]]:
+    """The part files of window [lo, hi) in batches of about ``batch_rows`` rows, so that a window
+    far bigger than that (every rank's part files start together: 1,024 ranks x 10k-step parts
+    make one of 10M rows) is never held whole.
+
+    Batches are runs of consecutive files in the window's order (launch by launch, rank by rank),
+    cut only where no rank has files on both sides: each (rank, step)'s rows, log rows and rows
+    of an earlier launch included, meet in one batch, so coalescing and de-duplication are
+    complete within it. A window with a restart in it (every rank in two launches) is one batch.
+    Parts in ``bad`` (found corrupt before) are left out."""
+    todo = [f for f in overlapping_parts(files, lo, hi) if f.part.path not in bad]
+    if any(f.rank is None for f in todo):  # an append's stand-ins for old rows: read whole
+        return [todo] if todo else []
+    last = {f.rank: i for i, f in enumerate(todo)}
+    out, cur, held, reach = [], [], 0, -1
+    for i, f in enumerate(todo):
+        if cur and held >= batch_rows and reach < i:  # no rank of ``cur`` has files from i on
+            out.append(cur)
+            cur, held = [], 0
+        cur.append(f)
+        held += rows_in(f, lo, hi)
+        reach = max(reach, last[f.rank])
+    if cur:
+        out.append(cur)
+    return out

@@ -37,13 +37,13 @@ def ema_expr(col: str, *, alpha: float) -> pl.Expr:
     """
     finite = pl.when(pl.col(col).is_finite()).then(pl.col(col))
     return finite.ewm_mean(alpha=alpha, adjust=False, ignore_nulls=True, min_samples=1).forward_fill()
-_NOT_MEAN = set(FIXED_NAMES) | {"rank", "attempt", "step", "_counts"}
+NOT_MEAN = set(FIXED_NAMES) | {"rank", "attempt", "step", "_counts"}
 _HEAD = REDUCED_HEAD
 
 
 def step_columns(cols: list[str]) -> list[str]:
     """The columns reduce_steps gives, in order, for the output columns ``cols``."""
-    return [*_HEAD, *(c for c in cols if c not in _NOT_MEAN)]
+    return [*_HEAD, *(c for c in cols if c not in NOT_MEAN)]
 
 
 def reduce_steps(df: pl.DataFrame, cols: list[str], counts_col: bool, buffers: "Buffers | None" = None) -> pl.DataFrame:
@@ -61,12 +61,12 @@ def _grouped(df: pl.DataFrame, cols: list[str], counts_col: bool) -> pl.DataFram
     other, in row order; the median as the middle value or the mean of the two middle ones).
     polars sums groups in another order, so a step whose window took the other path (a window
     cut elsewhere, an append) would differ in the last bit; this way both agree exactly."""
-    out = df.group_by("step").agg(_aggs(counts_col)).sort("step")
+    out = df.group_by("step").agg(order_free_aggs(counts_col)).sort("step")
     steps = out["step"].to_numpy()
     gid = np.searchsorted(steps, df["step"].to_numpy())
     g = len(steps)
     fixed = []
-    for c in ("loss", *(c for c in cols if c not in _NOT_MEAN)):
+    for c in ("loss", *(c for c in cols if c not in NOT_MEAN)):
         s = df[c]
         has = s.is_not_null().to_numpy()
         v = s.to_numpy()
@@ -76,15 +76,27 @@ def _grouped(df: pl.DataFrame, cols: list[str], counts_col: bool) -> pl.DataFram
             fixed.append(pl.Series(c, np_array(total / count, mask=count == 0)))
     st = df["step_time_s"]
     has = st.is_not_null().to_numpy()
-    x, gx = st.to_numpy()[has], gid[has]
+    fixed.append(pl.Series("step_time_median_s", median_by_group(st.to_numpy()[has], gid[has], g)))
+    return out.with_columns(fixed).select(step_columns(cols))
+
+
+def median_by_group(x: np.ndarray, gx: np.ndarray, g: int) -> pa.Array:
+    """The median of the values ``x`` of each group ``gx`` (0..g-1): the middle value or the mean of
+    the two middle ones, null for a group with none (the same values as median_down_rows)."""
     order = np.lexsort((x, gx))  # by step, then time (NaN last, as np.sort)
     x, n = x[order], np.bincount(gx, minlength=g)
     start = np.cumsum(n) - n
     mid = np.minimum(start + n // 2, max(len(x) - 1, 0))
     lo = np.where(n % 2, mid, np.maximum(mid - 1, 0))
     med = (x[lo] + x[mid]) / 2 if len(x) else np.full(g, np.nan)
-    fixed.append(pl.Series("step_time_median_s", np_array(np.where(n % 2, x[mid] if len(x) else med, med), mask=n == 0)))
-    return out.with_columns(fixed).select(step_columns(cols))
+    return np_array(np.where(n % 2, x[mid] if len(x) else med, med), mask=n == 0)
+
+
+def median_down_rows(srt: np.ndarray) -> pa.Array:
+    """The median of each column of ``srt`` (ranks x steps), sorted down its rows in place."""
+    srt.sort(axis=0)
+    h = srt.shape[0] // 2
+    return np_array(srt[h].copy() if srt.shape[0] % 2 else (srt[h - 1] + srt[h]) / 2)
 
 
 class Buffers:
@@ -153,7 +165,7 @@ def _copy_value_buffers(s: pl.Series, out: np.ndarray) -> bool:
     return True
 
 
-def _aggs(counts_col: bool) -> list[pl.Expr]:
+def order_free_aggs(counts_col: bool) -> list[pl.Expr]:
     """The reductions whose result does not depend on the order of the rows' addition (the
     means and the median are _grouped's own)."""
     # polars keeps row order within a group, so "first non-null" is the lowest reporting rank.
@@ -173,7 +185,7 @@ def _aggs(counts_col: bool) -> list[pl.Expr]:
     ]
 
 
-class _Grid:
+class Grid:
     """A window that is a full (ranks x steps) grid: every rank reported exactly the same steps,
     rows rank by rank. Columns are read as (n_ranks, n_steps) matrices from reused buffers."""
 
@@ -191,7 +203,7 @@ class _Grid:
         return v.reshape(shape), None if has is None else has.reshape(shape)
 
 
-def _as_grid(df: pl.DataFrame, buf: Buffers) -> _Grid | None:
+def as_grid(df: pl.DataFrame, buf: Buffers) -> Grid | None:
     """The window as a grid, or None when it is not one (then the general path reduces it)."""
     n = df.height
     if n == 0:
@@ -215,17 +227,17 @@ def _as_grid(df: pl.DataFrame, buf: Buffers) -> _Grid | None:
     st = df["step_time_s"]
     if st.null_count() or st.is_nan().any():
         return None  # log-only rows or odd times: leave them to the general path
-    return _Grid(df, buf, ranks, step[0].copy())
+    return Grid(df, buf, ranks, step[0].copy())
 
 
-def _masked(values: np.ndarray, has: np.ndarray | None) -> pa.Array:
+def masked(values: np.ndarray, has: np.ndarray | None) -> pa.Array:
     return np_array(values) if has is None else np_array(values, mask=~has)
 
 
-def _dense_times(g: _Grid, out: dict) -> None:
+def _dense_times(g: Grid, out: dict) -> None:
     """time, step_time_s/min/median, slowest_rank, n_ranks, attempt."""
     t = g("time", -np.inf)[0].max(axis=0)
-    out["time"] = _masked(t, np.isfinite(t))
+    out["time"] = masked(t, np.isfinite(t))
     s = g("step_time_s", None, "s")[0]
     out["step_time_s"] = np_array(s.max(axis=0))
     out["step_time_min_s"] = np_array(s.min(axis=0))
@@ -233,50 +245,46 @@ def _dense_times(g: _Grid, out: dict) -> None:
     # axis 0 of this layout; the same values (the middle one, or the mean of the two middle ones).
     srt = g.buf.get("sorted", np.float64, g.n_ranks * g.n_steps).reshape(g.n_ranks, g.n_steps)
     srt[:] = s
-    srt.sort(axis=0)
-    h = g.n_ranks // 2
-    out["step_time_median_s"] = np_array(srt[h].copy() if g.n_ranks % 2 else (srt[h - 1] + srt[h]) / 2)
+    out["step_time_median_s"] = median_down_rows(srt)
     out["slowest_rank"] = np_array(g.ranks[s.argmax(axis=0)].astype(np.int64))  # argmax: first = lowest rank
     out["n_ranks"] = np_array(np.full(g.n_steps, g.n_ranks, np.int64))
     out["attempt"] = np_array(g("attempt", None)[0].max(axis=0).astype(np.int64))
 
 
-def _dense_tokens(g: _Grid, counts_col: bool) -> pa.Array:
-    """Global tokens: the sum over the ranks that count them; null where none reported any."""
+def dense_tokens(g: Grid, counts_col: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Global tokens: the sum over the ranks that count them, and where any reported some (None: all)."""
     v, has = g("tokens", 0)
     if counts_col:
         counted = g("_counts", False, "counted")[0]
         has = counted if has is None else has & counted
         v = np.where(has, v, 0)
-    if has is None:
-        return np_array(v.sum(axis=0))
-    return _masked(v.sum(axis=0), has.any(axis=0))  # v is 0 where has is False
+    return v.sum(axis=0), None if has is None else has.any(axis=0)  # v is 0 where has is False
 
 
-def _dense_lowest_rank(g: _Grid, col: str) -> pa.Array:
-    """The value of the lowest rank that reported one (grad_norm, lr)."""
+def dense_lowest_rank(g: Grid, col: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """The value of the lowest rank that reported one (grad_norm, lr), and where one did (None: all)."""
     v, has = g(col, 0.0)
     if has is None:
-        return np_array(v[0].copy())  # the lowest rank reported it
-    return _masked(v[has.argmax(axis=0), np.arange(g.n_steps)], has.any(axis=0))
+        return v[0].copy(), None  # the lowest rank reported it
+    return v[has.argmax(axis=0), np.arange(g.n_steps)], has.any(axis=0)
 
 
 def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool, buf: Buffers) -> pl.DataFrame | None:
     """The matrix path, or None when the window is not a full (ranks x steps) grid."""
-    g = _as_grid(df, buf)
+    g = as_grid(df, buf)
     if g is None:
         return None
     out: dict[str, pa.Array] = {"step": np_array(g.steps)}
     _dense_times(g, out)
-    out["tokens"] = _dense_tokens(g, counts_col)
+    out["tokens"] = masked(*dense_tokens(g, counts_col))
     out["loss"] = _mean(*g("loss", 0.0))
     for c in ("grad_norm", "lr"):
-        out[c] = _dense_lowest_rank(g, c)
+        out[c] = masked(*dense_lowest_rank(g, c))
     for c in MEM:
         v, has = g(c, np.iinfo(np.int64).min)
-        out[c] = np_array(v.max(axis=0)) if has is None else _masked(v.max(axis=0), has.any(axis=0))
+        out[c] = np_array(v.max(axis=0)) if has is None else masked(v.max(axis=0), has.any(axis=0))
     for c in cols:
-        if c not in _NOT_MEAN:
+        if c not in NOT_MEAN:
             out[c] = _mean(*g(c, 0.0))
     return pl.from_arrow(pa.table(out))
 

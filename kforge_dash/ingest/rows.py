@@ -116,7 +116,7 @@ def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, a
         else:  # each task names only the parts it reads; the rows come back and are written here
             results = windows.map(ingest_window, [
                 WindowTask(lo, hi, overlapping_parts(files, lo, hi), plan.spec, skip=dict(acc.bad),
-                           old_ranks_path=old_ranks_path) for lo, hi in spans])
+                           old_ranks_path=old_ranks_path, batch_rows=plan.chunk_rows) for lo, hi in spans])
         for i, got in enumerate(results):
             # Windows run apart may each find the same corrupt part: its warning once, as here.
             known = set(acc.bad.values())
@@ -125,6 +125,8 @@ def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, a
             if got.rows is not None:
                 writer.put(got.rows)
             n_new += got.steps is not None
+            for n in got.reads:
+                progress.rows_read(plan.run_dir, n)
             got = None
             progress.chunk(plan.run_dir, i + 1, len(spans))
         writer.close()
@@ -139,7 +141,8 @@ def _windows_here(spans, files: list, plan: IngestPlan, acc: _Acc, old_ranks_pat
     buffers = Buffers()  # numpy work space of the reductions, reused window after window
     for lo, hi in spans:
         writer.wait()  # the last window is written and freed: this one reuses its memory (no page faults)
-        task = WindowTask(lo, hi, files, plan.spec, skip=acc.bad, old_ranks_path=old_ranks_path)
+        task = WindowTask(lo, hi, files, plan.spec, skip=acc.bad, old_ranks_path=old_ranks_path,
+                          batch_rows=plan.chunk_rows)
         yield ingest_window(task, buffers=buffers, put_rows=writer.put)
 
 

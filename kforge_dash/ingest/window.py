@@ -1,6 +1,12 @@
 """The work of one step window, as one function of plain values: rows -> de-duplicated rows ->
 one row per step (docs/CONTRACT.md, "Ingested outputs").
 
+A window far bigger than ``batch_rows`` (every rank's part files start together, so 1,024 ranks
+in 10k-step parts make 10M-row windows however small chunk_rows is) is read in batches of ranks
+(read.read_batches): each batch is coalesced, de-duplicated and handed on for ranks.parquet in
+the order one read of the window gives, and its per-step reductions are added up
+(accumulate.StepAcc), so only a batch of rows and the window's step times are held at once.
+
 ``ingest_window`` takes a ``WindowTask`` (picklable: paths, footers, column names, numbers) and
 returns a ``WindowRows``, so windows can be handed to other processes; ingest itself runs them
 one after the other (kforge_dash.ingest.rows), writing each window's rows while the next is read.
@@ -14,9 +20,11 @@ from dataclasses import dataclass, field
 import polars as pl
 import pyarrow as pa
 
+from kforge_dash.ingest.accumulate import StepAcc
 from kforge_dash.ingest.append import old_rows
+from kforge_dash.ingest.coalesce import Clashes
 from kforge_dash.ingest.ranks_writer import arrow_table
-from kforge_dash.ingest.read import PartToRead, ReadSpec, read_window
+from kforge_dash.ingest.read import LOGGED_FIXED, PartToRead, ReadSpec, read_batches, read_window, rows_in
 from kforge_dash.ingest.reduce import Buffers, reduce_steps
 
 
@@ -32,6 +40,9 @@ class WindowTask:
     spec: ReadSpec
     skip: dict[str, str] = field(default_factory=dict)  # path -> warning: parts found corrupt before
     old_ranks_path: str | None = None  # an append: the last ingest's ranks.parquet, merged in
+    # Read in batches of ranks of about this many rows when the window holds more (None: whole).
+    # An append's window (old_ranks_path) is read whole.
+    batch_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class WindowRows:
     repeats: dict[tuple[int, int], int]  # (rank, launch) -> steps recorded more than once
     bad: dict[str, str]  # path -> warning: parts found corrupt in this window
     warnings: list[str]
+    reads: tuple[int, ...] = ()  # rows of each read: the whole window, or each batch of its ranks
 
 
 def ingest_window(task: WindowTask, *, buffers: Buffers | None = None,
@@ -60,18 +72,62 @@ def ingest_window(task: WindowTask, *, buffers: Buffers | None = None,
     old = None
     if task.old_ranks_path is not None:
         old = old_rows(task.old_ranks_path, task.lo, task.hi, spec.cols, spec.counts_tokens)
+    elif task.batch_rows is not None:
+        batches = read_batches(task.files, task.lo, task.hi, task.batch_rows, bad=bad)
+        if len(batches) > 1:
+            return _in_batches(task, batches, bad, warnings, buffers, put_rows)
     df = read_window(task.files, spec, task.lo, task.hi, bad=bad, warnings=warnings, buffers=buffers, old=old)
     new_bad = {p: w for p, w in bad.items() if p not in task.skip}
     if not df.height:
-        return WindowRows(None, None, set(), {}, new_bad, warnings)
+        return WindowRows(None, None, set(), {}, new_bad, warnings, (0,))
     repeats: dict[tuple[int, int], int] = {}
+    read = df.height
     df = dedup_rows(df, repeats)
     rows = arrow_table(df.drop("_counts", strict=False))
     if put_rows is not None:
         put_rows(rows)  # written while the window is reduced
         rows = None
     steps = reduce_steps(df, spec.cols, spec.counts_tokens is not None, buffers)
-    return WindowRows(rows, steps, set(df["rank"].unique().to_list()), repeats, new_bad, warnings)
+    return WindowRows(rows, steps, set(df["rank"].unique().to_list()), repeats, new_bad, warnings, (read,))
+
+
+def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, warnings: list[str],
+                buffers: Buffers, put_rows: Callable[[pa.Table], None] | None) -> WindowRows:
+    """ingest_window, the window read batch after batch (module docstring). Rows of steps a rank
+    never ended (log rows only) come at the end of the window, as one read of it gives them."""
+    spec = task.spec
+    acc = StepAcc(spec.cols, spec.counts_tokens is not None, buffers,
+                  expect_rows=sum(rows_in(f, task.lo, task.hi) for b in batches for f in b))
+    clashes, repeats, rank_ids, tables, unended, reads = Clashes(), {}, set(), [], [], []
+
+    def hand_on(df: pl.DataFrame) -> None:
+        df = dedup_rows(df, repeats)
+        rank_ids.update(df["rank"].unique().to_list())
+        rows = arrow_table(df.drop("_counts", strict=False))
+        if put_rows is not None:
+            put_rows(rows)  # written while the next batch is read
+        else:
+            tables.append(rows)
+        acc.add(df)
+
+    for files in batches:
+        df = read_window(files, spec, task.lo, task.hi, bad=bad, warnings=warnings, buffers=buffers, clashes=clashes)
+        reads.append(df.height)
+        ended = df["step_time_s"].is_not_null()
+        if not ended.all():
+            unended.append(df.filter(~ended))
+            df = df.filter(ended)
+        if df.height:
+            hand_on(df)
+        df = None  # (freed before the next batch is read)
+    if unended:
+        hand_on(pl.concat(unended, how="vertical"))
+    warnings.extend(clashes.warnings([*LOGGED_FIXED, *spec.scalars]))
+    new_bad = {p: w for p, w in bad.items() if p not in task.skip}
+    if not rank_ids:
+        return WindowRows(None, None, set(), {}, new_bad, warnings, tuple(reads))
+    rows = pa.concat_tables(tables) if put_rows is None else None
+    return WindowRows(rows, acc.result(), rank_ids, repeats, new_bad, warnings, tuple(reads))
 
 
 def dedup_rows(df: pl.DataFrame, repeats: dict) -> pl.DataFrame:
