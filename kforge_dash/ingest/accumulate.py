@@ -45,7 +45,8 @@ class _Kept:
     def __init__(self, buf: Buffers, expect: int):
         self.buf, self.n = buf, 0
         self.v = buf.get("kept", np.float64, max(expect, 1))
-        self.segments: list[tuple[int, int, np.ndarray | None, np.ndarray]] = []  # (at, n, steps of each value | None, grid steps)
+        # (first index, values, the step of each value | None, the grid's steps | None): one per batch
+        self.segments: list[tuple[int, int, np.ndarray | None, np.ndarray | None]] = []
 
     def add(self, values: np.ndarray, steps: np.ndarray | None, grid_steps: np.ndarray | None) -> None:
         n = values.size

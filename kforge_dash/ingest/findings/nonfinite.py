@@ -31,7 +31,7 @@ def nonfinite_findings(facts: RunFacts) -> list[Finding]:
         *[pl.col("step").filter(bad[m]).min().alias(f"{m}\0first") for m in metrics],
         *[pl.col("step").filter(bad[m]).max().alias(f"{m}\0last") for m in metrics],
         *[bad[m].sum().alias(f"{m}\0n") for m in metrics],
-    ).collect().row(0, named=True)
+    ).collect(engine="streaming").row(0, named=True)  # streaming: the file's columns are never all in memory
     firsts = {m: agg[f"{m}\0first"] for m in metrics if agg[f"{m}\0first"] is not None}
     if not firsts:
         return []

@@ -81,7 +81,8 @@ def memory_findings(facts: RunFacts) -> list[Finding]:
         per = (lf.filter(pl.col("attempt") == att).group_by("rank").agg(
             pl.col("mem_allocated_bytes").filter(pl.col("step").is_between(*early)).median().alias("early"),
             pl.col("mem_allocated_bytes").filter(pl.col("step").is_between(*late)).median().alias("late"),
-        ).filter(pl.col("early") > 0).with_columns(g=pl.col("late") / pl.col("early") - 1).collect())
+        ).filter(pl.col("early") > 0).with_columns(g=pl.col("late") / pl.col("early") - 1)
+               .collect(engine="streaming"))  # streaming: bounded memory however long the run
         grown = per.filter(pl.col("g") > facts.opts.memory_growth_frac).sort("rank")
         if grown.height == 0:
             continue
