@@ -69,11 +69,11 @@ def _launch(run, clock, steps, *, skip, extra=None):
     return recs
 
 
-def make_run(path, monkeypatch) -> str:
+def make_run(path, monkeypatch, *, resume_eval: bool) -> str:
     """12 ranks, parts of 30 steps (so a window holds >= 12 x 30 rows), with: log rows coalesced (and
     clashing), NaN and -0.0 losses, tokens not counted on two ranks, grad norms only from higher
     ranks, a rank missing steps, a log row for a step its rank never ended, a rank ending steps again,
-    and a restart (launch 2 resumes at step 55, after an eval logged at step 54)."""
+    and a restart (launch 2 resumes at step 55, after an eval logged at step 54 if ``resume_eval``)."""
     run = str(path)
     clock = FakeClock()
     monkeypatch.setattr(recorder_mod, "perf_counter", clock)
@@ -99,7 +99,8 @@ def make_run(path, monkeypatch) -> str:
         rec.close()
     recs = _launch(run, clock, [], skip=set())
     for r, rec in recs.items():
-        rec.log(54, **{"eval/loss": float(r)})  # the resumed checkpoint's eval: coalesced into launch 1's row
+        if resume_eval:
+            rec.log(54, **{"eval/loss": float(r)})  # the resumed checkpoint's eval: coalesced into launch 1's row
     clock.t += 5
     rng = np.random.default_rng(1)
     for s in range(55, 71):
@@ -124,9 +125,10 @@ def outputs(run):
     return steps, pl.read_parquet(os.path.join(d, "ranks.parquet")), summary
 
 
-@pytest.mark.parametrize("chunk_rows", [60, 100])
-def test_big_windows_are_read_in_batches_of_ranks_with_the_outputs_of_one_read(tmp_path, monkeypatch, chunk_rows):
-    run = make_run(tmp_path / "run", monkeypatch)
+@pytest.mark.parametrize(("chunk_rows", "resume_eval"), [(60, True), (100, False)])
+def test_big_windows_are_read_in_batches_of_ranks_with_the_outputs_of_one_read(tmp_path, monkeypatch, chunk_rows,
+                                                                              resume_eval):
+    run = make_run(tmp_path / "run", monkeypatch, resume_eval=resume_eval)
     whole_reads, reads, returned_reads = Reads(), Reads(), Reads()
     ingest_run(run, chunk_rows=chunk_rows, windows=Whole(), progress=whole_reads)
     whole = outputs(run)
@@ -143,13 +145,15 @@ def test_big_windows_are_read_in_batches_of_ranks_with_the_outputs_of_one_read(t
     assert "rank 2: 3 steps recorded more than once" in warnings
 
     # One read per window held up to 12 x 30 rows and more; in batches, a read holds about
-    # chunk_rows rows (whole part files of whole ranks), but for the window with the restart in it
-    # (every rank in both launches: it cannot be cut between ranks), read whole.
+    # chunk_rows rows (whole part files of whole ranks). The window with the restart in it is cut
+    # too, unless the resumed launch logged rows for a step of the earlier one (the eval at step
+    # 54, which coalesces into launch 1's row): then its files meet their rank's earlier rows in
+    # one batch, and here every rank's do.
     restart_window = whole_reads.rows[-1]
     assert max(whole_reads.rows) >= 3 * chunk_rows
     assert reads.rows == returned_reads.rows
     assert sum(reads.rows) == sum(whole_reads.rows)
-    assert [n for n in reads.rows if n > chunk_rows + 30 + 2] == [restart_window]
+    assert [n for n in reads.rows if n > chunk_rows + 30 + 2] == ([restart_window] if resume_eval else [])
     assert len(reads.rows) >= sum(whole_reads.rows) // (chunk_rows + 32)
     steps = pl.read_parquet(os.path.join(run, "ingested", "steps.parquet"))
     assert steps["step"].to_list() == list(range(1, 71))

@@ -286,28 +286,53 @@ def rows_in(f: PartToRead, lo: int, hi: int) -> int:
     return f.part.num_rows if inside >= span else f.part.num_rows * max(inside, 0) // span
 
 
-def read_batches(files: list[PartToRead], lo: int, hi: int, batch_rows: int, *, bad: dict) -> list[list[PartToRead]]:
+def read_batches(files: list[PartToRead], lo: int, hi: int, batch_rows: int, *, cutoff: dict,
+                 bad: dict) -> list[list[PartToRead]]:
     """The part files of window [lo, hi) in batches of about ``batch_rows`` rows, so that a window
     far bigger than that (every rank's part files start together: 1,024 ranks x 10k-step parts
     make one of 10M rows) is never held whole.
 
     Batches are runs of consecutive files in the window's order (launch by launch, rank by rank),
-    cut only where no rank has files on both sides: each (rank, step)'s rows, log rows and rows
-    of an earlier launch included, meet in one batch, so coalescing and de-duplication are
-    complete within it. A window with a restart in it (every rank in two launches) is one batch.
-    Parts in ``bad`` (found corrupt before) are left out."""
+    cut only where no (rank, step) can have rows on both sides: each one's rows (log rows, and
+    rows of an earlier launch that a later one's log rows coalesce into) meet in one batch, so
+    coalescing and de-duplication are complete within it. Two files of a rank may share a step
+    when they are of one launch, or when the later launch's file starts below the earlier
+    launch's ``cutoff`` (its rows stop there). Parts in ``bad`` (found corrupt before) are left out."""
     todo = [f for f in overlapping_parts(files, lo, hi) if f.part.path not in bad]
     if any(f.rank is None for f in todo):  # an append's stand-ins for old rows: read whole
         return [todo] if todo else []
-    last = {f.rank: i for i, f in enumerate(todo)}
-    out, cur, held, reach = [], [], 0, -1
+    reach = _reach_back(todo, cutoff)
+    out, cur, held = [], [], 0
     for i, f in enumerate(todo):
-        if cur and held >= batch_rows and reach < i:  # no rank of ``cur`` has files from i on
+        if cur and held >= batch_rows and reach[i] >= i:  # nothing from i on shares a step with cur
             out.append(cur)
             cur, held = [], 0
         cur.append(f)
         held += rows_in(f, lo, hi)
-        reach = max(reach, last[f.rank])
     if cur:
         out.append(cur)
     return out
+
+
+def _reach_back(todo: list[PartToRead], cutoff: dict) -> list[int]:
+    """For each position i, the first file that some file at or after i may share a (rank, step)
+    with (>= i: a batch may end before i)."""
+    first_of: dict[tuple[int, int], int] = {}  # (rank, launch) -> its first file here
+    launches_of: dict[int, list[int]] = {}  # rank -> its launches here, in order
+    back = []
+    for j, f in enumerate(todo):
+        key = (f.rank, f.launch)
+        if key not in first_of:
+            first_of[key] = j
+            launches_of.setdefault(f.rank, []).append(f.launch)
+        b = first_of[key]
+        for k in launches_of[f.rank]:
+            cut = cutoff.get(k)
+            if k != f.launch and (cut is None or f.part.min_step < cut):
+                b = min(b, first_of[(f.rank, k)])
+        back.append(b)
+    reach, low = [0] * len(back), len(back)
+    for i in range(len(back) - 1, -1, -1):
+        low = min(low, back[i])
+        reach[i] = low
+    return reach

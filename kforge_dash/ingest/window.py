@@ -73,7 +73,7 @@ def ingest_window(task: WindowTask, *, buffers: Buffers | None = None,
     if task.old_ranks_path is not None:
         old = old_rows(task.old_ranks_path, task.lo, task.hi, spec.cols, spec.counts_tokens)
     elif task.batch_rows is not None:
-        batches = read_batches(task.files, task.lo, task.hi, task.batch_rows, bad=bad)
+        batches = read_batches(task.files, task.lo, task.hi, task.batch_rows, cutoff=spec.cutoff, bad=bad)
         if len(batches) > 1:
             return _in_batches(task, batches, bad, warnings, buffers, put_rows)
     df = read_window(task.files, spec, task.lo, task.hi, bad=bad, warnings=warnings, buffers=buffers, old=old)
