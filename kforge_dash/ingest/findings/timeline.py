@@ -78,7 +78,9 @@ def memory_findings(facts: RunFacts) -> list[Finding]:
         n = hi - lo + 1
         early = (lo + n // 10, lo + n // 4)  # past the first steps' allocations (optimizer state)
         late = (hi - n // 10, hi)
-        per = (lf.filter(pl.col("attempt") == att).group_by("rank").agg(
+        # Only the rows of the two stretches: a tenth and a sixth of the launch's, not all of them.
+        per = (lf.filter((pl.col("attempt") == att) & (pl.col("step").is_between(*early) | pl.col("step").is_between(*late)))
+               .group_by("rank").agg(
             pl.col("mem_allocated_bytes").filter(pl.col("step").is_between(*early)).median().alias("early"),
             pl.col("mem_allocated_bytes").filter(pl.col("step").is_between(*late)).median().alias("late"),
         ).filter(pl.col("early") > 0).with_columns(g=pl.col("late") / pl.col("early") - 1)
