@@ -2,8 +2,9 @@
 window or per batch of ranks in it (log rows coalesced by coalesce.py; ranks.parquet is written
 by ranks_writer.py).
 
-Memory is bounded by the window: each holds every rank's rows for its steps, so the per-step
-reductions are complete within it and the run can be far larger than memory.
+Each window holds every rank's rows for its steps, so the per-step reductions are complete within
+it and the run can be far larger than memory; a window far bigger than chunk_rows is read in
+batches of ranks (read_batches), so memory is bounded by about chunk_rows rows either way.
 """
 
 from __future__ import annotations
