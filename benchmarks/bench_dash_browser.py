@@ -4,9 +4,13 @@ for the same runs.
 
     python benchmarks/bench_dash_browser.py [--runs 8] [--steps 1000000] [--repeat 3]
 
-Both servers run on 127.0.0.1 and are ready before timing starts (kforge-dash: health check;
+    python benchmarks/bench_dash_browser.py --root /tmp/runs --baseline /tmp/kforge-prev   # A/B, reusing the runs
+
+Every server runs on 127.0.0.1 and is ready before timing starts (kforge-dash: health check;
 TensorBoard: every run's tags listed, i.e. its reservoir loaded, timed separately). Navigations
-alternate (kforge, TensorBoard, kforge, ...) and the medians are reported.
+alternate (kforge, [baseline,] TensorBoard, floor, kforge, ...) and the medians are reported, with
+the Chromium CPU seconds of each navigation (the browser's work, steadier than wall time when the
+machine is shared).
 
 "Drawn" means: kforge-dash, an SVG line path in a plotly chart (all charts: every one of the
 7 default charts has one); TensorBoard draws on a canvas, so there it is the arrival of the
@@ -80,20 +84,21 @@ KFORGE_ALL = (f"() => {{ const p = [...document.querySelectorAll('.js-plotly-plo
               "p.every(e => e.querySelector('.scatterlayer .trace path.js-line')); }")
 
 
-def time_kforge(browser, url: str) -> tuple[float, float]:
+def time_kforge(browser, url: str) -> tuple[float, float, float]:
     page = browser.new_page(viewport={"width": 1400, "height": 2400})
     page.set_default_timeout(300_000)
-    t0 = time.perf_counter()
+    c0, t0 = chromium_cpu_s(), time.perf_counter()
     page.goto(url + "/compare")
     page.wait_for_function(KFORGE_FIRST, polling=50)
     first = time.perf_counter() - t0
     page.wait_for_function(KFORGE_ALL, polling=50)
     every = time.perf_counter() - t0
+    cpu = chromium_cpu_s() - c0  # before the page closes: a closed renderer's CPU time is gone from /proc
     page.close()
-    return first, every
+    return first, every, cpu
 
 
-def time_tensorboard(browser, url: str) -> tuple[float, float, int]:
+def time_tensorboard(browser, url: str) -> tuple[float, float, float, int]:
     page = browser.new_page(viewport={"width": 1400, "height": 2400})
     page.set_default_timeout(300_000)
     done: list[float] = []
@@ -106,7 +111,7 @@ def time_tensorboard(browser, url: str) -> tuple[float, float, int]:
             done.append(time.perf_counter())
 
     page.on("requestfinished", finished)
-    t0 = time.perf_counter()
+    c0, t0 = chromium_cpu_s(), time.perf_counter()
     page.goto(url + "/#timeseries")
     while not done:
         page.wait_for_timeout(20)
@@ -120,8 +125,9 @@ def time_tensorboard(browser, url: str) -> tuple[float, float, int]:
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
     every = max(max(done) - t0, first)  # "all" includes the first card's frames too
     cards = page.evaluate("() => document.querySelectorAll('scalar-card').length")
+    cpu = chromium_cpu_s() - c0
     page.close()
-    return first, every, cards
+    return first, every, cpu, cards
 
 
 FLOOR_APP = """import plotly.graph_objects as go
@@ -131,16 +137,92 @@ st.plotly_chart(go.Figure(go.Scatter(x=[1, 2, 3], y=[1, 3, 2], mode="lines")))
 """
 
 
-def time_floor(browser, url: str) -> tuple[float, float]:
+def time_floor(browser, url: str) -> tuple[float, float, float]:
     """Streamlit's own floor on this machine: a page with one 3-point plotly chart."""
     page = browser.new_page(viewport={"width": 1400, "height": 2400})
     page.set_default_timeout(300_000)
-    t0 = time.perf_counter()
+    c0, t0 = chromium_cpu_s(), time.perf_counter()
     page.goto(url + "/")
     page.wait_for_function(KFORGE_FIRST, polling=50)
     first = time.perf_counter() - t0
+    cpu = chromium_cpu_s() - c0
     page.close()
-    return first, first
+    return first, first, cpu
+
+
+def chromium_cpu_s() -> float:
+    """CPU seconds used so far by this user's Chromium processes (browser, renderers, GPU/SwiftShader):
+    the browser's work, much less sensitive than wall time to a shared machine's load (Linux /proc)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if d.stat().st_uid == os.getuid() and (d / "cmdline").read_bytes().startswith(b"/usr/lib/chromium/"):
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+        except OSError:
+            continue
+    return total / tick
+
+
+def start_servers(root: Path, tmp: Path, baseline: Path | None) -> dict:
+    """kforge-dash (this tree, and `baseline`'s when given), the floor app and TensorBoard, all started."""
+    here = Path(__file__).resolve().parent.parent
+    procs = {}
+    for label, tree in (("kforge-dash", here), ("kforge-dash (baseline)", baseline)):
+        if tree is None:
+            continue
+        port = free_port()
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        procs[label] = (subprocess.Popen([sys.executable, "-m", "kforge_dash.cli.dash", str(root), "--port", str(port)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tree), port)
+    floor_app = tmp / "floor.py"
+    floor_app.write_text(FLOOR_APP)
+    port = free_port()
+    procs["floor"] = (subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(floor_app), "--server.port", str(port),
+                                        "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
+    port = free_port()
+    procs["TensorBoard"] = (subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--host",
+                                              "127.0.0.1", "--port", str(port)],
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
+    return procs
+
+
+def wait_ready(procs: dict, *, runs: int, steps: int, tb_timeout: float) -> None:
+    for label, (proc, port) in procs.items():
+        if label != "TensorBoard":
+            wait_http(f"http://127.0.0.1:{port}/_stcore/health", proc, timeout=120)
+    proc, port = procs["TensorBoard"]
+    turl = f"http://127.0.0.1:{port}"
+    # TensorBoard loads event files in the background: ready when every run lists its tags
+    # with the last step written (its reservoir has read the whole file).
+    wait_http(turl + "/data/plugin/scalars/tags", proc, timeout=tb_timeout, check=lambda b: len(json.loads(b)) >= runs)
+    wait_http(turl + f"/data/plugin/scalars/scalars?run=run{runs - 1}/ingested/tensorboard&tag=train/loss", proc,
+              timeout=tb_timeout, check=lambda b: bool(json.loads(b)) and json.loads(b)[-1][1] >= steps)
+
+
+def navigate(procs: dict, repeat: int) -> tuple[dict, dict, int | None]:
+    """Interleaved navigations (each server once per round) after one round that fills the servers'
+    caches (reported apart: the first visit after a server starts); per server a list of
+    (first, all, Chromium CPU s)."""
+    from playwright.sync_api import sync_playwright
+
+    timers = {"TensorBoard": time_tensorboard, "floor": time_floor}
+    rows: dict = {label: [] for label in procs}
+    cold: dict = {}
+    cards = None
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        for i in range(repeat + 1):
+            for label, (_, port) in procs.items():
+                first, every, cpu, *more = timers.get(label, time_kforge)(browser, f"http://127.0.0.1:{port}")
+                if i == 0:
+                    cold[label] = (first, every, cpu)
+                else:
+                    rows[label].append((first, every, cpu))
+                cards = more[0] if more else cards
+        browser.close()
+    return rows, cold, cards
 
 
 def main() -> None:
@@ -149,68 +231,52 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tb-load-timeout", type=float, default=1800.0)
+    ap.add_argument("--root", type=Path, help="runs root to reuse (written there when absent, and kept)")
+    ap.add_argument("--baseline", type=Path,
+                    help="another kforge source tree (e.g. `git archive` of the previous commit) served too, interleaved")
     args = ap.parse_args()
-    from playwright.sync_api import sync_playwright
-
     with tempfile.TemporaryDirectory(prefix="kforge-bench-browser-") as tmp:
-        root = Path(tmp) / "runs"
-        t = time.perf_counter()
-        make_runs(root, args.runs, args.steps)
-        print(f"wrote and exported {args.runs} runs x {args.steps:,} steps in {time.perf_counter() - t:.0f} s")
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-        kport, tport = free_port(), free_port()
-        kd = subprocess.Popen([sys.executable, "-m", "kforge_dash.cli.dash", str(root), "--port", str(kport)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        floor_app = Path(tmp) / "floor.py"
-        floor_app.write_text(FLOOR_APP)
-        fport = free_port()
-        fl = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(floor_app), "--server.port", str(fport),
-                               "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        root = args.root or Path(tmp) / "runs"
+        if not (root / f"run{args.runs - 1}").is_dir():
+            t = time.perf_counter()
+            make_runs(root, args.runs, args.steps)
+            print(f"wrote and exported {args.runs} runs x {args.steps:,} steps in {time.perf_counter() - t:.0f} s")
         t_tb = time.perf_counter()
-        tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--host", "127.0.0.1",
-                               "--port", str(tport)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs = start_servers(root, Path(tmp), args.baseline)
         try:
-            kurl, turl = f"http://127.0.0.1:{kport}", f"http://127.0.0.1:{tport}"
-            wait_http(kurl + "/_stcore/health", kd, timeout=120)
-            furl = f"http://127.0.0.1:{fport}"
-            wait_http(furl + "/_stcore/health", fl, timeout=120)
-            # TensorBoard loads event files in the background: ready when every run lists its tags
-            # with the last step written (its reservoir has read the whole file).
-            wait_http(turl + "/data/plugin/scalars/tags", tb, timeout=args.tb_load_timeout,
-                                check=lambda b: len(json.loads(b)) >= args.runs)
-            wait_http(turl + f"/data/plugin/scalars/scalars?run=run{args.runs - 1}/ingested/tensorboard&tag=train/loss",
-                      tb, timeout=args.tb_load_timeout,
-                      check=lambda b: bool(json.loads(b)) and json.loads(b)[-1][1] >= args.steps)
+            wait_ready(procs, runs=args.runs, steps=args.steps, tb_timeout=args.tb_load_timeout)
             tb_load = time.perf_counter() - t_tb
-            rows = {"kforge-dash": [], "TensorBoard": [], "floor": []}
-            cards = None
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-                for _ in range(args.repeat):
-                    rows["kforge-dash"].append(time_kforge(browser, kurl))
-                    *tb_times, cards = time_tensorboard(browser, turl)
-                    rows["TensorBoard"].append(tuple(tb_times))
-                    rows["floor"].append(time_floor(browser, furl))
-                browser.close()
+            load_before = os.getloadavg()[0]
+            rows, cold, cards = navigate(procs, args.repeat)
         finally:
-            for proc in (kd, tb, fl):
+            for proc, _ in procs.values():
                 proc.terminate()
                 proc.wait(timeout=30)
-    med = {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for k, v in rows.items()}
-    load = os.getloadavg()[0]
+    print_table(rows, cards, args, load=(load_before, os.getloadavg()[0]), tb_load=tb_load)
+    print("first visit after the servers started (cold caches), first/all s: " +
+          ", ".join(f"{label} {a:.2f}/{b:.2f}" for label, (a, b, _) in cold.items()))
+
+
+def print_table(rows: dict, cards, args, *, load: tuple[float, float], tb_load: float) -> None:
+    med = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in rows.items()}
     print(f"\n{args.runs} runs x {args.steps:,} steps, headless Chromium, median of {args.repeat} interleaved "
-          f"navigations; 1-min load average {load:.1f} on {os.cpu_count()} cores (a shared machine: noisy)\n")
-    print("| server | first chart drawn (s) | all charts drawn (s) | charts |")
-    print("| --- | ---: | ---: | ---: |")
-    print(f"| kforge-dash (compare page, {args.runs} runs selected at landing) | {med['kforge-dash'][0]:.2f} | "
-          f"{med['kforge-dash'][1]:.2f} | {CHARTS} |")
-    print(f"| TensorBoard {tb_version()} (time series, its own server) | {med['TensorBoard'][0]:.2f} | "
-          f"{med['TensorBoard'][1]:.2f} | {cards} shown at load |")
-    print(f"| Streamlit alone: one 3-point plotly chart (the floor of any Streamlit app here) | {med['floor'][0]:.2f} | "
-          f"{med['floor'][1]:.2f} | 1 |")
-    print(f"| TensorBoard / kforge-dash | {med['TensorBoard'][0] / med['kforge-dash'][0]:.1f}x | "
-          f"{med['TensorBoard'][1] / med['kforge-dash'][1]:.1f}x | |")
+          f"navigations; 1-min load average {load[0]:.1f} before, {load[1]:.1f} after, on {os.cpu_count()} cores\n")
+    print("| server | first chart drawn (s) | all charts drawn (s) | Chromium CPU (s) | charts |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    names = {
+        "kforge-dash": f"kforge-dash (compare page, {args.runs} runs selected at landing)",
+        "kforge-dash (baseline)": f"kforge-dash baseline ({args.baseline})",
+        "TensorBoard": f"TensorBoard {tb_version()} (time series, its own server)",
+        "floor": "Streamlit alone: one 3-point plotly chart (the floor of any Streamlit app here)",
+    }
+    charts = {"TensorBoard": f"{cards} shown at load", "floor": "1"}
+    for label, (first, every, cpu) in med.items():
+        print(f"| {names[label]} | {first:.2f} | {every:.2f} | {cpu:.2f} | {charts.get(label, CHARTS)} |")
+    k, tb = med["kforge-dash"], med["TensorBoard"]
+    print(f"| TensorBoard / kforge-dash | {tb[0] / k[0]:.2f}x | {tb[1] / k[1]:.2f}x | | |")
+    if "kforge-dash (baseline)" in med:
+        b = med["kforge-dash (baseline)"]
+        print(f"| baseline / kforge-dash | {b[0] / k[0]:.2f}x | {b[1] / k[1]:.2f}x | {b[2] / k[2]:.2f}x | |")
     print(f"\nTensorBoard's own load of the event files before its first page (not in the times above): {tb_load:.0f} s")
 
 

@@ -246,7 +246,7 @@ def test_zoom_rereads_a_spike_that_the_whole_run_drawing_hides(browser, syntheti
     page.wait_for_function(DRAWN, arg=1)
     settled(page)
     ys = [v for t in traces(page, "loss") for v in t["y"]]
-    assert 10.0 in ys and 9.0 not in ys  # 1M steps in 2,000 points: the second spike is not drawn
+    assert 10.0 in ys and 9.0 not in ys  # 1M steps in 1,000 points: the second spike is not drawn
     # Zoom twice, as a person would: each range is re-read from the 1M-step file, not cut from the drawing.
     drag(page, SPIKE - 25_000, SPIKE + 25_000)
     page.wait_for_function("""s => { const gd = document.querySelector('.js-plotly-plot');

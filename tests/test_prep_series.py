@@ -40,18 +40,32 @@ def test_single_step_spike_in_1m_points_survives_downsampling(pos, sign):
     assert pos in set(idx.tolist())  # ... so it is kept for the spike
 
 
-def test_spike_survives_end_to_end_and_only_2000_points_drawn(tmp_path):
+def test_spike_survives_end_to_end_and_only_default_points_drawn(tmp_path):
     rng = np.random.default_rng(7)
     loss = 3.0 - np.linspace(0, 1, N_BIG) + 0.01 * rng.standard_normal(N_BIG)
     loss[654_321] = 40.0  # step 654_322
     src = _source(tmp_path, loss=loss)
     data = prepare_compare([src], ["loss"], smoothing=0.0)
     (raw,) = data.series
-    assert raw.kind == "raw" and len(raw.x) <= 2000 and raw.n_total == N_BIG
+    assert raw.kind == "raw" and len(raw.x) <= prep_series.DEFAULT_POINTS and raw.n_total == N_BIG
     i = int(np.argmax(raw.y))
     assert raw.step[i] == 654_322 and raw.y[i] == 40.0
     # Every drawn point is an exact sample of the full series (not an average).
     np.testing.assert_array_equal(raw.y, loss[raw.step - 1])
+
+
+def test_landing_chart_stays_under_its_point_and_byte_budget(tmp_path):
+    """The landing page's cost in the browser is drawing (benchmarks/bench_dash_browser.py): a chart of
+    8 runs, raw + smoothed, holds at most 16,000 line points (1,000 per line) and ~310 kB of JSON (2,000 per line: 620 kB)."""
+    rng = np.random.default_rng(3)
+    n = 200_000
+    srcs = [_source(tmp_path, f"run{i}", loss=2.0 + 0.1 * rng.standard_normal(n)) for i in range(8)]
+    data = prepare_compare(srcs, ["loss"], smoothing=0.6)
+    assert len(data.series) == 16 and all(len(s.x) <= 1000 for s in data.series)
+    fig = prep_figures.metric_figure(data, "loss", {}, select_zoom=True)
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert sum(len(t.y) for t in lines) <= 16_000
+    assert len(plotly.io.to_json(fig, validate=False)) <= 330_000
 
 
 def test_smoothing_is_applied_at_full_resolution_before_downsampling(tmp_path):

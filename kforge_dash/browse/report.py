@@ -3,7 +3,7 @@ diff and each run's restarts, non-finite steps, findings and goodput, for a clus
 browser (copy it to a laptop: plotly's JavaScript is embedded, opening it makes no network request).
 
 Charts are prepared as the dashboard prepares them (browse/series.py: full-resolution smoothing,
-then MinMaxLTTB to DEFAULT_POINTS per line, so every spike is in the file); they zoom in the
+then MinMaxLTTB to REPORT_POINTS per line, so every spike is in the file); they zoom in the
 browser, at the resolution written. Every name, tag, hparam and message from disk is HTML-escaped
 (and plotly text escaped by figures.text), so a hostile run name stays text.
 """
@@ -26,6 +26,8 @@ from kforge_dash.contract import STEPS_FILE, SUMMARY_FILE
 from kforge_record.atomic import atomic_path
 
 MAX_NONFINITE_ROWS = 50  # per run; the count in the heading is exact
+# The report zooms in the browser only, at the resolution written (no re-query): twice the dashboard's.
+REPORT_POINTS = 2000
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class ReportOptions:
     metrics: tuple[str, ...] | None = None
     x_axis: str = "step"
     smoothing: float = 0.0
-    max_points: int = prep_series.DEFAULT_POINTS
+    max_points: int = REPORT_POINTS
     title: str = "kforge report"
 
     def __post_init__(self):

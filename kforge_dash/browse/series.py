@@ -43,7 +43,10 @@ _NOT_METRICS = {
     "step", "time", "slowest_rank", "n_ranks", "attempt", "tokens",
     "step_time_min_s", "step_time_median_s",
 }
-DEFAULT_POINTS = 2000
+# Points per line at landing (and per zoomed range, which is re-read at full resolution): about two
+# per pixel column of a chart in the two-column grid. Drawing is most of the landing page's time
+# in the browser (benchmarks/bench_dash_browser.py), and MinMaxLTTB keeps every local extreme.
+DEFAULT_POINTS = 1000
 MAX_MARKERS = 500  # per run, metric and kind; the Run detail page lists every non-finite step
 DEFAULT_CHARTS = ("loss", "grad_norm", "lr", "tokens_per_sec", "mfu", "step_time_s", "mem_peak_bytes")
 # Drawn raw even when smoothing is on: a schedule and memory levels are not noisy, and an EMA
