@@ -85,7 +85,8 @@ def main() -> None:
               f"{pl.thread_pool_size()}, cores: {os.cpu_count()}")
         colours = prep_runs.run_colours([r.name for r in runs])
         rows = []
-        for label, max_points, repeat in (("downsampled (MinMaxLTTB, 2,000/series)", 2000, args.repeat),
+        per_line = prep_series.DEFAULT_POINTS
+        for label, max_points, repeat in ((f"downsampled (MinMaxLTTB, {per_line:,}/series)", per_line, args.repeat),
                                           ("every point", None, 1)):
             prep_s, prep_cpu, data = best_of(repeat, lambda: prep_series.prepare_compare(
                 runs, METRICS, x_axis="step", smoothing=0.6, max_points=max_points))

@@ -1,7 +1,8 @@
 """Plotly figures from prepared data. No Streamlit here: pages only pass figures to st.plotly_chart.
 
-Lines are SVG scatter traces (not WebGL): about 2,000 points per series draw fast in SVG and
-render in any browser, headless ones included.
+Lines are SVG scatter traces (not WebGL): about 1,000 points per series draw fast in SVG and
+render in any browser. WebGL (scattergl) was measured and rejected: headless Chromium without a GPU
+draws it in software (SwiftShader), and the 7 landing charts took ~45 s instead of ~5 s under load.
 """
 
 from __future__ import annotations
