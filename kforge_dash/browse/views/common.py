@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 
+import plotly.graph_objects as go
 import streamlit as st
 
 from kforge_dash.browse import groups as prep_groups
@@ -20,6 +21,23 @@ from kforge_dash.browse.units import md_text
 
 LIVE_WINDOW_S = 300  # a run whose shards changed this recently is being written: its pages go live
 LIVE_EVERY_S = 5
+
+
+def plotly_preload():
+    """An empty, 10-pixel plotly element sent before the widgets, once per session; returns its slot,
+    which the page empties once its charts are sent.
+
+    Streamlit's frontend fetches and evaluates plotly.js (a 4.7 MB chunk) only when it renders the
+    first chart, after every widget's own code: the charts that arrive meanwhile are then all drawn
+    in one task, so the first one showed with the last. Loading it here overlaps that with the
+    widgets (benchmarks/bench_dash_browser.py)."""
+    slot = st.empty()
+    if not st.session_state.get("_plotly_preloaded"):
+        st.session_state["_plotly_preloaded"] = True
+        slot.plotly_chart(go.Figure(layout=dict(height=10, margin=dict(l=0, r=0, t=0, b=0), xaxis_visible=False,
+                                                yaxis_visible=False)),
+                          height=10, config={"staticPlot": True, "displayModeBar": False})
+    return slot
 
 
 def runs_root():

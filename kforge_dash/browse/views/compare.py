@@ -23,6 +23,7 @@ ingested = {r.name: r for r in runs if r.ingested}
 if not ingested:
     st.info(f"No ingested runs under {md_text(root)} yet.")
     st.stop()
+preload = common.plotly_preload()
 
 with st.sidebar:
     query = st.text_input("Search runs by name or tag", key="query")
@@ -35,6 +36,7 @@ recent = [n for n in prep_runs.recent_runs(list(ingested.values()), LANDING_RUNS
 selected = st.multiselect("Runs", options, default=recent, key="runs", bind="query-params",
                           placeholder="Pick runs to compare")
 if not selected:
+    preload.empty()
     st.info(f"{len(matching)} run(s) match. Pick runs to compare.")
     st.stop()
 
@@ -174,3 +176,4 @@ def _downloads(sources, metrics) -> None:
 
 
 charts()
+preload.empty()
