@@ -2,14 +2,15 @@
 
 A lock costs more than the rest of ``end_step``'s own work (0.3 µs for an uncontended
 ``threading.RLock`` on this project's machines), and nearly every training loop calls its recorder
-from one thread. So the first thread to call ``end_step``, ``log`` or a phase timer owns the
+from one thread. So the first thread to call ``end_step`` or ``log`` owns the
 recorder (``_owner``), and while it is the only one (``_solo`` is its ident) its calls take no lock.
 The first call from any other thread ends that for good: from then on every call takes the lock.
+(Phase timers take no part: they append to a list, see phase.py.)
 
 The hand-over, race-free under the GIL (where a thread's reads and writes of attributes happen
 in program order, one thread at a time):
 
-* the owner, on the fast path: saves and sets ``_busy``, then re-reads ``_solo``; still its own:
+* the owner, on the fast path (``end_step``, ``log``): saves and sets ``_busy``, then re-reads ``_solo``; still its own:
   it runs the call unlocked and puts ``_busy`` back after (``finally``); cleared: it puts
   ``_busy`` back and takes the lock;
 * another thread: clears ``_solo`` (under the lock, so that two first callers cannot both claim),
@@ -46,7 +47,7 @@ def lock_for(rec, busy, *, claim: bool = True) -> threading.RLock:
 
     ``busy``: the owner's saved ``_busy`` when it lost the fast path between its two checks (put
     back here), else None. ``claim``: a first call makes its thread the owner (end_step, log and
-    phase timers claim; flush and close do not, so that a flush from the main thread does not
+    claim; flush and close do not, so that a flush from the main thread does not
     take the fast path from a training thread that has not called yet)."""
     me = get_ident()
     if busy is not None:
@@ -84,51 +85,3 @@ def _wait_for_owner(rec) -> None:
     if rec._busy:
         rec._warn("owner-busy", f"the recorder's owning thread stayed inside one call for {rec._close_timeout_s}s; "
                   "another thread's call goes on without waiting for it")
-
-
-class Phase:
-    """A reusable timer for one named phase; time spent inside adds up within a step."""
-
-    __slots__ = ("_rec", "_key", "_t0")
-
-    def __init__(self, rec, key: str):
-        self._rec = rec
-        self._key = key
-        self._t0 = 0.0
-
-    def __enter__(self):
-        self._t0 = perf_counter()
-        return self
-
-    def __exit__(self, et, ev, tb):
-        dt = perf_counter() - self._t0
-        rec = self._rec
-        if rec._solo == get_ident():  # the fast path (see the module doc)
-            busy = rec._busy
-            rec._busy = True
-            try:
-                if rec._solo is not None:
-                    phases = rec._phases
-                    phases[self._key] = phases.get(self._key, 0.0) + dt
-                    return False
-            finally:
-                rec._busy = busy
-        with locked(rec, claim=True):  # end_step may be swapping the phase dict on another thread
-            phases = rec._phases
-            phases[self._key] = phases.get(self._key, 0.0) + dt
-        return False
-
-
-class NoPhase:
-    """What ``phase()`` gives for a name it refuses: times nothing, never raises."""
-
-    __slots__ = ()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, et, ev, tb):
-        return False
-
-
-NO_PHASE = NoPhase()

@@ -12,7 +12,8 @@ Where a GPU synchronisation can happen, exactly:
 Several threads may call ``end_step``/``log``/``flush`` on one Recorder (an eval thread logging
 while the loop runs): a lock guards the buffer, re-entrant for the SIGTERM handler (it runs on the
 main thread inside whatever it interrupted). While only one thread has called, its calls skip the
-lock (owner.py: the hand-over when a second thread comes). Phase timers are for one thread at a time.
+lock (owner.py: the hand-over when a second thread comes). Phase timers take no lock (phase.py);
+one timer (one phase name) is for one thread at a time.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from threading import get_ident
 from time import perf_counter
 
 from . import env, lifecycle
-from .convert import capture, rows_to_table, safe_repr
+from .convert import capture, capture_all, rows_to_table, safe_repr
 from .model import ModelSpec
 from .options import STEP_MAX, STEP_MIN, RecorderOptions, as_step, checked_run_dir, rank_and_world
-from .owner import NO_PHASE, Phase, lock_for, locked
+from .owner import lock_for, locked
+from .phase import NO_PHASE, Phase
 from .schema import SCHEMA_VERSION, phase_column, rank_dir_name
 from .warn import Warner
 from .writer import ShardWriter, claim_attempt_dir
@@ -38,14 +40,6 @@ from .writer import ShardWriter, claim_attempt_dir
 _wall = time.time
 _NO_MEM = (None, None, None)
 _INT_NONE = (int, type(None))
-
-
-def _captured(scalars: dict) -> dict:
-    """``scalars`` with every value that is not a float captured (tensors held, see convert.capture)."""
-    for k, v in scalars.items():
-        if v.__class__ is not float:
-            scalars[k] = capture(v)
-    return scalars
 
 
 class Recorder:
@@ -143,7 +137,7 @@ class Recorder:
         self._owner = self._solo = None  # the thread that may call without the lock (owner.py)
         self._busy = False  # the owner is inside an unlocked call
         self._rows: list[tuple] = []
-        self._phases: dict[str, float] = {}
+        self._pending: list[tuple[str, float]] = []  # (column, seconds) from phase timers (phase.py)
         self._phase_objs: dict[str, Phase] = {}
         self._names_ok: set[str] = set()  # scalar names checked once, then accepted at C speed
         self._t_step = perf_counter()  # start of the current step (start_step or previous end_step)
@@ -155,7 +149,7 @@ class Recorder:
                                    lag_rows=self._opts.lag_rows, where=f"rank {self.rank}", merge_parts=self._opts.merge_parts)
         self._writer.write_meta()  # synchronously: a bad path fails at construction, loudly
         # pyarrow's first pa.array() imports pandas when present (~0.2 s holding the GIL): paid here, not by the writer.
-        rows_to_table([(0, 0.0, None, None, None, None, None, None, None, None, None)], self._warn)
+        rows_to_table([(0, 0.0, None, None, None, None, None, None, None, None, None, None)], self._warn)
 
     def _register(self, install_sigterm_handler: bool) -> None:
         lifecycle.LIVE.add(self)
@@ -181,7 +175,7 @@ class Recorder:
                     self._warn(f"phase:{safe_repr(name)}", f"phase name {safe_repr(name)} is not a non-empty string "
                                "without NUL characters; that phase is not timed")
                     return NO_PHASE
-                p = self._phase_objs[name] = Phase(self, phase_column(name))
+                p = self._phase_objs[name] = Phase(self._pending, phase_column(name))
             return p
         except Exception:  # an unhashable name (a list): never a TypeError into the loop
             self._warn(f"phase:{type(name).__name__}", f"phase name {safe_repr(name)} is not a string; that phase is not timed")
@@ -203,34 +197,34 @@ class Recorder:
                 if step.__class__ is not int or not STEP_MIN <= step <= STEP_MAX:
                     step = self._checked_step(step, "end_step")
                     if step is None:
-                        self._phases = {}  # they belong to the refused step
+                        del self._pending[:]  # they belong to the refused step
                         return
                 if ((loss.__class__ is not float and loss is not None) or (grad_norm.__class__ is not float and grad_norm
                         is not None) or (lr.__class__ is not float and lr is not None) or tokens.__class__ not in _INT_NONE):
                     loss, grad_norm, lr, tokens = [v if v is None or v.__class__ is float else capture(v)
                                                    for v in (loss, grad_norm, lr, tokens)]
-                extras = None  # phase times and user scalars in one dict
-                if self._phases:
-                    extras = self._phases
-                    self._phases = {}
+                phases = self._pending
+                if phases:  # a copy, then exactly that many off the front (see phase.py)
+                    phases = phases[:]
+                    del self._pending[:len(phases)]
+                else:
+                    phases = None
                 if scalars:
                     if not self._names_ok.issuperset(scalars):
                         scalars = self._checked_names(scalars)
                     for v in scalars.values():  # floats need nothing: look before building (k, v) pairs
                         if v.__class__ is not float and v is not None:
-                            scalars = _captured(scalars)
+                            scalars = capture_all(scalars)
                             break
-                    if extras is None:
-                        extras = scalars
-                    else:
-                        extras.update(scalars)
+                else:
+                    scalars = None
                 left = self._mem_left - 1
                 if left:
                     self._mem_left = left
-                    row = (step, _wall(), step_time, loss, grad_norm, lr, tokens, None, None, None, extras)
+                    row = (step, _wall(), step_time, loss, grad_norm, lr, tokens, None, None, None, scalars, phases)
                 else:
                     self._mem_left = self._mem_every
-                    row = (step, _wall(), step_time, loss, grad_norm, lr, tokens, *(self._memory() or _NO_MEM), extras)
+                    row = (step, _wall(), step_time, loss, grad_norm, lr, tokens, *(self._memory() or _NO_MEM), scalars, phases)
                 self._rows.append(row)
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
@@ -267,9 +261,9 @@ class Recorder:
                                                    for v in (loss, grad_norm, lr, tokens)]
                 for v in scalars.values():
                     if v.__class__ is not float and v is not None:
-                        scalars = _captured(scalars)
+                        scalars = capture_all(scalars)
                         break
-                self._rows.append((step, _wall(), None, loss, grad_norm, lr, tokens, None, None, None, scalars))
+                self._rows.append((step, _wall(), None, loss, grad_norm, lr, tokens, None, None, None, scalars, None))
                 t = perf_counter()
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
@@ -388,7 +382,7 @@ class Recorder:
         self._lock = threading.RLock()
         self._busy = False
         self._rows = []
-        self._phases = {}
+        del self._pending[:]  # the same list: the phase timers hold it
 
     def _close_at_exit(self) -> None:
         self.close(reason="exit")
