@@ -37,7 +37,6 @@ from .schema import SCHEMA_VERSION, phase_column, rank_dir_name
 from .warn import Warner
 from .writer import ShardWriter, claim_attempt_dir
 
-_wall = time.time
 _NO_MEM = (None, None, None)
 _INT_NONE = (int, type(None))
 
@@ -142,6 +141,7 @@ class Recorder:
         self._names_ok: set[str] = set()  # scalar names checked once, then accepted at C speed
         self._t_step = perf_counter()  # start of the current step (start_step or previous end_step)
         self._flush_due = self._t_step + self._flush_every_s
+        self._wall0 = time.time() - perf_counter()  # wall time = perf_counter() + this (re-read at each hand-over)
         self._mem_left = 1 if self._mem_every else -1  # end_steps to the next memory sample (never 0: never)
 
     def _start_writer(self) -> None:
@@ -194,7 +194,7 @@ class Recorder:
                 t = perf_counter()
                 step_time = t - self._t_step
                 self._t_step = t
-                if step.__class__ is not int or not STEP_MIN <= step <= STEP_MAX:
+                if step.__class__ is not int or not 0 <= step < 1 << 30:  # small ints compare fastest; others: below
                     step = self._checked_step(step, "end_step")
                     if step is None:
                         del self._pending[:]  # they belong to the refused step
@@ -221,10 +221,11 @@ class Recorder:
                 left = self._mem_left - 1
                 if left:
                     self._mem_left = left
-                    row = (step, _wall(), step_time, loss, grad_norm, lr, tokens, None, None, None, scalars, phases)
+                    row = (step, t + self._wall0, step_time, loss, grad_norm, lr, tokens, None, None, None, scalars, phases)
                 else:
                     self._mem_left = self._mem_every
-                    row = (step, _wall(), step_time, loss, grad_norm, lr, tokens, *(self._memory() or _NO_MEM), scalars, phases)
+                    mem = self._memory() or _NO_MEM
+                    row = (step, t + self._wall0, step_time, loss, grad_norm, lr, tokens, *mem, scalars, phases)
                 self._rows.append(row)
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
@@ -249,7 +250,7 @@ class Recorder:
             else:
                 lock = lock_for(self, None)
             try:
-                if step.__class__ is not int or not STEP_MIN <= step <= STEP_MAX:
+                if step.__class__ is not int or not 0 <= step < 1 << 30:
                     step = self._checked_step(step, "log")
                     if step is None:
                         return
@@ -263,8 +264,8 @@ class Recorder:
                     if v.__class__ is not float and v is not None:
                         scalars = capture_all(scalars)
                         break
-                self._rows.append((step, _wall(), None, loss, grad_norm, lr, tokens, None, None, None, scalars, None))
                 t = perf_counter()
+                self._rows.append((step, t + self._wall0, None, loss, grad_norm, lr, tokens, None, None, None, scalars, None))
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
             finally:
@@ -277,6 +278,8 @@ class Recorder:
 
     def _checked_step(self, step, call: str) -> int | None:
         """``step`` as an int; None, warned and counted, when it is not one (see options.as_step)."""
+        if step.__class__ is int and STEP_MIN <= step <= STEP_MAX:  # negative, or from 2**30 on
+            return step
         i = as_step(step)
         if i is None:
             self._writer.count_rejected(1)
@@ -298,6 +301,7 @@ class Recorder:
 
     def _handoff(self, t: float) -> None:
         self._flush_due = t + self._flush_every_s
+        self._wall0 = time.time() - perf_counter()  # follows a step of the wall clock, once a window
         if self._closed:
             self._warn("after-close", "end_step after close(): these steps are not recorded")
             self._rows = []
