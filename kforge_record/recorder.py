@@ -181,7 +181,7 @@ class Recorder:
             self._warn(f"phase:{type(name).__name__}", f"phase name {safe_repr(name)} is not a string; that phase is not timed")
             return NO_PHASE
 
-    def end_step(self, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
+    def end_step(self, /, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
         """Record one step. Values: Python numbers, numpy scalars or 1-element tensors (any device)."""
         try:
             if self._solo == get_ident():  # the only thread so far: no lock (see owner.py)
@@ -237,7 +237,7 @@ class Recorder:
         except Exception as e:  # the loop must go on
             self._warn(f"end_step:{type(e).__name__}", f"end_step failed and the step was not recorded: {e!r}")
 
-    def log(self, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
+    def log(self, /, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
         """Values for a step that already ended (or not yet): an eval loss, or the loss, grad norm,
         lr and tokens that the loop knows only after ``end_step`` (a framework's logging hook).
         Ingest fills them into the step's ``end_step`` row; a value set by both keeps the
