@@ -14,6 +14,7 @@ percentile and the median of the per-window µs/call (the first tenth of the win
 The same 11 fields as bench_record.py (floats):
 
   end_step     rec.end_step(step, **fields), flush_every_steps=100
+  ... tensors  the same, loss, grad_norm and the 3 user scalars as 0-dim CPU tensors (bench_record.py's)
   phases       start_step + 3 ``with rec.phase(...)`` + end_step (7 fields: the 3 timers are the
                recorder's own)
   log          rec.log(step, loss=..., lr=..., **3 scalars), as a framework's logging hook
@@ -35,8 +36,9 @@ from time import perf_counter
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WINDOW = 100
-CASES = ("end_step", "phases", "log")
+CASES = ("end_step", "end_step tensors", "phases", "log")
 PACKAGE = "kforge_record_ab_ref"
+TENSORS = ("loss", "grad_norm", "moe/aux_loss", "moe/load_imbalance", "train/ppl")  # 0-dim CPU tensors, as in a loop
 
 
 def _pool() -> list[dict]:
@@ -108,8 +110,11 @@ def main() -> None:
         os.rename(os.path.join(tmp, "kforge_record"), os.path.join(tmp, PACKAGE))
         recs = _recorders(tmp, tmp)
         pools = {"end_step": _pool(), "log": _pool()}
+        import torch
+
+        pools["end_step tensors"] = [{k: torch.tensor(v) if k in TENSORS else v for k, v in m.items()} for m in pools["end_step"]]
         pools["phases"] = [{k: v for k, v in m.items() if not k.startswith("time/")} for m in pools["end_step"]]
-        runs = {"end_step": _end_step, "phases": _phases, "log": _log}
+        runs = {"end_step": _end_step, "end_step tensors": _end_step, "phases": _phases, "log": _log}
         print(f"# A = {args.ref}, B = this tree; {args.windows} windows of {WINDOW} calls per side and case, interleaved; "
               f"load average {os.getloadavg()[0]:.2f}, CPUs allowed {len(os.sched_getaffinity(0))}", flush=True)
         t_start = time.time()

@@ -49,14 +49,6 @@ def capture(v):
         return v
 
 
-def capture_all(scalars: dict) -> dict:
-    """``scalars`` with every value that is not a float captured (in place)."""
-    for k, v in scalars.items():
-        if v.__class__ is not float:
-            scalars[k] = capture(v)
-    return scalars
-
-
 def rows_to_table(rows: list[tuple], warn: Warner) -> pa.Table:
     """Rows as the recorder buffers them: the fixed columns, then the scalars (a dict or None),
     then the phase times (a list of (column, seconds) or None)."""

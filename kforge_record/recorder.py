@@ -28,7 +28,7 @@ from threading import get_ident
 from time import perf_counter
 
 from . import env, lifecycle
-from .convert import capture, capture_all, rows_to_table, safe_repr
+from .convert import capture, rows_to_table, safe_repr
 from .model import ModelSpec
 from .options import STEP_MAX, STEP_MIN, RecorderOptions, as_step, checked_run_dir, rank_and_world
 from .owner import lock_for, locked
@@ -38,7 +38,6 @@ from .warn import Warner
 from .writer import ShardWriter, claim_attempt_dir
 
 _NO_MEM = (None, None, None)
-_INT_NONE = (int, type(None))
 
 
 class Recorder:
@@ -199,10 +198,10 @@ class Recorder:
                     if step is None:
                         del self._pending[:]  # they belong to the refused step
                         return
-                if ((loss.__class__ is not float and loss is not None) or (grad_norm.__class__ is not float and grad_norm
-                        is not None) or (lr.__class__ is not float and lr is not None) or tokens.__class__ not in _INT_NONE):
-                    loss, grad_norm, lr, tokens = [v if v is None or v.__class__ is float else capture(v)
-                                                   for v in (loss, grad_norm, lr, tokens)]
+                loss = loss if loss.__class__ is float or loss is None else capture(loss)
+                grad_norm = grad_norm if grad_norm.__class__ is float or grad_norm is None else capture(grad_norm)
+                lr = lr if lr.__class__ is float or lr is None else capture(lr)
+                tokens = tokens if tokens.__class__ is int or tokens is None else capture(tokens)
                 phases = self._pending
                 if phases:  # a copy, then exactly that many off the front (see phase.py)
                     phases = phases[:]
@@ -212,10 +211,9 @@ class Recorder:
                 if scalars:
                     if not self._names_ok.issuperset(scalars):
                         scalars = self._checked_names(scalars)
-                    for v in scalars.values():  # floats need nothing: look before building (k, v) pairs
+                    for k, v in scalars.items():
                         if v.__class__ is not float and v is not None:
-                            scalars = capture_all(scalars)
-                            break
+                            scalars[k] = capture(v)
                 else:
                     scalars = None
                 left = self._mem_left - 1
@@ -256,14 +254,13 @@ class Recorder:
                         return
                 if scalars and not self._names_ok.issuperset(scalars):
                     scalars = self._checked_names(scalars)
-                if ((loss.__class__ is not float and loss is not None) or (grad_norm.__class__ is not float and grad_norm
-                        is not None) or (lr.__class__ is not float and lr is not None) or tokens.__class__ not in _INT_NONE):
-                    loss, grad_norm, lr, tokens = [v if v is None or v.__class__ is float else capture(v)
-                                                   for v in (loss, grad_norm, lr, tokens)]
-                for v in scalars.values():
+                loss = loss if loss.__class__ is float or loss is None else capture(loss)
+                grad_norm = grad_norm if grad_norm.__class__ is float or grad_norm is None else capture(grad_norm)
+                lr = lr if lr.__class__ is float or lr is None else capture(lr)
+                tokens = tokens if tokens.__class__ is int or tokens is None else capture(tokens)
+                for k, v in scalars.items():
                     if v.__class__ is not float and v is not None:
-                        scalars = capture_all(scalars)
-                        break
+                        scalars[k] = capture(v)
                 t = perf_counter()
                 self._rows.append((step, t + self._wall0, None, loss, grad_norm, lr, tokens, None, None, None, scalars, None))
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
