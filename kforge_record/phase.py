@@ -9,25 +9,24 @@ writer thread sums a step's entries per column (convert.py).
 
 from __future__ import annotations
 
-from time import perf_counter
-
 
 class Phase:
     """A reusable timer for one named phase; time spent inside adds up within a step."""
 
-    __slots__ = ("_pending", "_key", "_t0")
+    __slots__ = ("_pending", "_key", "_clock", "_t0")
 
-    def __init__(self, pending: list, key: str):
+    def __init__(self, pending: list, key: str, clock):
         self._pending = pending  # the recorder's list: the same object for its whole life
         self._key = key
+        self._clock = clock  # the recorder's perf_counter (tests put a fake clock there)
         self._t0 = 0.0
 
     def __enter__(self):
-        self._t0 = perf_counter()
+        self._t0 = self._clock()
         return self
 
     def __exit__(self, et, ev, tb):
-        self._pending.append((self._key, perf_counter() - self._t0))
+        self._pending.append((self._key, self._clock() - self._t0))
         return False
 
 

@@ -140,7 +140,6 @@ class Recorder:
         self._names_ok: set[str] = set()  # scalar names checked once, then accepted at C speed
         self._t_step = perf_counter()  # start of the current step (start_step or previous end_step)
         self._flush_due = self._t_step + self._flush_every_s
-        self._wall0 = time.time() - perf_counter()  # wall time = perf_counter() + this (re-read at each hand-over)
         self._mem_left = 1 if self._mem_every else -1  # end_steps to the next memory sample (never 0: never)
 
     def _start_writer(self) -> None:
@@ -174,7 +173,7 @@ class Recorder:
                     self._warn(f"phase:{safe_repr(name)}", f"phase name {safe_repr(name)} is not a non-empty string "
                                "without NUL characters; that phase is not timed")
                     return NO_PHASE
-                p = self._phase_objs[name] = Phase(self._pending, phase_column(name))
+                p = self._phase_objs[name] = Phase(self._pending, phase_column(name), perf_counter)
             return p
         except Exception:  # an unhashable name (a list): never a TypeError into the loop
             self._warn(f"phase:{type(name).__name__}", f"phase name {safe_repr(name)} is not a string; that phase is not timed")
@@ -219,11 +218,11 @@ class Recorder:
                 left = self._mem_left - 1
                 if left:
                     self._mem_left = left
-                    row = (step, t + self._wall0, step_time, loss, grad_norm, lr, tokens, None, None, None, scalars, phases)
+                    row = (step, time.time(), step_time, loss, grad_norm, lr, tokens, None, None, None, scalars, phases)
                 else:
                     self._mem_left = self._mem_every
                     mem = self._memory() or _NO_MEM
-                    row = (step, t + self._wall0, step_time, loss, grad_norm, lr, tokens, *mem, scalars, phases)
+                    row = (step, time.time(), step_time, loss, grad_norm, lr, tokens, *mem, scalars, phases)
                 self._rows.append(row)
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
@@ -261,8 +260,8 @@ class Recorder:
                 for k, v in scalars.items():
                     if v.__class__ is not float and v is not None:
                         scalars[k] = capture(v)
+                self._rows.append((step, time.time(), None, loss, grad_norm, lr, tokens, None, None, None, scalars, None))
                 t = perf_counter()
-                self._rows.append((step, t + self._wall0, None, loss, grad_norm, lr, tokens, None, None, None, scalars, None))
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
             finally:
@@ -298,7 +297,6 @@ class Recorder:
 
     def _handoff(self, t: float) -> None:
         self._flush_due = t + self._flush_every_s
-        self._wall0 = time.time() - perf_counter()  # follows a step of the wall clock, once a window
         if self._closed:
             self._warn("after-close", "end_step after close(): these steps are not recorded")
             self._rows = []
