@@ -50,6 +50,8 @@ def capture(v):
 
 
 def rows_to_table(rows: list[tuple], warn: Warner) -> pa.Table:
+    """Rows as the recorder buffers them: the fixed columns, then the scalars (a dict or None),
+    then the phase times (a list of (column, seconds) or None)."""
     fixed, extras = _to_host(rows, warn)
     arrays = [_column(values, name, typ == "int64", warn) for (name, typ), values in zip(FIXED_COLUMNS, fixed)]
     arrays += [_column(values, name, False, warn) for name, values in extras.items()]
@@ -63,7 +65,8 @@ def _to_host(rows: list[tuple], warn: Warner) -> tuple[list[list], dict[str, lis
     thread, not the training thread).
     """
     fixed = [list(col) for col in zip(*[r[:_N_FIXED] for r in rows])] if rows else [[] for _ in FIXED_COLUMNS]
-    extras = _extra_columns([r[_N_FIXED] for r in rows])
+    extras = _extra_columns([r[_N_FIXED] if r[_N_FIXED + 1] is None else _with_phases(r[_N_FIXED + 1], r[_N_FIXED])
+                             for r in rows])
     for name in [n for n in extras if n in _FIXED_SET]:
         warn(f"reserved:{name}", f"scalar name {name!r} is reserved for a fixed column; its values are dropped")
         del extras[name]
@@ -71,6 +74,16 @@ def _to_host(rows: list[tuple], warn: Warner) -> tuple[list[list], dict[str, lis
     if torch is not None:
         _resolve_tensors(torch, list(FIXED_NAMES) + list(extras), fixed + list(extras.values()), warn)
     return fixed, extras
+
+
+def _with_phases(phases: list[tuple[str, float]], scalars: dict | None) -> dict:
+    """One row's phase times summed per column, then its scalars (a scalar of the same name wins)."""
+    extras: dict = {}
+    for name, seconds in phases:
+        extras[name] = extras.get(name, 0.0) + seconds
+    if scalars:
+        extras.update(scalars)
+    return extras
 
 
 def _extra_columns(dicts: list[dict | None]) -> dict[str, list]:

@@ -92,9 +92,11 @@ def make_attempt_id(now: _dt.datetime, launch: dict) -> str:
 
 
 def cuda_in_use() -> bool:
-    """True when this process has initialised CUDA (we never initialise it ourselves)."""
+    """True when this process has initialised CUDA (we never initialise it ourselves). Asked every
+    memory_every_steps until it is: ``is_initialized()`` first (20 ns) and only then
+    ``is_available()`` (0.7 µs on a machine without CUDA)."""
     torch = _torch()
-    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+    return bool(torch is not None and torch.cuda.is_initialized() and torch.cuda.is_available())
 
 
 def process_start_time() -> float | None:

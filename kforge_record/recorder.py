@@ -1,4 +1,4 @@
-"""The in-loop recorder. Its hot path (``end_step``) reads two clocks and appends a tuple, under a lock.
+"""The in-loop recorder. Its hot path (``end_step``) reads two clocks and appends a tuple.
 
 Where a GPU synchronisation can happen, exactly:
 
@@ -11,7 +11,9 @@ Where a GPU synchronisation can happen, exactly:
 
 Several threads may call ``end_step``/``log``/``flush`` on one Recorder (an eval thread logging
 while the loop runs): a lock guards the buffer, re-entrant for the SIGTERM handler (it runs on the
-main thread inside whatever it interrupted). Phase timers are for one thread at a time.
+main thread inside whatever it interrupted). While only one thread has called, its calls skip the
+lock (owner.py: the hand-over when a second thread comes). Phase timers take no lock (phase.py);
+one timer (one phase name) is for one thread at a time.
 """
 
 from __future__ import annotations
@@ -22,52 +24,20 @@ import os
 import sys
 import threading
 import time
+from threading import get_ident
 from time import perf_counter
 
 from . import env, lifecycle
 from .convert import capture, rows_to_table, safe_repr
 from .model import ModelSpec
 from .options import STEP_MAX, STEP_MIN, RecorderOptions, as_step, checked_run_dir, rank_and_world
+from .owner import lock_for, locked
+from .phase import NO_PHASE, Phase
 from .schema import SCHEMA_VERSION, phase_column, rank_dir_name
 from .warn import Warner
 from .writer import ShardWriter, claim_attempt_dir
 
-
-class _Phase:
-    """A reusable timer for one named phase; time spent inside adds up within a step."""
-
-    __slots__ = ("_rec", "_key", "_t0")
-
-    def __init__(self, rec: "Recorder", key: str):
-        self._rec = rec
-        self._key = key
-        self._t0 = 0.0
-
-    def __enter__(self):
-        self._t0 = perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        dt = perf_counter() - self._t0
-        with self._rec._lock:  # end_step may be swapping the phase dict on another thread
-            phases = self._rec._phases
-            phases[self._key] = phases.get(self._key, 0.0) + dt
-        return False
-
-
-class _NoPhase:
-    """What ``phase()`` gives for a name it refuses: times nothing, never raises."""
-
-    __slots__ = ()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_PHASE = _NoPhase()
+_NO_MEM = (None, None, None)
 
 
 class Recorder:
@@ -162,20 +132,22 @@ class Recorder:
         self._close_timeout_s = o.close_timeout_s
         self._warn = Warner(f"rank {self.rank}")
         self._lock = threading.RLock()
+        self._owner = self._solo = None  # the thread that may call without the lock (owner.py)
+        self._busy = False  # the owner is inside an unlocked call
         self._rows: list[tuple] = []
-        self._phases: dict[str, float] = {}
-        self._phase_objs: dict[str, _Phase] = {}
+        self._pending: list[tuple[str, float]] = []  # (column, seconds) from phase timers (phase.py)
+        self._phase_objs: dict[str, Phase] = {}
         self._names_ok: set[str] = set()  # scalar names checked once, then accepted at C speed
         self._t_step = perf_counter()  # start of the current step (start_step or previous end_step)
-        self._last_flush = self._t_step
-        self._n_steps = 0
+        self._flush_due = self._t_step + self._flush_every_s
+        self._mem_left = 1 if self._mem_every else -1  # end_steps to the next memory sample (never 0: never)
 
     def _start_writer(self) -> None:
         self._writer = ShardWriter(self.attempt_dir, self._meta, max_backlog_rows=self._opts.max_backlog_rows,
                                    lag_rows=self._opts.lag_rows, where=f"rank {self.rank}", merge_parts=self._opts.merge_parts)
         self._writer.write_meta()  # synchronously: a bad path fails at construction, loudly
         # pyarrow's first pa.array() imports pandas when present (~0.2 s holding the GIL): paid here, not by the writer.
-        rows_to_table([(0, 0.0, None, None, None, None, None, None, None, None, None)], self._warn)
+        rows_to_table([(0, 0.0, None, None, None, None, None, None, None, None, None, None)], self._warn)
 
     def _register(self, install_sigterm_handler: bool) -> None:
         lifecycle.LIVE.add(self)
@@ -200,89 +172,110 @@ class Recorder:
                 if not isinstance(name, str) or not name or "\0" in name:
                     self._warn(f"phase:{safe_repr(name)}", f"phase name {safe_repr(name)} is not a non-empty string "
                                "without NUL characters; that phase is not timed")
-                    return _NO_PHASE
-                p = self._phase_objs[name] = _Phase(self, phase_column(name))
+                    return NO_PHASE
+                p = self._phase_objs[name] = Phase(self._pending, phase_column(name), perf_counter)
             return p
         except Exception:  # an unhashable name (a list): never a TypeError into the loop
             self._warn(f"phase:{type(name).__name__}", f"phase name {safe_repr(name)} is not a string; that phase is not timed")
-            return _NO_PHASE
+            return NO_PHASE
 
-    def end_step(self, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
+    def end_step(self, /, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
         """Record one step. Values: Python numbers, numpy scalars or 1-element tensors (any device)."""
         try:
-            with self._lock:
+            if self._solo == get_ident():  # the only thread so far: no lock (see owner.py)
+                busy = self._busy
+                self._busy = True
+                lock = None if self._solo is not None else lock_for(self, busy)
+            else:
+                lock = lock_for(self, None)
+            try:
                 t = perf_counter()
                 step_time = t - self._t_step
                 self._t_step = t
-                if step.__class__ is not int or not STEP_MIN <= step <= STEP_MAX:
+                if step.__class__ is not int or not 0 <= step < 1 << 30:  # small ints compare fastest; others: below
                     step = self._checked_step(step, "end_step")
                     if step is None:
-                        self._phases = {}  # they belong to the refused step
+                        del self._pending[:]  # they belong to the refused step
                         return
-                if loss is not None and loss.__class__ is not float:
-                    loss = capture(loss)
-                if grad_norm is not None and grad_norm.__class__ is not float:
-                    grad_norm = capture(grad_norm)
-                if lr is not None and lr.__class__ is not float:
-                    lr = capture(lr)
-                if tokens is not None and tokens.__class__ is not int:
-                    tokens = capture(tokens)
-                extras = self._extras(scalars) if scalars or self._phases else None
-                self._n_steps += 1
-                mem = None
-                if self._mem_every and self._n_steps % self._mem_every == 1 % self._mem_every:
-                    mem = self._memory()
-                if mem is None:
-                    self._rows.append((step, time.time(), step_time, loss, grad_norm, lr, tokens, None, None, None, extras))
+                loss = loss if loss.__class__ is float or loss is None else capture(loss)
+                grad_norm = grad_norm if grad_norm.__class__ is float or grad_norm is None else capture(grad_norm)
+                lr = lr if lr.__class__ is float or lr is None else capture(lr)
+                tokens = tokens if tokens.__class__ is int or tokens is None else capture(tokens)
+                phases = self._pending
+                if phases:  # a copy, then exactly that many off the front (see phase.py)
+                    phases = phases[:]
+                    del self._pending[:len(phases)]
                 else:
-                    self._rows.append((step, time.time(), step_time, loss, grad_norm, lr, tokens, *mem, extras))
-                if len(self._rows) >= self._flush_every_steps or t - self._last_flush >= self._flush_every_s:
+                    phases = None
+                if scalars:
+                    if not self._names_ok.issuperset(scalars):
+                        scalars = self._checked_names(scalars)
+                    for k, v in scalars.items():
+                        if v.__class__ is not float and v is not None:
+                            scalars[k] = capture(v)
+                else:
+                    scalars = None
+                left = self._mem_left - 1
+                if left:
+                    self._mem_left = left
+                    row = (step, time.time(), step_time, loss, grad_norm, lr, tokens, None, None, None, scalars, phases)
+                else:
+                    self._mem_left = self._mem_every
+                    mem = self._memory() or _NO_MEM
+                    row = (step, time.time(), step_time, loss, grad_norm, lr, tokens, *mem, scalars, phases)
+                self._rows.append(row)
+                if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
+            finally:
+                if lock is None:
+                    self._busy = busy
+                else:
+                    lock.release()
         except Exception as e:  # the loop must go on
             self._warn(f"end_step:{type(e).__name__}", f"end_step failed and the step was not recorded: {e!r}")
 
-    def _extras(self, scalars: dict) -> dict | None:  # phase times and user scalars in one dict
-        extras = None
-        if self._phases:
-            extras = self._phases
-            self._phases = {}
-        if scalars:
-            if not self._names_ok.issuperset(scalars):
-                scalars = self._checked_names(scalars)
-            for k, v in scalars.items():
-                if v is not None and v.__class__ is not float:
-                    scalars[k] = capture(v)
-            if extras is None:
-                return scalars
-            extras.update(scalars)
-        return extras
-
-    def log(self, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
+    def log(self, /, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
         """Values for a step that already ended (or not yet): an eval loss, or the loss, grad norm,
         lr and tokens that the loop knows only after ``end_step`` (a framework's logging hook).
         Ingest fills them into the step's ``end_step`` row; a value set by both keeps the
         ``end_step`` one, and among several ``log`` calls the last written wins (with a warning)."""
         try:
-            with self._lock:
-                if step.__class__ is not int or not STEP_MIN <= step <= STEP_MAX:
+            if self._solo == get_ident():  # as in end_step
+                busy = self._busy
+                self._busy = True
+                lock = None if self._solo is not None else lock_for(self, busy)
+            else:
+                lock = lock_for(self, None)
+            try:
+                if step.__class__ is not int or not 0 <= step < 1 << 30:
                     step = self._checked_step(step, "log")
                     if step is None:
                         return
                 if scalars and not self._names_ok.issuperset(scalars):
                     scalars = self._checked_names(scalars)
-                fixed = [v if v is None or v.__class__ is float else capture(v) for v in (loss, grad_norm, lr, tokens)]
+                loss = loss if loss.__class__ is float or loss is None else capture(loss)
+                grad_norm = grad_norm if grad_norm.__class__ is float or grad_norm is None else capture(grad_norm)
+                lr = lr if lr.__class__ is float or lr is None else capture(lr)
+                tokens = tokens if tokens.__class__ is int or tokens is None else capture(tokens)
                 for k, v in scalars.items():
-                    if v is not None and v.__class__ is not float:
+                    if v.__class__ is not float and v is not None:
                         scalars[k] = capture(v)
-                self._rows.append((step, time.time(), None, *fixed, None, None, None, scalars))
+                self._rows.append((step, time.time(), None, loss, grad_norm, lr, tokens, None, None, None, scalars, None))
                 t = perf_counter()
-                if len(self._rows) >= self._flush_every_steps or t - self._last_flush >= self._flush_every_s:
+                if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
+            finally:
+                if lock is None:
+                    self._busy = busy
+                else:
+                    lock.release()
         except Exception as e:
             self._warn(f"log:{type(e).__name__}", f"log failed: {e!r}")
 
     def _checked_step(self, step, call: str) -> int | None:
         """``step`` as an int; None, warned and counted, when it is not one (see options.as_step)."""
+        if step.__class__ is int and STEP_MIN <= step <= STEP_MAX:  # negative, or from 2**30 on
+            return step
         i = as_step(step)
         if i is None:
             self._writer.count_rejected(1)
@@ -303,7 +296,7 @@ class Recorder:
         return kept
 
     def _handoff(self, t: float) -> None:
-        self._last_flush = t
+        self._flush_due = t + self._flush_every_s
         if self._closed:
             self._warn("after-close", "end_step after close(): these steps are not recorded")
             self._rows = []
@@ -348,10 +341,10 @@ class Recorder:
         if self._closed or os.getpid() != self._pid:
             return
         try:
-            with self._lock:
+            with locked(self):
                 self._writer.submit(self._rows)
                 self._rows = []
-                self._last_flush = perf_counter()
+                self._flush_due = perf_counter() + self._flush_every_s
             if not self._writer.flush([], self._close_timeout_s):
                 self._warn("flush-timeout", f"flush did not finish within {self._close_timeout_s}s; continuing")
         except Exception as e:
@@ -359,7 +352,7 @@ class Recorder:
 
     def close(self, *, reason: str = "close") -> None:
         """Flush, write end.json and stop the writer. Idempotent; also runs at exit and on SIGTERM."""
-        with self._lock:
+        with locked(self):
             if self._closed or os.getpid() != self._pid:  # a forked child (DataLoader worker) writes nothing
                 return
             self._closed = True
@@ -374,7 +367,7 @@ class Recorder:
         from a signal handler that interrupted a close(): the writer takes the first close and
         answers the second at once."""
         try:
-            with self._lock:
+            with locked(self):
                 self._writer.submit(self._rows)
                 self._rows = []
             if not self._writer.close([], reason=reason, timeout=self._close_timeout_s):
@@ -383,10 +376,12 @@ class Recorder:
             self._warn(f"close:{type(e).__name__}", f"close failed: {e!r}")
 
     def _forked(self) -> None:
-        """In a forked child: no parent rows, a fresh lock (one held at the fork stays held)."""
+        """In a forked child: no parent rows, a fresh lock (one held at the fork stays held), and
+        no unlocked call in flight (the thread that was in one is not in the child)."""
         self._lock = threading.RLock()
+        self._busy = False
         self._rows = []
-        self._phases = {}
+        del self._pending[:]  # the same list: the phase timers hold it
 
     def _close_at_exit(self) -> None:
         self.close(reason="exit")

@@ -1,0 +1,45 @@
+"""Phase timers: ``with rec.phase("data"):`` adds the time spent inside to the step's ``time/data_s``.
+
+A timer's exit appends ``(column, seconds)`` to the recorder's one pending list, a single
+``list.append`` (atomic, in CPython with or without a GIL), and takes no lock. ``end_step`` takes
+what is pending with a copy and then a delete of exactly that many entries from the front, so an
+exit on another thread in between lands in the next step, never nowhere and never twice. The
+writer thread sums a step's entries per column (convert.py).
+"""
+
+from __future__ import annotations
+
+
+class Phase:
+    """A reusable timer for one named phase; time spent inside adds up within a step."""
+
+    __slots__ = ("_pending", "_key", "_clock", "_t0")
+
+    def __init__(self, pending: list, key: str, clock):
+        self._pending = pending  # the recorder's list: the same object for its whole life
+        self._key = key
+        self._clock = clock  # the recorder's perf_counter (tests put a fake clock there)
+        self._t0 = 0.0
+
+    def __enter__(self):
+        self._t0 = self._clock()
+        return self
+
+    def __exit__(self, et, ev, tb):
+        self._pending.append((self._key, self._clock() - self._t0))
+        return False
+
+
+class NoPhase:
+    """What ``phase()`` gives for a name it refuses: times nothing, never raises."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, ev, tb):
+        return False
+
+
+NO_PHASE = NoPhase()

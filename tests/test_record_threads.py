@@ -1,0 +1,264 @@
+"""The lock-free fast path (kforge_record/owner.py): the one thread that calls a Recorder goes
+without the lock, and hands over to the locked path when a second thread calls, losing and
+duplicating nothing."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from kforge_record import Recorder, owner
+
+
+def _table(rec):
+    parts = sorted(os.path.join(rec.attempt_dir, n) for n in os.listdir(rec.attempt_dir) if n.startswith("part-"))
+    return pq.read_table(parts)
+
+
+class _Blocking:
+    """A value whose capture (``getattr(v, "requires_grad")``, inside end_step) blocks until released:
+    it holds the owner inside its unlocked call for as long as the test wants."""
+
+    def __init__(self):
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    @property
+    def requires_grad(self):
+        self.inside.set()
+        self.release.wait(10)
+        return None  # not a tensor: the value passes through (and becomes null on the writer)
+
+
+def test_a_second_thread_waits_for_the_owners_unlocked_call_then_both_rows_land(tmp_path):
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
+    blocking = _Blocking()
+    calls = []
+
+    def owner_loop():  # the owner: the first thread to call
+        for step in (1, 2):
+            rec.end_step(step, loss=float(step))
+        calls.append(rec._solo == threading.get_ident())  # the fast path was on
+        rec.end_step(3, loss=blocking)  # blocks inside its unlocked call
+        rec.end_step(4, loss=4.0)  # after the hand-over: the locked path
+
+    owner_thread = threading.Thread(target=owner_loop)
+    owner_thread.start()
+    assert blocking.inside.wait(10)
+    logged = threading.Event()
+    other = threading.Thread(target=lambda: (rec.log(2, **{"eval/loss": 0.5}), logged.set()))
+    other.start()
+    time.sleep(0.3)
+    assert not logged.is_set(), "the second thread went on while the owner was inside an unlocked call"
+    assert rec._solo is None  # it did end the fast path, for good
+    blocking.release.set()
+    owner_thread.join(10)
+    other.join(10)
+    assert logged.is_set() and calls == [True]
+    rec.close()
+    table = _table(rec)
+    assert sorted(table.column("step").to_pylist()) == [1, 2, 2, 3, 4]
+    assert rec.dropped_rows == 0 and rec._busy is False
+
+
+def test_an_owner_that_lost_the_fast_path_between_its_two_checks_takes_the_lock(tmp_path, monkeypatch):
+    """The narrow window: the owner has read ``_solo`` as its own, and before it sets ``_busy`` the
+    other thread ends the fast path and starts its locked call. The owner must see that on its
+    second check and wait for the lock, not run unlocked beside it."""
+    from kforge_record import recorder
+
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
+    paused, owner_done = threading.Event(), threading.Event()
+    blocking = _Blocking()
+    armed = []
+    real_get_ident = threading.get_ident
+
+    def get_ident():  # the owner's first check, held open until the other thread is inside its call
+        if armed and armed[0] == real_get_ident():
+            armed.clear()
+            paused.set()
+            assert blocking.inside.wait(10)
+        return real_get_ident()
+
+    monkeypatch.setattr(recorder, "get_ident", get_ident)
+
+    def owner_loop():
+        rec.end_step(1, loss=1.0)
+        armed.append(real_get_ident())
+        rec.end_step(2, loss=2.0)
+        owner_done.set()
+
+    o = threading.Thread(target=owner_loop)
+    o.start()
+    assert paused.wait(10)
+    other = threading.Thread(target=rec.log, args=(1,), kwargs={"eval/loss": blocking})
+    other.start()  # ends the fast path (the owner is not busy yet), takes the lock, blocks inside
+    time.sleep(0.3)
+    assert not owner_done.is_set(), "the owner ran unlocked while another thread was inside a locked call"
+    blocking.release.set()
+    o.join(10)
+    other.join(10)
+    assert owner_done.is_set()
+    rec.close()
+    assert sorted(_table(rec).column("step").to_pylist()) == [1, 1, 2]
+
+
+@pytest.mark.parametrize("second", ["log", "end_step", "flush"])
+def test_a_second_thread_that_appears_mid_run_loses_and_duplicates_no_row(tmp_path, second):
+    per_thread = 4000
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: races show
+    try:
+        for attempt in range(3):
+            rec = Recorder(tmp_path / f"run{attempt}", rank=0, world_size=1, flush_every_steps=7,
+                           install_sigterm_handler=False)
+            started = threading.Event()
+            fast = []
+
+            def loop():
+                for i in range(per_thread):
+                    with rec.phase("data"):
+                        pass
+                    rec.end_step(i, loss=float(i), **{"x": 1.0})
+                    if i == per_thread // 4:
+                        fast.append(rec._solo == threading.get_ident())
+                        started.set()  # the second thread comes while the loop is on its fast path
+
+            def other():
+                started.wait(10)
+                for i in range(per_thread // 4):
+                    if second == "log":
+                        rec.log(i, **{"eval/loss": float(i)})
+                    elif second == "end_step":
+                        rec.end_step(per_thread + i, loss=-1.0)
+                    else:
+                        rec.flush()
+
+            threads = [threading.Thread(target=loop), threading.Thread(target=other)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert fast == [True] and rec._solo is None
+            rec.close()
+            table = _table(rec)
+            steps = table.column("step").to_pylist()
+            ended = sorted(s for s, st in zip(steps, table.column("step_time_s").to_pylist()) if st is not None)
+            extra = per_thread // 4 if second == "end_step" else 0
+            assert ended == list(range(per_thread + extra)), f"attempt {attempt}"
+            assert table.num_rows == per_thread + (per_thread // 4 if second != "flush" else 0)
+            assert rec.dropped_rows == 0
+    finally:
+        sys.setswitchinterval(old)
+
+
+def test_a_call_nested_in_the_owners_call_leaves_the_handshake_as_it_was(tmp_path):
+    """A signal handler or warning hook runs inside the owner's call: its own calls (flush, log)
+    must neither deadlock nor clear the outer call's busy flag."""
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
+    seen = []
+
+    class Nested:
+        @property
+        def requires_grad(self):
+            seen.append(rec._busy)
+            rec.log(1, **{"eval/loss": 0.25})  # nested fast-path call
+            rec.flush()  # nested locked call, on the owner's thread: no wait for itself
+            seen.append(rec._busy)
+            return None
+
+    rec.end_step(1, loss=1.0)
+    rec.end_step(2, loss=Nested())
+    rec.end_step(3, loss=3.0)
+    assert seen == [True, True] and rec._busy is False and rec._solo == threading.get_ident()
+    rec.close()
+    assert sorted(_table(rec).column("step").to_pylist()) == [1, 1, 2, 3]
+
+
+def test_without_a_gil_every_call_takes_the_lock(tmp_path, monkeypatch):
+    monkeypatch.setattr(owner, "gil_enabled", lambda: False)  # what a free-threaded build reports
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
+    for step in range(1, 4):
+        with rec.phase("data"):
+            pass
+        rec.end_step(step, loss=1.0)
+    assert rec._owner == threading.get_ident() and rec._solo is None
+    rec.close()
+    assert _table(rec).column("step").to_pylist() == [1, 2, 3]
+
+
+def test_a_child_forked_while_the_owner_is_inside_a_call_does_not_wait_for_it(tmp_path):
+    code = f"""
+import os, sys, threading, time
+sys.path.insert(0, {os.getcwd()!r})
+from kforge_record import Recorder
+rec = Recorder({str(tmp_path / "run")!r}, rank=0, world_size=1, install_sigterm_handler=False)
+inside, release = threading.Event(), threading.Event()
+class Blocking:
+    @property
+    def requires_grad(self):
+        inside.set(); release.wait(20); return None
+def owner():
+    rec.end_step(1, loss=1.0)
+    rec.end_step(2, loss=Blocking())
+t = threading.Thread(target=owner); t.start()
+inside.wait(10)
+pid = os.fork()
+if pid == 0:  # the child: its only thread is not the owner, and the owner's call is not here
+    t0 = time.monotonic()
+    rec.log(5, loss=1.0); rec.end_step(6, loss=1.0); rec.close()
+    os._exit(0 if time.monotonic() - t0 < 5 else 3)
+_, status = os.waitpid(pid, 0)
+release.set(); t.join(); rec.close()
+print("child", os.waitstatus_to_exitcode(status))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "child 0" in out.stdout, out.stdout + out.stderr
+
+
+def test_phase_times_from_another_thread_land_in_exactly_one_step(tmp_path, monkeypatch):
+    """Phase timers take no lock: each exit appends (column, seconds) and end_step takes a copy,
+    then deletes exactly that many. Every timed second must show up once, whatever the interleaving."""
+    from kforge_record import recorder
+
+    clock = threading.local()
+
+    def perf_counter():  # per thread: enter at 2k, exit at 2k + 1, so every timing is exactly 1.0 s
+        clock.t = getattr(clock, "t", -1) + 1
+        return float(clock.t)
+
+    monkeypatch.setattr(recorder, "perf_counter", perf_counter)  # the recorder's clock, which its timers use
+    n_timed = 5000
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for attempt in range(2):
+            rec = Recorder(tmp_path / f"run{attempt}", rank=0, world_size=1, flush_every_steps=50,
+                           install_sigterm_handler=False)
+            timer = rec.phase("data")
+
+            def timing():  # e.g. a prefetch thread timing its own waits
+                for _ in range(n_timed):
+                    with timer:
+                        pass
+                    time.sleep(0)  # hand the GIL back: the loop is then preempted anywhere in end_step
+
+            t = threading.Thread(target=timing)
+            t.start()
+            step = 0
+            while t.is_alive():
+                step += 1
+                rec.end_step(step, loss=1.0)
+            t.join()
+            rec.end_step(step + 1, loss=1.0)  # takes what the last exits left
+            rec.close()
+            col = _table(rec).column("time/data_s").to_pylist()
+            assert sum(v for v in col if v is not None) == n_timed, f"attempt {attempt}"
+            assert len([v for v in col if v is not None]) > 10  # the two threads did interleave
+            assert rec.dropped_rows == 0
+    finally:
+        sys.setswitchinterval(old)
