@@ -48,6 +48,9 @@ def test_matrix_and_group_by_agree(tmp_path, monkeypatch):
     assert fast is not None and fast.select(slow.columns).equals(slow)
     assert fast["ckpt_max"].null_count() == 54  # null where no rank checkpointed, never 0.0
     assert fast.filter(pl.col("step") == 10)["ckpt_max"].item() == pytest.approx(0.1)
+    # no eval phase timed (a column null throughout, never gathered): null, and the critical rank's
+    # side work is its checkpoint alone
+    assert fast["eval_max"].null_count() == 60 and fast["crit_side"].null_count() == 0
     # straggler blocks: the same (sums may differ in the last bit: another order of additions)
     W = 5
     fb = win.blocks(fast, fast.join(st, on="step")["_st"].to_numpy(), ph.own, W)

@@ -70,17 +70,23 @@ class Window:
         least = wait == wait.min(axis=1, keepdims=True)
         crit = np.where(least, st, -np.inf).argmax(axis=1)  # least wait; ties to the longest step
         rows = np.arange(S)
-        ckpt, ev = self.col("_ckpt", nan=True), self.col("_eval", nan=True)
+        ckpt, ev = self._side("_ckpt"), self._side("_eval")
         med = {c: self.lower_median(c) for c in own}
         out = {
             "step": np.arange(self.s0, self.s0 + S, dtype=np.int64), "own_med": self.lower_median("_own"),
             "data_med": (med[data[0]] if len(data) == 1 else self.lower_median("_data")) if data else np.full(S, np.nan),
-            "ckpt_max": _nanmax(ckpt), "eval_max": _nanmax(ev), "crit_st": st[rows, crit],
+            "ckpt_max": _nanmax(ckpt, S), "eval_max": _nanmax(ev, S), "crit_st": st[rows, crit],
             "crit_own": self.col("_own")[rows, crit],
-            "crit_side": np.nan_to_num(ckpt[rows, crit]) + np.nan_to_num(ev[rows, crit]),
+            "crit_side": _at(ckpt, rows, crit) + _at(ev, rows, crit),
             **{f"{c}\0med": m for c, m in med.items()},
         }
         return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
+
+    def _side(self, name: str) -> np.ndarray | None:
+        """A checkpoint/eval column as a matrix (NaN where null); None when it is null throughout
+        (no such phase timed, the usual case): nothing to gather or scan."""
+        s = self.df[name]
+        return None if s.null_count() == s.len() else self.col(name, nan=True)
 
     def blocks(self, med: pl.DataFrame, st_med: np.ndarray, own, W: int) -> pl.DataFrame | None:
         """perstep's straggler blocks for this window (``st_med``: the steps' median step time)."""
@@ -105,7 +111,14 @@ class Window:
         return pl.DataFrame(out)
 
 
-def _nanmax(m: np.ndarray) -> np.ndarray:
-    """Row max ignoring NaN; NaN (then null) where the whole row is NaN, never 0.0."""
+def _at(m: np.ndarray | None, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """m[rows, cols] with NaN as 0.0 (a phase not timed adds nothing); zeros for an all-null m."""
+    return np.zeros(len(rows)) if m is None else np.nan_to_num(m[rows, cols])
+
+
+def _nanmax(m: np.ndarray | None, S: int) -> np.ndarray:
+    """Row max ignoring NaN; NaN (then null) where the whole row is NaN, never 0.0 (all NaN: m None)."""
+    if m is None:
+        return np.full(S, np.nan)
     have = ~np.isnan(m)
     return np.where(have.any(axis=1), np.where(have, m, -np.inf).max(axis=1), np.nan)
