@@ -7,6 +7,7 @@ file's columns without ``pq.read_table``, whose pyarrow.dataset imports pandas (
 
 from __future__ import annotations
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 try:  # the reader under pq.read_metadata, without its filesystem and nested-path set-up (~20 us a file)
@@ -63,6 +64,27 @@ def read_columns(path: str, columns: list[str] | None = None):
     """The ``columns`` (default all) of one Parquet file as an Arrow table (as pq.read_table)."""
     with pq.ParquetFile(path) as pf:
         return pf.read(columns=columns)
+
+
+def column_max(path: str, column: str) -> float | None:
+    """The largest non-null value of a numeric ``column`` of one Parquet file, None when it has none
+    (or no such column).
+
+    From the footer's row-group statistics when every row group has them (no data read: a merged
+    part of 100k rows costs a footer, not 100k values), else by reading the column."""
+    md = read_metadata(path)
+    names = md.schema.names
+    if column not in names:
+        return None
+    if md.num_row_groups:
+        j = names.index(column)
+        stats = [md.row_group(i).column(j).statistics for i in range(md.num_row_groups)]
+        if all(st is not None and st.has_min_max for st in stats):
+            return max(float(st.max) for st in stats)
+        if all(st is not None and st.null_count == md.row_group(i).num_rows for i, st in enumerate(stats)):
+            return None
+    got = pc.max(read_columns(path, [column]).column(column)).as_py()
+    return None if got is None else float(got)
 
 
 def column_problem(columns: dict) -> str | None:

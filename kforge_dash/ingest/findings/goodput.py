@@ -33,7 +33,7 @@ import os
 import polars as pl
 
 from kforge_dash.ingest.findings.model import RunFacts
-from kforge_dash.ingest.parquet_io import read_columns
+from kforge_dash.ingest.parquet_io import column_max
 
 BUCKETS = ("startup", "warmup", "wasted_progress", "downtime", "checkpoint", "data_stall", "straggler_wait", "eval",
            "other")
@@ -51,8 +51,7 @@ def last_record(L) -> tuple[float | None, float | None]:
             continue
         p = max(parts, key=lambda p: (p.max_step, os.path.basename(p.path)))
         try:
-            t = read_columns(p.path, ["time"]).column("time")
-            v = max((x for x in t.to_pylist() if x is not None), default=None)
+            v = column_max(p.path, "time")
         except Exception:  # unreadable: ingest already warned about that part
             v = None
         if v is not None:
