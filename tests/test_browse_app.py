@@ -165,3 +165,28 @@ def test_report_size_stays_small_for_long_runs(tmp_path):
     small = prep_report.build_report([tmp_path], options=prep_report.ReportOptions(metrics=("loss",)))
     assert len(small.html) < 7e6
     np.testing.assert_equal(small.runs, ["r0", "r1"])
+
+
+def test_a_sessions_first_page_sends_the_first_chart_ahead_of_the_others(tmp_path, monkeypatch):
+    """The frontend draws every chart that has arrived in one task: on a session's first page the
+    script holds the rest back once the first chart is sent (so it shows sooner), and only then."""
+    import time
+
+    from kforge_dash.browse.views import common
+
+    for i in range(2):
+        write_run(tmp_path, f"run{i}", n=50, seed=i)
+    held, real_sleep = [], time.sleep
+
+    def sleep(seconds):
+        if seconds == common.FIRST_CHART_HEAD_START_S:
+            held.append(seconds)
+        real_sleep(0)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    at = _app(tmp_path, monkeypatch).run()
+    assert not at.exception
+    assert held == [common.FIRST_CHART_HEAD_START_S] and len(_titles(at)) >= 5
+    at.run()  # the same session again (a widget changed): plotly.js is loaded, nothing held back
+    assert not at.exception
+    assert held == [common.FIRST_CHART_HEAD_START_S] and len(_titles(at)) >= 5

@@ -23,6 +23,17 @@ LIVE_WINDOW_S = 300  # a run whose shards changed this recently is being written
 LIVE_EVERY_S = 5
 
 
+# How long a session's first page holds the other charts back once the first is sent (s): the
+# frontend draws every chart that has arrived in one task, so sent together the first showed with
+# the last (benchmarks/bench_dash_browser.py).
+FIRST_CHART_HEAD_START_S = 0.5
+
+
+def preload_pending() -> bool:
+    """True until plotly_preload has run once in this session."""
+    return not st.session_state.get("_plotly_preloaded")
+
+
 def plotly_preload():
     """An empty, 10-pixel plotly element sent before the widgets, once per session; returns its slot,
     which the page empties once its charts are sent.

@@ -23,6 +23,7 @@ ingested = {r.name: r for r in runs if r.ingested}
 if not ingested:
     st.info(f"No ingested runs under {md_text(root)} yet.")
     st.stop()
+preloading = common.preload_pending()  # this run is the session's first page
 preload = common.plotly_preload()
 
 with st.sidebar:
@@ -131,6 +132,10 @@ def charts() -> None:
             drawn += data.bands if grouped else data.series
             _chart(cols[n_charts % 2], data, metric, colours, log_y=log_y, grouped=grouped, tag=tag)
             n_charts += 1
+            if n_charts == 1 and preloading:
+                # A session's first page: give the browser the first chart alone (it draws every chart
+                # that has arrived in one go, so with all 7 the first showed with the last).
+                time.sleep(common.FIRST_CHART_HEAD_START_S)
     st.session_state["_drawn"] = drawn
     with head:
         _notes(parts, grouped=grouped, band=band)
