@@ -136,6 +136,9 @@ class Compactor:
                 os.remove(os.path.join(self.attempt_dir, p.name))
             except FileNotFoundError:
                 pass
+            except OSError as e:  # readers skip it; the writer's close removes it (leftovers.py)
+                self.warn(f"merge-remove:{e.errno}", f"could not remove {p.name}, replaced by {merged.name}, in "
+                          f"{self.attempt_dir} ({e!r}); readers skip it, and it is tried again at close")
             self._point()
         return merged
 
