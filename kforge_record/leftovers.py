@@ -18,6 +18,9 @@ What goes, and when (docs/CONTRACT.md, "Shards"):
   part's own rows are the ones ``flush_rows`` gives its flushes. The merged part and the folder
   are fsynced first. A live writer deletes the same files right after publishing (it ignores one
   already gone) and never reads a replaced part again, so this can never take a row from it.
+* An empty merged part (0 bytes: a publish without hard links claims the name before its rename
+  fills it, atomic.publish_new) whose flushes all sit in the parts beside it, only when its
+  writer is gone (below): readers would keep the empty file over those parts.
 * A temp file (``.*.tmp``), only when no live writer can own it: the folder's ``end.json``
   exists (its writer stopped), or its ``meta.json`` names this host and a pid that is gone, a
   zombie, or another process (a start time that differs: the pid was reused). For a folder
@@ -76,18 +79,56 @@ def clean_rank_dir(rank_dir: str, *, own: str, warn) -> Cleaned:
 def clean_attempt_dir(d: str, *, warn, writer_gone: bool | None = None) -> Cleaned:
     """Remove the replaced parts and dead temp files of attempt folder ``d``; never raises.
     ``writer_gone``: known by the caller (a closing writer, of its own folder), else found out."""
+    known = [] if writer_gone is None else [writer_gone]
+
+    def gone() -> bool | None:  # asked only when there is something it decides
+        if not known:
+            known.append(folder_writer_gone(d))
+        return known[0]
+
     try:
         names = os.listdir(d)
-        parts = _remove_replaced(d, [n for n in names if is_part_file(n)], warn)
+        parts = [n for n in names if is_part_file(n)]
+        empty = _empty_merged_parts(d, parts)
+        if empty and gone() is True:
+            for name in empty:
+                _remove(os.path.join(d, name))
+                parts.remove(name)
+        else:
+            empty = []
+        removed = _remove_replaced(d, parts, warn) + len(empty)
         temps = [n for n in names if n.startswith(".") and n.endswith(".tmp")]
-        removed = 0
-        if temps:
-            removed = _remove_temps(d, temps, folder_writer_gone(d) if writer_gone is None else writer_gone)
-        return Cleaned(parts, removed)
+        return Cleaned(removed, _remove_temps(d, temps, gone()) if temps else 0)
     except Exception as e:  # never into the training loop, never kill the writer thread
         warn(f"leftovers:{type(e).__name__}", f"could not remove what a killed merge left in {d} ({e!r}); "
              "the files stay, and readers read each row once")
         return Cleaned()
+
+
+def _empty_merged_parts(d: str, parts: list[str]) -> list[str]:
+    """Merged parts of 0 bytes whose every flush is in smaller parts beside them: the name that a
+    publish without hard links claims before its rename fills it (atomic.publish_new), left so by
+    a kill in between. Readers would keep it over the parts it was to replace, and read nothing."""
+    sizes = {n: os.path.getsize(os.path.join(d, n)) for n in parts}
+    out = []
+    for name in parts:
+        span = part_span(name)
+        if span is None or span.first == span.last or sizes[name]:
+            continue
+        inner = [n for n in parts if sizes[n] and _within(n, span)]
+        reach = span.first - 1
+        for s in sorted((part_span(n).first, part_span(n).last) for n in live_parts(inner)):
+            if s[0] != reach + 1:
+                break
+            reach = s[1]
+        if reach == span.last:
+            out.append(name)
+    return out
+
+
+def _within(name: str, span) -> bool:
+    s = part_span(name)
+    return s is not None and span.first <= s.first and s.last <= span.last
 
 
 def _remove_replaced(d: str, parts: list[str], warn) -> int:

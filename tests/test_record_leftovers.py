@@ -173,3 +173,24 @@ def test_a_replaced_part_the_writer_could_not_remove_goes_at_close(tmp_path, mon
     refusing[0] = False
     rec.close()
     assert sorted(n for n in os.listdir(d) if n.startswith("part-")) == [MERGED, "part-000010.parquet", "part-000011.parquet"]
+
+
+def _claimed_not_filled(run, name, pid):
+    """A kill between the O_EXCL claim of a merged name and the rename that fills it (a filesystem
+    without hard links): an empty merged part beside all ten parts it was to replace."""
+    d = run / "rank-00000" / name
+    d.mkdir(parents=True)
+    (d / META_FILE).write_text(json.dumps({"host": hostname(), "pid": pid, "process_start_time": process_start_time()}))
+    for i in range(10):
+        pq.write_table(pa.table({"step": pa.array([i], pa.int64())}), d / REPLACED[i])
+    (d / MERGED).write_bytes(b"")
+    return d
+
+
+def test_an_empty_merged_part_goes_once_its_writer_is_gone(tmp_path):
+    run = tmp_path / "run"
+    dead = _claimed_not_filled(run, "a-dead", _dead_pid())
+    live = _claimed_not_filled(run, "b-live", os.getpid())
+    _start_and_close(run)
+    assert sorted(os.listdir(dead)) == [META_FILE, *REPLACED]
+    assert sorted(os.listdir(live)) == [META_FILE, MERGED, *REPLACED]  # it may be filled any moment
