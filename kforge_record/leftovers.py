@@ -89,7 +89,8 @@ def clean_attempt_dir(d: str, *, warn, writer_gone: bool | None = None) -> Clean
     try:
         names = os.listdir(d)
         parts = [n for n in names if is_part_file(n)]
-        empty = _empty_merged_parts(d, parts)
+        # Nothing shadowed (the common case): no file is opened or even stat'ed, one listing only.
+        empty = _empty_merged_parts(d, parts) if len(live_parts(parts)) < len(parts) else []
         if empty and gone() is True:
             for name in empty:
                 _remove(os.path.join(d, name))
