@@ -13,7 +13,8 @@ Crash safety (docs/CONTRACT.md, "Shards"): a merged part is named after the flus
 the merged one (schema.live_parts); a SIGKILL at any instant leaves either the old parts, or
 the merged part with some old parts beside it, and both read the same rows once. The merged
 part's key-value metadata also lists what it replaces and each flush's row count (``replaces``,
-``flush_rows``), so ingest can tell which of its rows it already read.
+``flush_rows``), so ingest can tell which of its rows it already read. What a kill leaves (the
+replaced parts, a temp file) the rank's next Recorder removes (leftovers.py).
 
 Nothing here raises: a merge that fails (disk full, an input gone) leaves its inputs as they
 are, which readers handle like any unmerged parts, with one warning.
@@ -136,6 +137,9 @@ class Compactor:
                 os.remove(os.path.join(self.attempt_dir, p.name))
             except FileNotFoundError:
                 pass
+            except OSError as e:  # readers skip it; the writer's close removes it (leftovers.py)
+                self.warn(f"merge-remove:{e.errno}", f"could not remove {p.name}, replaced by {merged.name}, in "
+                          f"{self.attempt_dir} ({e!r}); readers skip it, and it is tried again at close")
             self._point()
         return merged
 

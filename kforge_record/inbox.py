@@ -76,7 +76,14 @@ class Inbox:
         with self._cond:
             batches, self._batches, self.waiting_rows = self._batches, [], 0
             self._busy_since = time.monotonic()
-        return [row for batch in batches for row in batch]
+        rows = [row for batch in batches for row in batch]
+        for batch in batches:
+            # The training thread keeps the last list it handed over (ShardWriter.submit, to know
+            # it again): emptied here, its rows (and the tensors they hold) are freed by this
+            # thread once written, not by end_step at the next hand-over: 500 held tensors of a
+            # 100-step window cost that end_step 18 µs. Empty, it is still ignored if handed again.
+            batch.clear()
+        return rows
 
     def done(self, n: int) -> None:
         """The writer finished ``n`` taken rows (written, kept for a retry, or dropped)."""

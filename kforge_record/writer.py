@@ -22,6 +22,7 @@ from .atomic import atomic_path, write_json_atomic
 from .compact import Compactor
 from .convert import rows_to_table
 from .inbox import Inbox
+from .leftovers import clean_attempt_dir, clean_rank_dir
 from .schema import END_FILE, META_FILE, PARQUET_META_KEY, SCHEMA_VERSION, is_part_file, part_file_name, taken_attempt_id
 from .warn import Warner
 
@@ -65,8 +66,9 @@ class ShardWriter:
         self._last_submitted: list[tuple] | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # wake-ups and control messages
         self._stopped = threading.Event()
-        self._handlers = {"meta": self._on_meta, "sync": self._on_sync, "close": self._on_close}
+        self._handlers = {"meta": self._on_meta, "sync": self._on_sync, "close": self._on_close, "tidy": self._on_tidy}
         self._thread = threading.Thread(target=self._run, name="kforge-record-writer", daemon=True)
+        self._queue.put(("tidy", None))  # first: what killed merges left in earlier attempts of this rank
         self._thread.start()
 
     @property
@@ -172,6 +174,11 @@ class ShardWriter:
         self._guarded("meta", self.write_meta)
         return False
 
+    def _on_tidy(self, _payload) -> bool:
+        # Earlier attempts' folders only: this one is new (leftovers.py says what goes, and when).
+        clean_rank_dir(os.path.dirname(self.attempt_dir), own=os.path.basename(self.attempt_dir), warn=self.warn)
+        return False
+
     def _on_sync(self, payload) -> bool:
         payload[1].set()
         return False
@@ -179,6 +186,9 @@ class ShardWriter:
     def _on_close(self, payload) -> bool:
         reason, done = payload
         self._write_backlog()
+        # A replaced part this writer failed to remove (compact.py). Temp files stay: another
+        # writer in this folder (a name found taken) may own one.
+        clean_attempt_dir(self.attempt_dir, warn=self.warn, writer_gone=False)
         if self._backlog:  # the last try failed too: these rows are lost, and counted
             self._dropped["disk"] += sum(t.num_rows for t in self._backlog)
             self._backlog.clear()

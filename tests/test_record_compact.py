@@ -138,9 +138,17 @@ def _kill_at(run, point):
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+RESUMED_STEPS = 5
+ROW_COLUMNS = ["step", "loss", "lr", "tokens"]
+
+
 def test_sigkill_at_every_point_of_a_merge_loses_and_duplicates_nothing(tmp_path):
+    """Kills at many points of a merge; then the job resumes (a new attempt folder of the same
+    rank), whose recorder removes what the kill left (kforge_record/leftovers.py): the killed
+    folder's files are bounded again, and ingest reads exactly the rows of an unkilled run."""
     runs = {k: tmp_path / f"kill{k}" for k in KILL_POINTS}
-    states = set()
+    states, cleaned = set(), set()
+    unkilled = _unkilled_rows(tmp_path / "unkilled", 400 + RESUMED_STEPS)
     for batch in range(0, len(KILL_POINTS), 4):  # four children at a time: the machine is small
         procs = {k: _kill_at(runs[k], k) for k in KILL_POINTS[batch:batch + 4]}
         for k, proc in procs.items():
@@ -149,18 +157,52 @@ def test_sigkill_at_every_point_of_a_merge_loses_and_duplicates_nothing(tmp_path
             flushed = max((int(line.split()[1]) for line in out.splitlines() if line.startswith("flushed ")), default=0)
             last = max(int(line.split()[1]) for line in out.splitlines() if line.startswith("step "))
             d = attempt_dir(runs[k])
-            names = os.listdir(d)
-            live = live_parts(n for n in names if n.endswith(".parquet"))
-            states.add(("temp file left" if any(n.endswith(".tmp") for n in names) else "no temp",
-                        "replaced parts left" if len([n for n in names if n.endswith(".parquet")]) > len(live) else "clean"))
+            states.add(_state(d))
             steps, ranks, summary = _ingested(runs[k])
             got = ranks["step"].to_list()
             # Nothing a returned flush() wrote is lost, nothing is there twice, nothing made up.
-            assert got == list(range(1, len(got) + 1)) and flushed <= len(got) <= last, (k, flushed, last, names)
+            assert got == list(range(1, len(got) + 1)) and flushed <= len(got) <= last, (k, flushed, last, os.listdir(d))
             assert ranks["loss"].to_list() == [1.0 / s for s in got]
             assert steps["step"].to_list() == got
-    # The kills met every kind of state a merge leaves behind.
+            # The job resumes after its last step on disk; its recorder cleans the killed folder.
+            _resume(runs[k], len(got) + 1)
+            cleaned.add(_state(d))
+            parts = [n for n in os.listdir(d) if n.endswith(".parquet")]
+            assert sorted(parts) == live_parts(parts) and len(parts) <= 20, (k, parts)
+            steps, ranks, _ = _ingested(runs[k])
+            n = len(got) + RESUMED_STEPS
+            assert_frame_equal(ranks.select(ROW_COLUMNS), unkilled[1].head(n), check_exact=True)
+            assert_frame_equal(steps.select(ROW_COLUMNS), unkilled[0].head(n), check_exact=True)
+    # The kills met every kind of state a merge leaves behind, and the clean-up left none.
     assert states >= {("temp file left", "clean"), ("no temp", "replaced parts left"), ("no temp", "clean")}
+    assert cleaned == {("no temp", "clean")}
+
+
+def _state(d):
+    names = os.listdir(d)
+    parts = [n for n in names if n.endswith(".parquet")]
+    return ("temp file left" if any(n.endswith(".tmp") for n in names) else "no temp",
+            "replaced parts left" if len(parts) > len(live_parts(parts)) else "clean")
+
+
+def _step_values(step):  # what record_child.py records at each step
+    return {"loss": 1.0 / step, "lr": 1e-3, "tokens": 128}
+
+
+def _resume(run, first):
+    rec = Recorder(run, rank=0, world_size=1, install_sigterm_handler=False)
+    for step in range(first, first + RESUMED_STEPS):
+        rec.end_step(step, **_step_values(step))
+    rec.close()
+
+
+def _unkilled_rows(run, n):
+    rec = Recorder(run, rank=0, world_size=1, install_sigterm_handler=False)
+    for step in range(1, n + 1):
+        rec.end_step(step, **_step_values(step))
+    rec.close()
+    steps, ranks, _ = _ingested(run)
+    return steps.select(ROW_COLUMNS), ranks.select(ROW_COLUMNS)
 
 
 def _ingested(run):

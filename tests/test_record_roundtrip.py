@@ -194,3 +194,26 @@ def test_strings_non_integral_tokens_and_huge_floats_are_null_not_guessed(tmp_pa
     assert df["tokens"].to_list() == [None, 8]
     assert df["big"].to_list() == [None, 2.0]
     assert rec.dropped_rows == 0
+
+
+def test_a_flushed_windows_tensors_are_released_when_flush_returns(tmp_path):
+    """The writer thread frees a window's rows once written: the training thread does not keep
+    them (nor the tensors they hold: a 0-dim view keeps its whole storage) until its next
+    hand-over, where end_step would pay for freeing them."""
+    import gc
+    import weakref
+
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, flush_every_steps=4, install_sigterm_handler=False)
+    big = torch.zeros(1000)
+    views = [big[i] for i in range(4)]  # each keeps big's storage alive
+    alive = [weakref.ref(v) for v in views]
+    storage = weakref.ref(big)
+    for step, v in enumerate(views):
+        rec.end_step(step, loss=v)  # the 4th hands the window over
+    del views, v, big
+    rec.flush()
+    gc.collect()
+    assert [r() is None for r in alive] == [True] * 4 and storage() is None
+    rec.end_step(4, loss=1.0)
+    rec.close()
+    assert _read_polars(tmp_path / "run").sort("step")["loss"].to_list() == [0.0] * 4 + [1.0]
