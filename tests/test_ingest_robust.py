@@ -242,3 +242,23 @@ def test_a_foreign_part_with_an_all_null_column_is_read(tmp_path, monkeypatch):
     steps, ranks, _ = read_outputs(run)
     assert steps["step"].to_list() == [1, 2, 3, 4, 5, 99]
     assert steps["eval/acc"].null_count() == 6 and steps.schema["eval/acc"] == pl.Float64
+
+
+@pytest.mark.parametrize("damage", ["empty", "garbage"])
+def test_an_unreadable_merged_part_gives_way_to_the_parts_it_replaces(tmp_path, monkeypatch, damage):
+    """A kill between claiming a merged part's name and filling it (a filesystem without hard
+    links) leaves an empty part-A-B beside the parts it was to replace: their rows are read, not lost."""
+    run = make_run(tmp_path / "run", monkeypatch)
+    ingest_run(run)
+    want_steps, want_ranks, _ = read_outputs(run)
+    parts = [p for p in part_files(run) if "rank-00001" in p]
+    assert [os.path.basename(p) for p in parts] == [f"part-{i:06d}.parquet" for i in range(4)]
+    merged = os.path.join(os.path.dirname(parts[0]), "part-000000-000002.parquet")  # names flushes 0..2
+    with open(merged, "wb") as f:
+        f.write(b"" if damage == "empty" else b"not parquet")
+    with pytest.warns(UserWarning, match="a merged part that cannot be read") as caught:
+        ingest_run(run, force=True)
+    assert any(merged in str(w.message) for w in caught)
+    steps, ranks, summary = read_outputs(run)
+    assert ranks.sort("rank", "step").equals(want_ranks.sort("rank", "step"))
+    assert steps.drop(pl.selectors.ends_with("_ema")).equals(want_steps.drop(pl.selectors.ends_with("_ema")))

@@ -27,7 +27,9 @@ from kforge_record.schema import (
     PARQUET_META_KEY,
     SchemaError,
     check_schema_version,
+    is_part_file,
     live_parts,
+    part_span,
 )
 
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
@@ -42,6 +44,9 @@ class AttemptFiles:
     attempt_id: str
     dir: str
     parts: tuple[str, ...]  # full paths, sorted by name (= write order)
+    # Part files a merged part among ``parts`` replaces (full paths): left by a merge in progress or
+    # killed; read only if that merged part turns out unreadable (read_attempt).
+    shadowed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,9 @@ def list_attempts(run_dir: str, warnings: list[str]) -> list[AttemptFiles]:
             if not names and META_FILE not in listed:  # a stray folder (a copy, a backup): no attempt
                 warnings.append(f"{att.path}: neither {META_FILE} nor part files; not an attempt folder, skipped")
                 continue
-            out.append(AttemptFiles(rank, att.name, att.path, tuple(os.path.join(att.path, n) for n in names)))
+            shadowed = sorted(n for n in set(listed).difference(names) if is_part_file(n))
+            out.append(AttemptFiles(rank, att.name, att.path, tuple(os.path.join(att.path, n) for n in names),
+                                    tuple(os.path.join(att.path, n) for n in shadowed)))
     return warn_second_writers(out, warnings)
 
 
@@ -355,6 +362,29 @@ def read_attempt(af: AttemptFiles, warnings: list[str], part_reader=None) -> Att
         warnings.append(f"{os.path.join(af.dir, META_FILE)}: says rank {meta.get('rank')} but lies under rank {af.rank}; "
                         f"counted as rank {af.rank}")
     reader = part_reader or read_part
-    parts = tuple(p for p in (reader(path, af.rank, warnings) for path in af.parts) if p is not None)
+    parts = _readable_parts(af, reader, warnings)
     start = None if meta["start_time"] is None else float(meta["start_time"])
     return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, start, read_end(af, warnings), parts)
+
+
+def _readable_parts(af: AttemptFiles, reader, warnings: list[str]) -> tuple[PartInfo, ...]:
+    """The footers of the attempt's live parts. A merged part that cannot be read (an empty file a
+    kill left between claiming the name and filling it, a damaged one) gives way to the parts it
+    replaces where they are still there, so its rows are read from them rather than lost."""
+    got = {path: reader(path, af.rank, warnings) for path in af.parts}
+    warned: set[str] = set()
+    while af.shadowed:
+        failed = {p for p, info in got.items() if info is None}
+        names = {os.path.basename(p) for p in (*af.parts, *af.shadowed) if p not in failed}
+        exposed = [p for p in (os.path.join(af.dir, n) for n in live_parts(names)) if p not in got]
+        if not exposed:
+            break
+        for path in sorted(failed - warned):
+            span = part_span(os.path.basename(path))
+            if span is not None and span.last > span.first:
+                warnings.append(f"{path}: a merged part that cannot be read; its rows are read from the part "
+                                "files it replaces, where they remain")
+        warned |= failed
+        for path in exposed:
+            got[path] = reader(path, af.rank, warnings)
+    return tuple(got[p] for p in sorted(got, key=os.path.basename) if got[p] is not None)  # name order: write order
