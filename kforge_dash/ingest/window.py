@@ -9,7 +9,9 @@ the order one read of the window gives, and its per-step reductions are added up
 
 ``ingest_window`` takes a ``WindowTask`` (picklable: paths, footers, column names, numbers) and
 returns a ``WindowRows``, so windows can be handed to other processes; ingest itself runs them
-one after the other (kforge_dash.ingest.rows), writing each window's rows while the next is read.
+one after the other (kforge_dash.ingest.rows) through ``start_window``: each batch's reductions
+on a worker thread (``Reducer``) while the next batch is read, and its rows written by the ranks
+writer's thread, so reading, reducing and writing overlap.
 """
 
 from __future__ import annotations
@@ -79,11 +81,14 @@ class Inline:
         f.set_result(fn(*args))  # (an error is raised here, at once)
         return f
 
+    hand_over = submit
+
 
 class Reducer:
     """The reductions of every batch on ONE worker thread, in the order given, while the calling
     thread reads the next batch (numpy and polars release the GIL). At most one batch waits for
-    its reduction (``hand_over``), so at most one more batch than read-then-reduce is alive."""
+    its reduction (``hand_over``): the batch being read, and the one being reduced and written,
+    as with read-then-reduce (where the writer's thread held the last batch while the next was read)."""
 
     def __init__(self):
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kforge-reduce")
@@ -92,11 +97,12 @@ class Reducer:
     def submit(self, fn, *args) -> Future:
         return self.pool.submit(fn, *args)
 
-    def hand_over(self, fn, *args) -> None:
-        """fn(*args) after the last handed-over one is done (its error re-raised here)."""
+    def hand_over(self, fn, *args) -> Future:
+        """fn(*args), once the one handed over before it is done (its error re-raised here)."""
         if self.pending is not None:
             self.pending.result()
         self.pending = self.pool.submit(fn, *args)
+        return self.pending
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -139,17 +145,9 @@ def start_window(task: WindowTask, *, buffers: Buffers, read_buffers: Buffers, r
         put_rows(rows)  # written while the window is reduced
         rows = None
     rank_ids = set(df["rank"].unique().to_list())
-    steps = _hand_over(reducer, reduce_steps, df, spec.cols, spec.counts_tokens is not None, buffers)
+    steps = reducer.hand_over(reduce_steps, df, spec.cols, spec.counts_tokens is not None, buffers)
     return PendingWindow(new_bad, lambda: WindowRows(rows, steps.result(), rank_ids, repeats, new_bad, warnings,
                                                      (read,)))
-
-
-def _hand_over(reducer, fn, *args) -> Future:
-    """fn(*args) on the reducer, after the batch handed over before it (at most one waits)."""
-    if isinstance(reducer, Reducer):
-        reducer.hand_over(fn, *args)
-        return reducer.pending
-    return reducer.submit(fn, *args)
 
 
 def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, warnings: list[str],
@@ -171,7 +169,7 @@ def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, wa
             put_rows(rows)  # written while the next batch is read
         else:
             tables.append(rows)
-        added[:] = [_hand_over(reducer, acc.add, df)]
+        added[:] = [reducer.hand_over(acc.add, df)]
 
     for files in batches:
         df = read_window(files, spec, task.lo, task.hi, bad=bad, warnings=warnings, buffers=read_buffers,
