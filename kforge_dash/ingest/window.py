@@ -141,13 +141,26 @@ def start_window(task: WindowTask, *, buffers: Buffers, read_buffers: Buffers, r
     read = df.height
     df = dedup_rows(df, repeats)
     rows = arrow_table(df.drop("_counts", strict=False))
-    if put_rows is not None:
-        put_rows(rows)  # written while the window is reduced
-        rows = None
     rank_ids = set(df["rank"].unique().to_list())
-    steps = reducer.hand_over(reduce_steps, df, spec.cols, spec.counts_tokens is not None, buffers)
+    steps = _reduce_and_write(reducer, put_rows, rows, reduce_steps, df, spec.cols, spec.counts_tokens is not None,
+                              buffers)
+    rows = None if put_rows is not None else rows
     return PendingWindow(new_bad, lambda: WindowRows(rows, steps.result(), rank_ids, repeats, new_bad, warnings,
                                                      (read,)))
+
+
+def _reduce_and_write(reducer, put_rows, rows: pa.Table, fn, *args) -> Future:
+    """fn(*args) on the reducer and ``rows`` to ``put_rows`` (if any), each as soon as it can
+    start: with a Reducer the reduction is handed over first, so it runs while ``put_rows`` waits
+    for the last write; run here (Inline), the rows go first, to be written while it runs."""
+    if isinstance(reducer, Inline):
+        if put_rows is not None:
+            put_rows(rows)
+        return reducer.hand_over(fn, *args)
+    done = reducer.hand_over(fn, *args)
+    if put_rows is not None:
+        put_rows(rows)
+    return done
 
 
 def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, warnings: list[str],
@@ -165,11 +178,9 @@ def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, wa
         df = dedup_rows(df, repeats)
         rank_ids.update(df["rank"].unique().to_list())
         rows = arrow_table(df.drop("_counts", strict=False))
-        if put_rows is not None:
-            put_rows(rows)  # written while the next batch is read
-        else:
+        if put_rows is None:
             tables.append(rows)
-        added[:] = [reducer.hand_over(acc.add, df)]
+        added[:] = [_reduce_and_write(reducer, put_rows, rows, acc.add, df)]
 
     for files in batches:
         df = read_window(files, spec, task.lo, task.hi, bad=bad, warnings=warnings, buffers=read_buffers,
