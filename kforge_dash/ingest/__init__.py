@@ -10,7 +10,8 @@
     plan.py       the plan, from metadata only: launches, parts to read, cut-offs, append or not
     read.py       rows of one step window (or of a batch of its ranks): the window plan, the scan
     coalesce.py   Recorder.log rows folded into their step's end_step row
-    window.py     ingest_window: one window's rows -> de-duplicated -> one row per step
+    window.py     ingest_window: one window's rows -> de-duplicated -> one row per step (start_window +
+                  Reducer: each batch reduced on a worker thread while the next is read)
     accumulate.py the per-step reductions of a window read in batches, added up
     rows.py       the row pass: every window, into ranks.parquet and per-step rows
     merge.py      old kept rows merged with new ones (append)

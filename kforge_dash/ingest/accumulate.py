@@ -43,13 +43,17 @@ class _Kept:
     """The window's step_time_s values, batch after batch, in a buffer reused across windows."""
 
     def __init__(self, buf: Buffers, expect: int):
-        self.buf, self.n = buf, 0
-        self.v = buf.get("kept", np.float64, max(expect, 1))
+        self.buf, self.n, self.expect = buf, 0, max(expect, 1)
+        # Taken at the first batch, on the thread that reduces: the previous window's median
+        # (window.Reducer) may still be using the buffer when this window is set up.
+        self.v = np.empty(0)
         # (first index, values, the step of each value | None, the grid's steps | None): one per batch
         self.segments: list[tuple[int, int, np.ndarray | None, np.ndarray | None]] = []
 
     def add(self, values: np.ndarray, steps: np.ndarray | None, grid_steps: np.ndarray | None) -> None:
         n = values.size
+        if not self.segments:
+            self.v = self.buf.get("kept", np.float64, self.expect)
         if self.n + n > self.v.size:  # more rows than the footers promised: grow (rare)
             grown = self.buf.get("kept", np.float64, 2 * (self.n + n))  # a new array: self.v still holds the old
             grown[:self.n] = self.v[:self.n]

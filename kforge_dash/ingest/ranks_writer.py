@@ -58,6 +58,7 @@ class RanksWriter:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kforge-ranks-writer")
         self.pending = None
         self.writer = None
+        self.schema: pa.Schema | None = None  # the file's: the first table's
         self.nonfinite: set[str] = set()
 
     def _write(self, table: pa.Table) -> None:
@@ -69,11 +70,7 @@ class RanksWriter:
             keys = [c for c in ("step", "rank", "attempt") if c in table.schema.names]
             self.writer = pq.ParquetWriter(self.path, table.schema, compression="lz4", use_dictionary=keys,
                                            write_statistics=keys, write_batch_size=1 << 16)
-        table = table.cast(self.writer.schema)
         self.writer.write_table(table)
-        for name, col in zip(table.column_names, table.columns):
-            if name not in self.nonfinite and pa.types.is_float64(col.type) and may_be_nonfinite(col):
-                self.nonfinite.add(name)
 
     def wait(self) -> None:
         """Until the pending window is written (re-raises a write error here)."""
@@ -82,6 +79,14 @@ class RanksWriter:
             self.pending = None
 
     def put(self, table: pa.Table) -> None:
+        # The cast and the NaN/inf check here, on the caller's thread, while the last window is
+        # still being written: the writer's thread is the row pass's busiest (its bound on 2 cores).
+        if self.schema is None:
+            self.schema = table.schema
+        table = table.cast(self.schema)
+        for name, col in zip(table.column_names, table.columns):
+            if name not in self.nonfinite and pa.types.is_float64(col.type) and may_be_nonfinite(col):
+                self.nonfinite.add(name)
         self.wait()
         self.pending = self.pool.submit(self._write, table)
 

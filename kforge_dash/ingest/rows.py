@@ -16,7 +16,7 @@ from kforge_dash.ingest.plan import IngestPlan
 from kforge_dash.ingest.ranks_writer import RanksWriter
 from kforge_dash.ingest.read import PartToRead, overlapping_parts, plan_windows
 from kforge_dash.ingest.reduce import Buffers, step_columns
-from kforge_dash.ingest.window import WindowTask, ingest_window
+from kforge_dash.ingest.window import Reducer, WindowTask, ingest_window, start_window
 from kforge_record.atomic import atomic_path
 
 
@@ -136,14 +136,28 @@ def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, a
 
 
 def _windows_here(spans, files: list, plan: IngestPlan, acc: _Acc, old_ranks_path, writer: RanksWriter):
-    """The windows run in this process, one after the other: each writes its rows through the
-    writer's background thread while it is reduced, and skips the parts earlier ones found bad."""
-    buffers = Buffers()  # numpy work space of the reductions, reused window after window
-    for lo, hi in spans:
-        writer.wait()  # the last window is written and freed: this one reuses its memory (no page faults)
-        task = WindowTask(lo, hi, files, plan.spec, skip=acc.bad, old_ranks_path=old_ranks_path,
-                          batch_rows=plan.chunk_rows)
-        yield ingest_window(task, buffers=buffers, put_rows=writer.put)
+    """The windows run in this process, one after the other, each batch's reductions on a worker
+    thread (window.Reducer) while the next batch is read, also across windows: a window's result
+    is given once the next window's rows are read. Its rows are written by the writer's thread;
+    each window skips the parts earlier ones found bad."""
+    buffers, read_buffers = Buffers(), Buffers()  # numpy work space, reused window after window
+    reducer = Reducer()
+    known_bad = dict(acc.bad)
+    try:
+        last = None
+        for lo, hi in spans:
+            task = WindowTask(lo, hi, files, plan.spec, skip=dict(known_bad), old_ranks_path=old_ranks_path,
+                              batch_rows=plan.chunk_rows)
+            pending = start_window(task, buffers=buffers, read_buffers=read_buffers, reducer=reducer,
+                                   put_rows=writer.put)
+            known_bad.update(pending.bad)
+            if last is not None:
+                yield last.finish()
+            last = pending
+        if last is not None:
+            yield last.finish()
+    finally:
+        reducer.close()
 
 
 def _warn_repeats(repeats: dict, warnings: list[str]) -> None:

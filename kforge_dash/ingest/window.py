@@ -9,12 +9,15 @@ the order one read of the window gives, and its per-step reductions are added up
 
 ``ingest_window`` takes a ``WindowTask`` (picklable: paths, footers, column names, numbers) and
 returns a ``WindowRows``, so windows can be handed to other processes; ingest itself runs them
-one after the other (kforge_dash.ingest.rows), writing each window's rows while the next is read.
+one after the other (kforge_dash.ingest.rows) through ``start_window``: each batch's reductions
+on a worker thread (``Reducer``) while the next batch is read, and its rows written by the ranks
+writer's thread, so reading, reducing and writing overlap.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -66,8 +69,62 @@ def ingest_window(task: WindowTask, *, buffers: Buffers | None = None,
     called with the rows as soon as they are ready, before the reduction (so a background writer
     overlaps it); without it they come back in ``WindowRows.rows``.
     """
-    spec = task.spec
     buffers = buffers or Buffers()
+    return start_window(task, buffers=buffers, read_buffers=buffers, put_rows=put_rows, reducer=Inline()).finish()
+
+
+class Inline:
+    """A reducer that runs each reduction at once, on the calling thread (Reducer's interface)."""
+
+    def submit(self, fn, *args) -> Future:
+        f: Future = Future()
+        f.set_result(fn(*args))  # (an error is raised here, at once)
+        return f
+
+    hand_over = submit
+
+
+class Reducer:
+    """The reductions of every batch on ONE worker thread, in the order given, while the calling
+    thread reads the next batch (numpy and polars release the GIL). At most one batch waits for
+    its reduction (``hand_over``): the batch being read, and the one being reduced and written,
+    as with read-then-reduce (where the writer's thread held the last batch while the next was read)."""
+
+    def __init__(self):
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kforge-reduce")
+        self.pending: Future | None = None
+
+    def submit(self, fn, *args) -> Future:
+        return self.pool.submit(fn, *args)
+
+    def hand_over(self, fn, *args) -> Future:
+        """fn(*args), once the one handed over before it is done (its error re-raised here)."""
+        if self.pending is not None:
+            self.pending.result()
+        self.pending = self.pool.submit(fn, *args)
+        return self.pending
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass
+class PendingWindow:
+    """A window whose rows are all read; its reductions may still run on the reducer."""
+
+    bad: dict[str, str]  # path -> warning: parts found corrupt in this window (known now)
+    make: Callable[[], WindowRows]
+
+    def finish(self) -> WindowRows:
+        return self.make()
+
+
+def start_window(task: WindowTask, *, buffers: Buffers, read_buffers: Buffers, reducer,
+                 put_rows: Callable[[pa.Table], None] | None = None) -> PendingWindow:
+    """ingest_window, with every reduction handed to ``reducer`` (a Reducer, or Inline): returns
+    once the window's rows are read and handed on. ``buffers`` are the reducer's work space,
+    ``read_buffers`` the reads' (the same object only when the reducer is Inline)."""
+    spec = task.spec
     bad, warnings = dict(task.skip), []
     old = None
     if task.old_ranks_path is not None:
@@ -75,43 +132,59 @@ def ingest_window(task: WindowTask, *, buffers: Buffers | None = None,
     elif task.batch_rows is not None:
         batches = read_batches(task.files, task.lo, task.hi, task.batch_rows, cutoff=spec.cutoff, bad=bad)
         if len(batches) > 1:
-            return _in_batches(task, batches, bad, warnings, buffers, put_rows)
-    df = read_window(task.files, spec, task.lo, task.hi, bad=bad, warnings=warnings, buffers=buffers, old=old)
+            return _in_batches(task, batches, bad, warnings, buffers, read_buffers, reducer, put_rows)
+    df = read_window(task.files, spec, task.lo, task.hi, bad=bad, warnings=warnings, buffers=read_buffers, old=old)
     new_bad = {p: w for p, w in bad.items() if p not in task.skip}
     if not df.height:
-        return WindowRows(None, None, set(), {}, new_bad, warnings, (0,))
+        return PendingWindow(new_bad, lambda: WindowRows(None, None, set(), {}, new_bad, warnings, (0,)))
     repeats: dict[tuple[int, int], int] = {}
     read = df.height
     df = dedup_rows(df, repeats)
     rows = arrow_table(df.drop("_counts", strict=False))
+    rank_ids = set(df["rank"].unique().to_list())
+    steps = _reduce_and_write(reducer, put_rows, rows, reduce_steps, df, spec.cols, spec.counts_tokens is not None,
+                              buffers)
+    rows = None if put_rows is not None else rows
+    return PendingWindow(new_bad, lambda: WindowRows(rows, steps.result(), rank_ids, repeats, new_bad, warnings,
+                                                     (read,)))
+
+
+def _reduce_and_write(reducer, put_rows, rows: pa.Table, fn, *args) -> Future:
+    """fn(*args) on the reducer and ``rows`` to ``put_rows`` (if any), each as soon as it can
+    start: with a Reducer the reduction is handed over first, so it runs while ``put_rows`` waits
+    for the last write; run here (Inline), the rows go first, to be written while it runs."""
+    if isinstance(reducer, Inline):
+        if put_rows is not None:
+            put_rows(rows)
+        return reducer.hand_over(fn, *args)
+    done = reducer.hand_over(fn, *args)
     if put_rows is not None:
-        put_rows(rows)  # written while the window is reduced
-        rows = None
-    steps = reduce_steps(df, spec.cols, spec.counts_tokens is not None, buffers)
-    return WindowRows(rows, steps, set(df["rank"].unique().to_list()), repeats, new_bad, warnings, (read,))
+        put_rows(rows)
+    return done
 
 
 def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, warnings: list[str],
-                buffers: Buffers, put_rows: Callable[[pa.Table], None] | None) -> WindowRows:
-    """ingest_window, the window read batch after batch (module docstring). Rows of steps a rank
+                buffers: Buffers, read_buffers: Buffers, reducer,
+                put_rows: Callable[[pa.Table], None] | None) -> PendingWindow:
+    """start_window, the window read batch after batch (module docstring). Rows of steps a rank
     never ended (log rows only) come at the end of the window, as one read of it gives them."""
     spec = task.spec
     acc = StepAcc(spec.cols, spec.counts_tokens is not None, buffers,
                   expect_rows=sum(rows_in(f, task.lo, task.hi) for b in batches for f in b))
     clashes, repeats, rank_ids, tables, unended, reads = Clashes(), {}, set(), [], [], []
+    added: list[Future] = []  # the last batch's add (an error in it is raised by finish)
 
     def hand_on(df: pl.DataFrame) -> None:
         df = dedup_rows(df, repeats)
         rank_ids.update(df["rank"].unique().to_list())
         rows = arrow_table(df.drop("_counts", strict=False))
-        if put_rows is not None:
-            put_rows(rows)  # written while the next batch is read
-        else:
+        if put_rows is None:
             tables.append(rows)
-        acc.add(df)
+        added[:] = [_reduce_and_write(reducer, put_rows, rows, acc.add, df)]
 
     for files in batches:
-        df = read_window(files, spec, task.lo, task.hi, bad=bad, warnings=warnings, buffers=buffers, clashes=clashes)
+        df = read_window(files, spec, task.lo, task.hi, bad=bad, warnings=warnings, buffers=read_buffers,
+                         clashes=clashes)
         reads.append(df.height)
         ended = df["step_time_s"].is_not_null()
         if not ended.all():
@@ -125,9 +198,14 @@ def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, wa
     warnings.extend(clashes.warnings([*LOGGED_FIXED, *spec.scalars]))
     new_bad = {p: w for p, w in bad.items() if p not in task.skip}
     if not rank_ids:
-        return WindowRows(None, None, set(), {}, new_bad, warnings, tuple(reads))
+        return PendingWindow(new_bad, lambda: WindowRows(None, None, set(), {}, new_bad, warnings, tuple(reads)))
     rows = pa.concat_tables(tables) if put_rows is None else None
-    return WindowRows(rows, acc.result(), rank_ids, repeats, new_bad, warnings, tuple(reads))
+    steps = reducer.submit(acc.result)  # after every add: the reducer runs them in order
+
+    def finish() -> WindowRows:
+        added[0].result()  # (an error of the last add, not hidden by a result of half the rows)
+        return WindowRows(rows, steps.result(), rank_ids, repeats, new_bad, warnings, tuple(reads))
+    return PendingWindow(new_bad, finish)
 
 
 def dedup_rows(df: pl.DataFrame, repeats: dict) -> pl.DataFrame:
