@@ -10,11 +10,12 @@ bounded however many ranks and steps a run has.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 
-from kforge_dash.ingest.findings.matrix import Window
+from kforge_dash.ingest.findings.matrix import Buffers, Window
 from kforge_dash.ingest.findings.model import RunFacts
 from kforge_dash.ingest.footers import usable_cpus
 
@@ -71,33 +72,50 @@ def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
     # Windows are whole straggler blocks, so their size does not change the results.
     threads = min(2, usable_cpus())
     spans = windows(facts, WINDOW_ROWS // threads) or [(0, 0)]
+    local = threading.local()  # one set of buffers per thread, reused window after window
+
+    def one(span):
+        if not hasattr(local, "buf"):
+            local.buf = Buffers()
+        return _window(facts, span, st, W, local.buf)
+
     if threads > 1 and len(spans) > 1:
         with ThreadPoolExecutor(threads, thread_name_prefix="kforge-perstep") as pool:
-            got = list(pool.map(lambda span: _window(facts, span, st, W), spans))
+            got = list(pool.map(one, spans))
     else:
-        got = [_window(facts, span, st, W) for span in spans]
+        got = [one(span) for span in spans]
     blocks = [blk for _, blk in got if blk is not None]
     return pl.concat([med for med, _ in got], how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())
 
 
-def _window(facts: RunFacts, span: tuple[int, int], st: pl.DataFrame, W: int):
+def _window(facts: RunFacts, span: tuple[int, int], st: pl.DataFrame, W: int, buf: Buffers | None = None):
     """(per-step rows, straggler-block rows or None) of the steps [lo, hi)."""
     (lo, hi), ph = span, facts.phases
+    derived = _derived(ph)
+    # A sum over one phase is that phase (the same values, -0.0, NaN and null included): the
+    # matrices use the phase itself, and a column no path reads is not computed.
+    alias = {"_own": ph.own[0]} if len(ph.own) == 1 else {}
+    skip = set(alias) | ({"_data"} if len(ph.data) == 1 else set())
+    skip |= {c for c, phases in (("_ckpt", ph.checkpoint), ("_eval", ph.eval)) if not phases}
     df = (pl.scan_parquet(facts.ranks_path, glob=False)
           .filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(lo, hi, closed="left"))
           .select("step", "rank", "attempt", "step_time_s", *ph.own,
-                  own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
-                  own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"),
-                  own_work(ph.wait).fill_null(0.0).alias("_wait")).collect())
-    win = Window.of(df)
+                  *[e.alias(c) for c, e in derived.items() if c not in skip]).collect())
+    win = Window.of(df, buf, alias=alias)
     med = (win.per_step(ph.own, ph.data) if win else None)
     if med is None:
+        df = df.with_columns([e.alias(c) for c, e in derived.items() if c in skip and c != "_data"])
         win, med = None, _grouped(df.lazy(), ph)
     sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy()
     blk = win.blocks(med, sts, ph.own, W) if win is not None and ph.own else None
     if blk is None and ph.own:
         blk = _blocks_grouped(df, med.join(st, on="step", how="left"), ph.own, W)
     return med, blk
+
+
+def _derived(ph) -> dict[str, pl.Expr]:
+    return {"_own": own_work(ph.own), "_data": own_work(ph.data), "_ckpt": own_work(ph.checkpoint),
+            "_eval": own_work(ph.eval), "_wait": own_work(ph.wait).fill_null(0.0)}
 
 
 def _blocks_grouped(df: pl.DataFrame, med: pl.DataFrame, own, W: int) -> pl.DataFrame:
