@@ -55,13 +55,22 @@ class Window:
     ``alias`` names a column that holds the same values as another (a sum over one phase: the
     phase itself), so it is neither read nor gathered twice."""
 
-    def __init__(self, df: pl.DataFrame, s0: int, S: int, ranks: np.ndarray, buf: Buffers, *,
+    def __init__(self, df: pl.DataFrame | None, s0: int, S: int, ranks: np.ndarray, buf: Buffers, *,
                  order: np.ndarray | None = None, segments: list[tuple[int, int, int]] | None = None,
-                 alias: dict[str, str] | None = None):
+                 alias: dict[str, str] | None = None, attempt: int | None = None):
         self.df, self.s0, self.S, self.ranks, self.buf = df, s0, S, ranks, buf
-        self.order, self.segments, self.alias = order, segments, alias or {}
+        self.order, self.segments, self.alias, self.attempt = order, segments, alias or {}, attempt
         self._cols: dict[tuple[str, bool], np.ndarray] = {}  # a column is filled once (per_step, blocks)
         self._meds: dict[str, np.ndarray] = {}
+
+    @classmethod
+    def of_matrices(cls, mats: dict[tuple[str, bool], np.ndarray], s0: int, S: int, ranks: np.ndarray,
+                    buf: Buffers, *, attempt: int, alias: dict[str, str] | None = None) -> Window:
+        """A window already filled (units.py): no nulls in its own-work, wait and step-time
+        matrices, side matrices NaN where null, one ``attempt``."""
+        win = cls(None, s0, S, ranks, buf, alias=alias, attempt=attempt)
+        win._cols = dict(mats)
+        return win
 
     @classmethod
     def of(cls, df: pl.DataFrame, buf: Buffers | None = None, *, alias: dict[str, str] | None = None) -> Window | None:
@@ -133,7 +142,7 @@ class Window:
     def per_step(self, own, data) -> pl.DataFrame | None:
         """perstep.per_step's columns for this window; None when a needed value is null."""
         need = ["step_time_s", "_own", "_wait", *own] + (["_data"] if len(data) > 1 else [])
-        if any(self.series(c).null_count() for c in need):
+        if self.df is not None and any(self.series(c).null_count() for c in need):
             return None
         S = self.S
         st, wait = self.col("step_time_s"), self.col("_wait")
@@ -158,6 +167,8 @@ class Window:
     def _side(self, name: str) -> np.ndarray | None:
         """A checkpoint/eval column as a matrix (NaN where null); None when it is absent or null
         throughout (no such phase timed, the usual case): nothing to gather or scan."""
+        if self.df is None:
+            return self._cols.get((name, True))
         if name not in self.df.columns:
             return None
         s = self.df[name]
@@ -165,10 +176,13 @@ class Window:
 
     def blocks(self, med: pl.DataFrame, st_med: np.ndarray, own, W: int) -> pl.DataFrame | None:
         """perstep's straggler blocks for this window (``st_med``: the steps' median step time)."""
-        attempt = self.df["attempt"]
-        if attempt.null_count() or attempt.min() != attempt.max():
-            return None
-        att = np.int64(attempt.min())  # one attempt in the window (checked without building its matrix)
+        if self.df is None:
+            att = np.int64(self.attempt)
+        else:
+            attempt = self.df["attempt"]
+            if attempt.null_count() or attempt.min() != attempt.max():
+                return None
+            att = np.int64(attempt.min())  # one attempt in the window (checked without building its matrix)
         steps = np.arange(self.s0, self.s0 + self.S)
         cut = np.flatnonzero(np.diff(steps // W)) + 1
         bounds = list(zip(np.r_[0, cut], np.r_[cut, self.S]))

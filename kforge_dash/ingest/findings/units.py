@@ -1,0 +1,202 @@
+"""perstep's matrices from ranks.parquet read row group by row group, each decoded once.
+
+ranks.parquet is written row-pass window by row-pass window, each window in row groups of a batch
+of ranks x all of the window's steps. A step window of findings that cuts across those row groups
+decodes every one of them: at 1,024 ranks in 10k-step parts, a 1,000-step findings window decoded
+ten times the rows it kept (the read was ~14 of per_step's ~20 CPU-s). Here a *unit* is a run of
+row groups sharing one step range (a row-pass window). Each row group is read alone (a row slice:
+no other row group is decoded); the columns the matrices need are kept as numpy arrays for the
+unit, cut into windows of whole straggler blocks; the steps of a unit's last, partial block wait
+for the next unit (a carry of under one block).
+
+Taken when the whole run is one full grid, which is when every step window takes the matrix path
+in perstep, so the windows chosen here give the same bits as perstep's (a step's facts are its
+own; a block's median and sum are over the same (steps x ranks) slice): every row group its ranks
+ascending, each with the same consecutive steps; a unit's row groups disjoint ascending ranks, the
+same ranks in every unit, the steps consecutive from unit to unit; one attempt (from the footer's
+statistics); no null where a median is taken. Anything else returns None, before any window's
+result is used, and perstep reads step windows as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from kforge_dash.ingest.findings.matrix import Buffers, Window, _segments
+from kforge_dash.ingest.parquet_io import read_metadata
+
+# The most a unit's kept columns may hold (8 B a value); a bigger unit: perstep's step windows.
+UNIT_BYTES = 512 << 20
+
+
+@dataclass(frozen=True)
+class Group:
+    offset: int  # first row in the file
+    rows: int
+
+
+class NotAGrid(Exception):
+    """The run is not one full grid: perstep takes its step windows."""
+
+
+def plan(path: str) -> tuple[list[list[Group]], int] | None:
+    """(units in file order, the run's one attempt) from the footer, or None."""
+    md = read_metadata(path)
+    names = md.schema.names
+    if md.num_row_groups == 0 or "step" not in names or "attempt" not in names:
+        return None
+    js, ja = names.index("step"), names.index("attempt")
+    units: list[list[Group]] = []
+    attempts, hi_u, prev_hi, off = set(), None, None, 0
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        s, a = rg.column(js).statistics, rg.column(ja).statistics
+        if s is None or a is None or not (s.has_min_max and a.has_min_max) or a.null_count:
+            return None
+        attempts |= {int(a.min), int(a.max)}
+        lo, hi = int(s.min), int(s.max)
+        if hi_u is not None and lo <= hi_u:  # overlaps the unit: one of its row groups
+            if prev_hi is not None and lo <= prev_hi:
+                return None  # reaches back into an earlier unit
+            units[-1].append(Group(off, rg.num_rows))
+            hi_u = max(hi_u, hi)
+        else:
+            prev_hi, hi_u = hi_u, hi
+            units.append([Group(off, rg.num_rows)])
+        off += rg.num_rows
+    return (units, attempts.pop()) if len(attempts) == 1 else None
+
+
+@dataclass
+class Unit:
+    """A unit's rows: per kept column, one (ranks x steps) array per row group (its ranks cols)."""
+
+    lo: int
+    k: int  # steps lo .. lo + k - 1
+    parts: list[tuple[int, int, dict[str, np.ndarray]]]  # (first rank column, ranks, name -> flat)
+
+
+class Reader:
+    """Reads units and hands out (steps x ranks) matrices of any step range of the pending rows."""
+
+    def __init__(self, path: str, select: list[pl.Expr], need: list[str], side: list[str], buf: Buffers):
+        self.path, self.select, self.need, self.side, self.buf = path, select, need, side, buf
+        self.names = [*need, *side]
+        self.ranks: np.ndarray | None = None
+        self.carry: dict[str, np.ndarray] = {}  # steps carry_lo .. unit.lo - 1, (steps x ranks)
+        self.carry_lo: int | None = None
+        self.unit: Unit | None = None
+        self._flip = 0
+
+    def read(self, groups: list[Group]) -> Unit:
+        parts, lo, k, col, last_rank = [], None, None, 0, None
+        for g in groups:
+            df = (pl.scan_parquet(self.path, glob=False).slice(g.offset, g.rows)
+                  .filter(pl.col("step_time_s").is_not_null()).select(self.select).collect())
+            if df.height == 0:
+                continue
+            if any(df[c].null_count() for c in ("step", "rank", *self.need)):
+                raise NotAGrid
+            seg = _segments(self.buf.flat("step", df["step"]), self.buf.flat("rank", df["rank"]), self.buf)
+            if seg is None or len(seg[1]) != 1:
+                raise NotAGrid
+            ranks, [(_, g_lo, g_k)] = seg
+            if (lo is not None and (g_lo, g_k) != (lo, k)) or (parts and ranks[0] <= last_rank):
+                raise NotAGrid
+            lo, k, last_rank = g_lo, g_k, ranks[-1]
+            flat = {c: np.ascontiguousarray(df[c].to_numpy()) for c in self.need}
+            flat |= {c: np.ascontiguousarray(df[c].fill_null(np.nan).to_numpy()) for c in self.side}
+            parts.append((col, ranks, flat))
+            col += len(ranks)
+        if not parts:
+            raise NotAGrid
+        ranks = np.concatenate([r for _, r, _ in parts])
+        if self.ranks is None:
+            self.ranks = ranks
+        elif not np.array_equal(ranks, self.ranks):
+            raise NotAGrid
+        if len(ranks) * k * len(self.names) * 8 > UNIT_BYTES:
+            raise NotAGrid
+        return Unit(lo, k, [(c0, len(r), f) for c0, r, f in parts])
+
+    def push(self, unit: Unit) -> None:
+        """The next unit: its steps must follow the pending ones."""
+        end = self.unit.lo + self.unit.k if self.unit is not None else None
+        if end is not None and unit.lo != end:
+            raise NotAGrid
+        self.unit = unit
+
+    def keep_from(self, a: int) -> None:
+        """Steps from a on wait for the next unit (copied out of the unit's arrays)."""
+        u = self.unit
+        b = u.lo + u.k
+        self._flip ^= 1
+        self.carry = {c: self.matrix(c, a, b, role=f"carry{self._flip}") for c in self.names} if a < b else {}
+        self.carry_lo = a if a < b else None
+
+    def matrix(self, name: str, a: int, b: int, role: str = "win", buf: Buffers | None = None) -> np.ndarray:
+        """Steps [a, b) of the pending rows (carry, then unit) as a (steps x ranks) matrix, in
+        ``buf`` (a thread's own; default the reader's)."""
+        m = (buf or self.buf).get(f"{role}/{name}", np.float64, (b - a, len(self.ranks)))
+        u, t = self.unit, 0
+        if a < u.lo:  # from the carry
+            t = u.lo - a
+            m[:t] = self.carry[name][a - self.carry_lo:a - self.carry_lo + t]
+        lo, hi = max(a, u.lo) - u.lo, b - u.lo
+        for c0, R, flat in u.parts:
+            m[t:, c0:c0 + R] = flat[name].reshape(R, u.k)[:, lo:hi].T
+        return m
+
+
+def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: int, span_rows: int,
+                   alias: dict[str, str], need: list[str], side: list[str], threads: int):
+    """perstep.per_step's (per-step frames, block frames) by units, or None (not one grid).
+
+    A unit is read with polars' threads; its windows then run ``threads`` at a time (numpy
+    releases the GIL), each thread with its own buffers."""
+    got = plan(path)
+    if got is None:
+        return None
+    units, attempt = got
+    rd = Reader(path, select, need, side, Buffers())
+    local = threading.local()
+
+    def one(span):
+        a, b = span
+        if not hasattr(local, "buf"):
+            local.buf = Buffers()
+        mats = {(c, c in side): rd.matrix(c, a, b, buf=local.buf) for c in rd.names}
+        win = Window.of_matrices(mats, a, b - a, rd.ranks, local.buf, attempt=attempt, alias=alias)
+        med = win.per_step(ph.own, ph.data)
+        sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy()
+        return med, (win.blocks(med, sts, ph.own, W) if ph.own else None)
+
+    got = []
+    with ThreadPoolExecutor(threads, thread_name_prefix="kforge-perstep") as pool:
+        try:
+            for i, groups in enumerate(units):
+                rd.push(rd.read(groups))
+                u, last = rd.unit, i == len(units) - 1
+                start = rd.carry_lo if rd.carry_lo is not None else u.lo
+                end = u.lo + u.k if last else (u.lo + u.k) // W * W  # whole blocks; the rest waits
+                got += list(pool.map(one, _spans(start, end, W, len(rd.ranks), span_rows, threads)))
+                rd.keep_from(max(start, end))
+        except NotAGrid:
+            return None
+    return [m for m, _ in got], [b for _, b in got if b is not None]
+
+
+def _spans(start: int, end: int, W: int, n_ranks: int, span_rows: int, threads: int) -> list[tuple[int, int]]:
+    """[start, end) in windows of whole blocks (block-aligned ends), at least ``threads`` of them
+    when there are enough blocks, none over ``span_rows`` rows unless one block is."""
+    if start >= end:
+        return []
+    first, n_blocks = start // W, -(-end // W) - start // W
+    per = max(1, min(-(-n_blocks // threads), span_rows // n_ranks // W))
+    cuts = [max(start, (first + j) * W) for j in range(0, n_blocks, per)]
+    return list(zip(cuts, cuts[1:] + [end]))
