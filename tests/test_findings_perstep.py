@@ -129,7 +129,7 @@ def test_units_give_the_step_windows_bits(tmp_path, monkeypatch):
     assert slow[0]["ckpt_max"].null_count() == 30  # null where no rank checkpointed
 
 
-@pytest.mark.parametrize("case", ["missing", "attempts", "null", "order", "gap"])
+@pytest.mark.parametrize("case", ["missing", "attempts", "null", "order", "gap", "step-major"])
 def test_units_step_aside_where_the_run_is_not_one_grid(tmp_path, monkeypatch, case):
     a, b = _grid([0, 1, 2], range(1, 13), seed=1), _grid([0, 1, 2], range(13, 30), seed=2)
     if case == "missing":  # rank 1 lacks step 20
@@ -142,6 +142,8 @@ def test_units_step_aside_where_the_run_is_not_one_grid(tmp_path, monkeypatch, c
         a, b = b, a
     elif case == "gap":  # no step 13..14 at all
         b = _grid([0, 1, 2], range(15, 30), seed=2)
+    elif case == "step-major":  # rows step by step, not rank by rank
+        b = b.sort_by([("step", "ascending"), ("rank", "ascending")])
     fast, slow = _both(monkeypatch, _facts(tmp_path / "ranks.parquet", [a, b]))
     assert fast is None
     assert slow[0].height == (27 if case == "gap" else 29)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from kforge_dash.ingest.findings.matrix import Buffers, Window, _segments
+from kforge_dash.ingest.findings.matrix import Buffers, Window
 from kforge_dash.ingest.parquet_io import read_metadata
 
 # The most a unit's kept columns may hold (8 B a value); a bigger unit: perstep's step windows.
@@ -93,36 +93,44 @@ class Reader:
         self.unit: Unit | None = None
         self._flip = 0
 
-    def read(self, groups: list[Group]) -> Unit:
+    def read(self, groups: list[Group], pool: ThreadPoolExecutor, bufs) -> Unit:
+        """A unit's row groups, read ``pool``'s threads at a time (polars releases the GIL)."""
+        if sum(g.rows for g in groups) * len(self.names) * 8 > UNIT_BYTES:
+            raise NotAGrid  # before reading it: too big to hold
         parts, lo, k, col, last_rank = [], None, None, 0, None
-        for g in groups:
-            df = (pl.scan_parquet(self.path, glob=False).slice(g.offset, g.rows)
-                  .filter(pl.col("step_time_s").is_not_null()).select(self.select).collect())
-            if df.height == 0:
-                continue
-            if any(df[c].null_count() for c in ("step", "rank", *self.need)):
-                raise NotAGrid
-            seg = _segments(self.buf.flat("step", df["step"]), self.buf.flat("rank", df["rank"]), self.buf)
-            if seg is None or len(seg[1]) != 1:
-                raise NotAGrid
-            ranks, [(_, g_lo, g_k)] = seg
+        for got in pool.map(lambda ig: self._group(*ig, bufs()), enumerate(groups)):
+            if got is None:
+                continue  # log rows only
+            ranks, g_lo, g_k, flat = got
             if (lo is not None and (g_lo, g_k) != (lo, k)) or (parts and ranks[0] <= last_rank):
                 raise NotAGrid
             lo, k, last_rank = g_lo, g_k, ranks[-1]
-            flat = {c: np.ascontiguousarray(df[c].to_numpy()) for c in self.need}
-            flat |= {c: np.ascontiguousarray(df[c].fill_null(np.nan).to_numpy()) for c in self.side}
-            parts.append((col, ranks, flat))
+            parts.append((col, len(ranks), flat, ranks))
             col += len(ranks)
         if not parts:
             raise NotAGrid
-        ranks = np.concatenate([r for _, r, _ in parts])
+        ranks = np.concatenate([r for *_, r in parts])
         if self.ranks is None:
             self.ranks = ranks
         elif not np.array_equal(ranks, self.ranks):
             raise NotAGrid
-        if len(ranks) * k * len(self.names) * 8 > UNIT_BYTES:
+        return Unit(lo, k, [(c0, R, f) for c0, R, f, _ in parts])
+
+    def _group(self, i: int, g: Group, buf: Buffers):
+        """(ranks, first step, steps, name -> (ranks x steps) flat array) of one row group, None
+        when it holds log rows only; NotAGrid when it is not a grid or a needed value is null."""
+        df = (pl.scan_parquet(self.path, glob=False).slice(g.offset, g.rows)
+              .filter(pl.col("step_time_s").is_not_null()).select(self.select).collect())
+        if df.height == 0:
+            return None
+        if any(df[c].null_count() for c in ("step", "rank", *self.need)):
             raise NotAGrid
-        return Unit(lo, k, [(c0, len(r), f) for c0, r, f in parts])
+        ranks, lo, k = _grid(buf.flat("step", df["step"]), buf.flat("rank", df["rank"]), buf)
+        # kept for the unit, in the reader's arrays for the i-th row group of a unit: the same memory
+        # unit after unit (fresh arrays were page-faulted in again each time)
+        flat = {c: self.buf.flat(f"g{i}/{c}", df[c]) for c in self.need}
+        flat |= {c: self.buf.flat(f"g{i}/{c}", df[c].fill_null(np.nan)) for c in self.side}
+        return ranks, lo, k, flat
 
     def push(self, unit: Unit) -> None:
         """The next unit: its steps must follow the pending ones."""
@@ -153,6 +161,24 @@ class Reader:
         return m
 
 
+def _grid(steps: np.ndarray, ranks: np.ndarray, buf: Buffers) -> tuple[np.ndarray, int, int]:
+    """(ranks, first step, steps) of a row group that is rank by rank, ranks ascending, each with
+    the same consecutive steps; else NotAGrid. Two passes (matrix._segments takes five: it
+    finds segments, here there must be one)."""
+    lo, n = int(steps[0]), len(steps)
+    k = int(steps[-1]) - lo + 1
+    if k < 1 or n % k:
+        raise NotAGrid
+    R = n // k
+    s, r = steps.reshape(R, k), ranks.reshape(R, k)
+    same = buf.get("same", np.bool_, (R, k))
+    if not (np.equal(s, np.arange(lo, lo + k), out=same).all() and np.equal(r, r[:, :1], out=same).all()):
+        raise NotAGrid
+    if R > 1 and not (np.diff(r[:, 0]) > 0).all():
+        raise NotAGrid
+    return r[:, 0].copy(), lo, k
+
+
 def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: int, span_rows: int,
                    alias: dict[str, str], need: list[str], side: list[str], threads: int):
     """perstep.per_step's (per-step frames, block frames) by units, or None (not one grid).
@@ -166,12 +192,15 @@ def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: in
     rd = Reader(path, select, need, side, Buffers())
     local = threading.local()
 
-    def one(span):
-        a, b = span
+    def bufs() -> Buffers:  # one set a thread
         if not hasattr(local, "buf"):
             local.buf = Buffers()
-        mats = {(c, c in side): rd.matrix(c, a, b, buf=local.buf) for c in rd.names}
-        win = Window.of_matrices(mats, a, b - a, rd.ranks, local.buf, attempt=attempt, alias=alias)
+        return local.buf
+
+    def one(span):
+        a, b = span
+        mats = {(c, c in side): rd.matrix(c, a, b, buf=bufs()) for c in rd.names}
+        win = Window.of_matrices(mats, a, b - a, rd.ranks, bufs(), attempt=attempt, alias=alias)
         med = win.per_step(ph.own, ph.data)
         sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy()
         return med, (win.blocks(med, sts, ph.own, W) if ph.own else None)
@@ -180,7 +209,7 @@ def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: in
     with ThreadPoolExecutor(threads, thread_name_prefix="kforge-perstep") as pool:
         try:
             for i, groups in enumerate(units):
-                rd.push(rd.read(groups))
+                rd.push(rd.read(groups, pool, bufs))
                 u, last = rd.unit, i == len(units) - 1
                 start = rd.carry_lo if rd.carry_lo is not None else u.lo
                 end = u.lo + u.k if last else (u.lo + u.k) // W * W  # whole blocks; the rest waits
