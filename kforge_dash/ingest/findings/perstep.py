@@ -3,9 +3,11 @@
 "The median rank" is the lower median (an actual rank's value: with two ranks, the faster one),
 so a straggler is compared with a rank that did not straggle, however few ranks there are.
 
-ranks.parquet is read in step windows (the Parquet reader skips the row groups outside a window),
+When the run is one full grid of ranks x steps (the usual case), ranks.parquet is read row group
+by row group, each decoded once, and cut into windows of whole straggler blocks (units.py).
+Otherwise it is read in step windows (the Parquet reader skips the row groups outside a window),
 two at a time of about ``WINDOW_ROWS / 2`` rows each (one alone on one core), so memory stays
-bounded however many ranks and steps a run has.
+bounded however many ranks and steps a run has. Both ways give the same bits.
 """
 
 from __future__ import annotations
@@ -68,13 +70,13 @@ def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
     """
     W = block_size(facts.steps.height)
     st = facts.steps.select("step", pl.col("step_time_median_s").cast(pl.Float64).alias("_st"))
-    # Two windows at a time (of half the rows: the same memory as one): one is read (polars'
-    # threads) while the other's numpy work runs (it releases the GIL), so both cores are busy.
-    # Windows are whole straggler blocks, so their size does not change the results.
     fast = _by_units(facts, st, W)
     if fast is not None:
         meds, blocks = fast
         return pl.concat(meds, how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())
+    # Two windows at a time (of half the rows: the same memory as one): one is read (polars'
+    # threads) while the other's numpy work runs (it releases the GIL), so both cores are busy.
+    # Windows are whole straggler blocks, so their size does not change the results.
     threads = min(2, usable_cpus())
     spans = windows(facts, WINDOW_ROWS // threads) or [(0, 0)]
     local = threading.local()  # one set of buffers per thread, reused window after window

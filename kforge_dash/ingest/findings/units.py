@@ -125,6 +125,8 @@ class Reader:
             return None
         if any(df[c].null_count() for c in ("step", "rank", *self.need)):
             raise NotAGrid
+        if any(df[c].dtype != pl.Float64 for c in self.names):
+            raise NotAGrid  # the step windows keep another float type as it is; here all is float64
         ranks, lo, k = _grid(buf.flat("step", df["step"]), buf.flat("rank", df["rank"]), buf)
         # kept for the unit, in the reader's arrays for the i-th row group of a unit: the same memory
         # unit after unit (fresh arrays were page-faulted in again each time)
