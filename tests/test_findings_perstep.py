@@ -74,11 +74,15 @@ OWN = ("time/data_s", "time/opt_s")
 PHASES = Phases(own=OWN, wait=("time/fwd_bwd_s",), data=("time/data_s",), checkpoint=("time/checkpoint_s",), eval=())
 
 
-def _grid(ranks, steps, *, attempt=0, seed=0):
-    """ranks.parquet-like rows of ``ranks`` x ``steps``, rank by rank: times with ties, -0.0 and NaN."""
+def _grid(ranks, steps, *, attempt=0, seed=0, neg0=True):
+    """ranks.parquet-like rows of ``ranks`` x ``steps``, rank by rank: times with ties, NaN, and
+    -0.0 (``neg0``: the blocks' ranks x steps way steps aside for a sign bit)."""
     rng = np.random.default_rng(seed)
     n = len(ranks) * len(steps)
-    vals = lambda: rng.choice([0.25, 0.5, 0.125, -0.0, 0.0, 0.75, np.nan, 1.5], n)  # noqa: E731
+    def vals():  # ties from a few values; most values noisy, so that the order of a sum shows in its bits
+        v = rng.choice([0.25, 0.5, 0.125, -0.0 if neg0 else 0.0, 0.0, 0.75, np.nan, 1.5], n)
+        return np.where(rng.random(n) < 0.7, v + rng.random(n) / 3, v)
+
     ckpt = pa.array(np.full(n, 0.5), mask=np.tile(np.asarray(steps) % 4 != 0, len(ranks)))  # null but every 4th
     return pa.table({"step": np.tile(np.asarray(steps, np.int64), len(ranks)),
                      "rank": np.repeat(np.asarray(ranks, np.int64), len(steps)),
@@ -117,16 +121,19 @@ def _same(fast, slow):
     assert _bits(med) == _bits(slow[0]) and _bits(blk) == _bits(slow[1])
 
 
-def test_units_give_the_step_windows_bits(tmp_path, monkeypatch):
+@pytest.mark.parametrize("ranks,neg0", [([0, 2, 3, 7, 8, 11], True), ([0, 2, 3, 7, 8, 11], False), ([4], False)])
+def test_units_give_the_step_windows_bits(tmp_path, monkeypatch, ranks, neg0):
     # units of 10, 7 and 23 steps, each in two row groups of ranks (ranks not contiguous); blocks
-    # of 5 steps cut across units (a carry); -0.0, NaN, ties and a checkpoint phase null but every 4th step
-    ranks = [0, 2, 3, 7, 8, 11]
-    spans = [range(3, 13), range(13, 20), range(20, 43)]
-    tables = [_grid(rs, sp, seed=i * 2 + j) for i, sp in enumerate(spans) for j, rs in enumerate((ranks[:2], ranks[2:]))]
+    # of 5 steps cut across units (a carry); NaN, ties, -0.0 or not, one rank or six, and a
+    # checkpoint phase null but every 4th step
+    # (1,247 steps: blocks of 13, longer than numpy's pairwise sums add one by one)
+    spans = [range(3, 300), range(300, 413), range(413, 1250)]
+    halves = (ranks[:2], ranks[2:]) if len(ranks) > 1 else (ranks,)
+    tables = [_grid(rs, sp, seed=i * 2 + j, neg0=neg0) for i, sp in enumerate(spans) for j, rs in enumerate(halves)]
     fast, slow = _both(monkeypatch, _facts(tmp_path / "ranks.parquet", tables))
     assert fast is not None and len(fast[0]) > 3
     _same(fast, slow)
-    assert slow[0]["ckpt_max"].null_count() == 30  # null where no rank checkpointed
+    assert slow[0]["ckpt_max"].null_count() == 1247 - 312  # null where no rank checkpointed
 
 
 @pytest.mark.parametrize("case", ["missing", "attempts", "null", "order", "gap", "step-major"])
@@ -169,3 +176,17 @@ def test_segments_fill_the_same_matrix_as_the_index(tmp_path):
     for c in ("step_time_s", "time/data_s"):
         assert np.array_equal(seg.col(c), idx.col(c), equal_nan=True)
     assert Window.of(pl.from_arrow(pa.concat_tables([t, t.slice(0, 1)]))) is None  # a (rank, step) twice
+
+
+def test_units_keep_the_sign_of_zero(tmp_path, monkeypatch):
+    # ranks' own work -0.0, 2, 0.0, 3, 0.0, 1 at every step: the median rank's is a zero (np.partition
+    # picks a +0.0 from this order) and rank 0's excess -0.0 throughout, where sums and means of
+    # zeros may keep or lose the sign by the order they run in: still the step windows' bits
+    t = _grid(list(range(6)), range(1, 1001), neg0=False)
+    col = np.repeat([-0.0, 2.0, 0.0, 3.0, 0.0, 1.0], 1000)
+    t = t.set_column(t.schema.get_field_index("time/data_s"), "time/data_s", pa.array(col))
+    fast, slow = _both(monkeypatch, _facts(tmp_path / "ranks.parquet", [t.slice(0, 3000), t.slice(3000)]))
+    assert fast is not None
+    _same(fast, slow)
+    cost = slow[1].filter(pl.col("rank") == 0)["time/data_s\0cost"].to_numpy()
+    assert (cost == 0).all() and not np.signbit(cost).any()

@@ -162,6 +162,18 @@ class Reader:
             m[t:, c0:c0 + R] = flat[name].reshape(R, u.k)[:, lo:hi].T
         return m
 
+    def by_rank(self, name: str, a: int, b: int, buf: Buffers) -> np.ndarray:
+        """Steps [a, b) of the pending rows as a (ranks x steps) matrix."""
+        m = buf.get(f"by_rank/{name}", np.float64, (len(self.ranks), b - a))
+        u, t = self.unit, 0
+        if a < u.lo:
+            t = u.lo - a
+            m[:, :t] = self.carry[name][a - self.carry_lo:a - self.carry_lo + t].T
+        lo, hi = max(a, u.lo) - u.lo, b - u.lo
+        for c0, R, flat in u.parts:
+            m[c0:c0 + R, t:] = flat[name].reshape(R, u.k)[:, lo:hi]
+        return m
+
 
 def _grid(steps: np.ndarray, ranks: np.ndarray, buf: Buffers) -> tuple[np.ndarray, int, int]:
     """(ranks, first step, steps) of a row group that is rank by rank, ranks ascending, each with
@@ -202,7 +214,8 @@ def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: in
     def one(span):
         a, b = span
         mats = {(c, c in side): rd.matrix(c, a, b, buf=bufs()) for c in rd.names}
-        win = Window.of_matrices(mats, a, b - a, rd.ranks, bufs(), attempt=attempt, alias=alias)
+        by_rank = {c: rd.by_rank(c, a, b, bufs()) for c in ph.own}
+        win = Window.of_matrices(mats, a, b - a, rd.ranks, bufs(), attempt=attempt, alias=alias, by_rank=by_rank)
         med = win.per_step(ph.own, ph.data)
         sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy()
         return med, (win.blocks(med, sts, ph.own, W) if ph.own else None)
