@@ -190,3 +190,21 @@ def test_units_keep_the_sign_of_zero(tmp_path, monkeypatch):
     _same(fast, slow)
     cost = slow[1].filter(pl.col("rank") == 0)["time/data_s\0cost"].to_numpy()
     assert (cost == 0).all() and not np.signbit(cost).any()
+
+
+def test_units_too_big_to_hold_are_read_in_pieces(tmp_path, monkeypatch):
+    # the same run as above with room for about a third of its largest unit: that unit is read in
+    # three pieces of steps (each decoding its row groups again), the same bits; with room for
+    # almost nothing, more pieces than MAX_PIECES: the step windows
+    ranks, spans = [0, 2, 3, 7, 8, 11], [range(3, 300), range(300, 413), range(413, 1250)]
+    tables = [_grid(rs, sp, seed=i * 2 + j) for i, sp in enumerate(spans) for j, rs in enumerate((ranks[:2], ranks[2:]))]
+    facts = _facts(tmp_path / "ranks.parquet", tables)
+    assert len(units._pieces(units.plan(facts.ranks_path)[0], 6, 13)) == 3
+    monkeypatch.setattr(units, "UNIT_BYTES", 100_000)
+    assert len(units._pieces(units.plan(facts.ranks_path)[0], 6, 13)) == 1 + 1 + 3
+    fast, slow = _both(monkeypatch, facts)
+    assert fast is not None
+    _same(fast, slow)
+    monkeypatch.undo()
+    monkeypatch.setattr(units, "UNIT_BYTES", 1_000)
+    assert _both(monkeypatch, facts)[0] is None

@@ -217,8 +217,9 @@ class Window:
         (so no -0.0 anywhere, nor in an excess) and there are two ranks or more: np.median
         partitions the same lanes and takes the same middle values; the steps x ranks sum adds
         each lane in step order (one rank: pairwise, hence not here), as cumsum does."""
-        ex = np.subtract(m, med[None, :], out=self.buf.get("ex_r", m.dtype, m.shape))
-        pos, acc = self.buf.get("pos_r", m.dtype, m.shape), self.buf.get("acc_r", m.dtype, m.shape)
+        # the steps x ranks way's buffers, and per_step's "cand" (done with by now), in this shape
+        ex = np.subtract(m, med[None, :], out=self.buf.get("ex", m.dtype, m.shape))
+        pos, acc = self.buf.get("pos", m.dtype, m.shape), self.buf.get("cand", m.dtype, m.shape)
         cost = np.concatenate([np.cumsum(np.clip(ex[:, a:b], 0, None, out=pos[:, a:b]), axis=1, out=acc[:, a:b])[:, -1]
                                for a, b in bounds])
         return np.concatenate([np.median(ex[:, a:b], axis=1, overwrite_input=True) for a, b in bounds]), cost

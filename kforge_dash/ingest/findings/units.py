@@ -30,8 +30,10 @@ import polars as pl
 from kforge_dash.ingest.findings.matrix import Buffers, Window
 from kforge_dash.ingest.parquet_io import read_metadata
 
-# The most a unit's kept columns may hold (8 B a value); a bigger unit: perstep's step windows.
-UNIT_BYTES = 512 << 20
+# The most the kept columns of a unit may hold (8 B a value); a bigger unit is read in pieces of
+# steps, each decoding its row groups again, up to MAX_PIECES; beyond: perstep's step windows.
+UNIT_BYTES = 128 << 20
+MAX_PIECES = 8
 
 
 @dataclass(frozen=True)
@@ -44,14 +46,15 @@ class NotAGrid(Exception):
     """The run is not one full grid: perstep takes its step windows."""
 
 
-def plan(path: str) -> tuple[list[list[Group]], int] | None:
-    """(units in file order, the run's one attempt) from the footer, or None."""
+def plan(path: str) -> tuple[list[tuple[list[Group], int, int]], int] | None:
+    """([(row groups, first step, last step)] of the units in file order, the run's one attempt)
+    from the footer, or None."""
     md = read_metadata(path)
     names = md.schema.names
     if md.num_row_groups == 0 or "step" not in names or "attempt" not in names:
         return None
     js, ja = names.index("step"), names.index("attempt")
-    units: list[list[Group]] = []
+    units: list[tuple[list[Group], int, int]] = []
     attempts, hi_u, prev_hi, off = set(), None, None, 0
     for i in range(md.num_row_groups):
         rg = md.row_group(i)
@@ -63,11 +66,12 @@ def plan(path: str) -> tuple[list[list[Group]], int] | None:
         if hi_u is not None and lo <= hi_u:  # overlaps the unit: one of its row groups
             if prev_hi is not None and lo <= prev_hi:
                 return None  # reaches back into an earlier unit
-            units[-1].append(Group(off, rg.num_rows))
             hi_u = max(hi_u, hi)
+            units[-1][0].append(Group(off, rg.num_rows))
+            units[-1] = (units[-1][0], min(units[-1][1], lo), hi_u)
         else:
             prev_hi, hi_u = hi_u, hi
-            units.append([Group(off, rg.num_rows)])
+            units.append(([Group(off, rg.num_rows)], lo, hi))
         off += rg.num_rows
     return (units, attempts.pop()) if len(attempts) == 1 else None
 
@@ -93,12 +97,11 @@ class Reader:
         self.unit: Unit | None = None
         self._flip = 0
 
-    def read(self, groups: list[Group], pool: ThreadPoolExecutor, bufs) -> Unit:
-        """A unit's row groups, read ``pool``'s threads at a time (polars releases the GIL)."""
-        if sum(g.rows for g in groups) * len(self.names) * 8 > UNIT_BYTES:
-            raise NotAGrid  # before reading it: too big to hold
+    def read(self, groups: list[Group], steps: tuple[int, int], pool: ThreadPoolExecutor, bufs) -> Unit:
+        """The steps [a, b] of a unit's row groups, read ``pool``'s threads at a time (polars
+        releases the GIL)."""
         parts, lo, k, col, last_rank = [], None, None, 0, None
-        for got in pool.map(lambda ig: self._group(*ig, bufs()), enumerate(groups)):
+        for got in pool.map(lambda ig: self._group(*ig, steps, bufs()), enumerate(groups)):
             if got is None:
                 continue  # log rows only
             ranks, g_lo, g_k, flat = got
@@ -116,11 +119,12 @@ class Reader:
             raise NotAGrid
         return Unit(lo, k, [(c0, R, f) for c0, R, f, _ in parts])
 
-    def _group(self, i: int, g: Group, buf: Buffers):
+    def _group(self, i: int, g: Group, steps: tuple[int, int], buf: Buffers):
         """(ranks, first step, steps, name -> (ranks x steps) flat array) of one row group, None
         when it holds log rows only; NotAGrid when it is not a grid or a needed value is null."""
         df = (pl.scan_parquet(self.path, glob=False).slice(g.offset, g.rows)
-              .filter(pl.col("step_time_s").is_not_null()).select(self.select).collect())
+              .filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(*steps))
+              .select(self.select).collect())
         if df.height == 0:
             return None
         if any(df[c].null_count() for c in ("step", "rank", *self.need)):
@@ -204,6 +208,9 @@ def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: in
         return None
     units, attempt = got
     rd = Reader(path, select, need, side, Buffers())
+    pieces = _pieces(units, len(rd.names), W)
+    if pieces is None:
+        return None
     local = threading.local()
 
     def bufs() -> Buffers:  # one set a thread
@@ -223,9 +230,9 @@ def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: in
     got = []
     with ThreadPoolExecutor(threads, thread_name_prefix="kforge-perstep") as pool:
         try:
-            for i, groups in enumerate(units):
-                rd.push(rd.read(groups, pool, bufs))
-                u, last = rd.unit, i == len(units) - 1
+            for i, (groups, steps) in enumerate(pieces):
+                rd.push(rd.read(groups, steps, pool, bufs))
+                u, last = rd.unit, i == len(pieces) - 1
                 start = rd.carry_lo if rd.carry_lo is not None else u.lo
                 end = u.lo + u.k if last else (u.lo + u.k) // W * W  # whole blocks; the rest waits
                 got += list(pool.map(one, _spans(start, end, W, len(rd.ranks), span_rows, threads)))
@@ -233,6 +240,21 @@ def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: in
         except NotAGrid:
             return None
     return [m for m, _ in got], [b for _, b in got if b is not None]
+
+
+def _pieces(units, n_names: int, W: int) -> list[tuple[list[Group], tuple[int, int]]] | None:
+    """Each unit as (its row groups, a step range [a, b]), cut in pieces of whole blocks when its
+    columns would hold more than UNIT_BYTES: each piece decodes the unit's row groups again (a
+    row group cannot be decoded in part), so memory is bounded for a second or third read."""
+    out = []
+    for groups, lo, hi in units:
+        m = -(-sum(g.rows for g in groups) * n_names * 8 // UNIT_BYTES)
+        if m > MAX_PIECES:
+            return None
+        inner = sorted({(lo + (hi + 1 - lo) * j // m) // W * W for j in range(1, m)})
+        cuts = [lo] + [c for c in inner if lo < c <= hi]
+        out += [(groups, (a, b - 1)) for a, b in zip(cuts, cuts[1:] + [hi + 1])]
+    return out
 
 
 def _spans(start: int, end: int, W: int, n_ranks: int, span_rows: int, threads: int) -> list[tuple[int, int]]:
