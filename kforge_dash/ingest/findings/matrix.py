@@ -3,6 +3,15 @@ row per rank: the usual case, far cheaper than polars' per-group quantiles. Wind
 full matrices (a rank missing at a step, nulls where a median is taken, two attempts in a
 straggler block's window) go the group-by way (perstep.py); both give the same values
 (tests/test_findings_perstep.py).
+
+Where the time went was fresh memory, not arithmetic: every window's matrices, partition copies
+and excesses were new arrays, page-faulted in again each window. So a matrix is filled into a
+``Buffers`` array kept from one window to the next (one set per thread), and the usual row
+layout (rank by rank, steps ascending, in one or a few row-pass windows: "segments") is copied
+segment by segment with no index at all; any other layout is gathered through an index. Every
+reduction is the same numpy call on the same (steps x ranks) layout as before, so the values
+are the same bits (a partition or sum in another layout may break ties of -0.0 and 0.0, or add
+in another order).
 """
 
 from __future__ import annotations
@@ -10,27 +19,80 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+# More segments than this (rows in an odd order) and one gather is cheaper than many copies.
+MAX_SEGMENTS = 32
+
+
+class Buffers:
+    """Arrays kept from one window to the next, by role; a role's array is overwritten by the
+    next window (or the next use of the role), so copy what must outlive it."""
+
+    def __init__(self):
+        self._b: dict[tuple[str, str], np.ndarray] = {}
+
+    def get(self, role: str, dtype, shape) -> np.ndarray:
+        n, key = int(np.prod(shape)), (role, np.dtype(dtype).str)
+        b = self._b.get(key)
+        if b is None or b.size < n:
+            b = self._b[key] = np.empty(n, dtype)
+        return b[:n].reshape(shape)
+
+    def flat(self, role: str, s: pl.Series) -> np.ndarray:
+        """``s`` (no nulls) as one array; each chunk's to_numpy is a view, copied once."""
+        chunks = s.get_chunks()
+        views = [c.to_numpy() for c in chunks]
+        out = self.get(role, views[0].dtype, len(s))
+        if len(views) == 1:
+            out[:] = views[0]
+        else:
+            np.concatenate(views, out=out)
+        return out
+
 
 class Window:
-    """Rows of steps [s0, s0 + S) x the ranks ``ranks``; ``col(name)`` is an S x R matrix."""
+    """Rows of steps [s0, s0 + S) x the ranks ``ranks``; ``col(name)`` is an S x R matrix.
 
-    def __init__(self, df: pl.DataFrame, order: np.ndarray, s0: int, S: int, ranks: np.ndarray):
-        self.df, self.order, self.s0, self.S, self.ranks = df, order, s0, S, ranks
-        self._cols: dict[tuple[str, bool], np.ndarray] = {}  # a column is gathered once (per_step, blocks)
+    ``alias`` names a column that holds the same values as another (a sum over one phase: the
+    phase itself), so it is neither read nor gathered twice."""
+
+    def __init__(self, df: pl.DataFrame | None, s0: int, S: int, ranks: np.ndarray, buf: Buffers, *,
+                 order: np.ndarray | None = None, segments: list[tuple[int, int, int]] | None = None,
+                 alias: dict[str, str] | None = None, attempt: int | None = None):
+        self.df, self.s0, self.S, self.ranks, self.buf = df, s0, S, ranks, buf
+        self.order, self.segments, self.alias, self.attempt = order, segments, alias or {}, attempt
+        self._cols: dict[tuple[str, bool], np.ndarray] = {}  # a column is filled once (per_step, blocks)
+        self._meds: dict[str, np.ndarray] = {}
+        self.by_rank: dict[str, np.ndarray] = {}
 
     @classmethod
-    def of(cls, df: pl.DataFrame) -> Window | None:
-        n = df.height
+    def of_matrices(cls, mats: dict[tuple[str, bool], np.ndarray], s0: int, S: int, ranks: np.ndarray,
+                    buf: Buffers, *, attempt: int, alias: dict[str, str] | None = None,
+                    by_rank: dict[str, np.ndarray] | None = None) -> Window:
+        """A window already filled (units.py): no nulls in its own-work, wait and step-time
+        matrices, side matrices NaN where null, one ``attempt``."""
+        win = cls(None, s0, S, ranks, buf, alias=alias, attempt=attempt)
+        win._cols = dict(mats)
+        win.by_rank = by_rank or {}  # own-work columns also as (ranks x steps): blocks' lanes contiguous
+        return win
+
+    @classmethod
+    def of(cls, df: pl.DataFrame, buf: Buffers | None = None, *, alias: dict[str, str] | None = None) -> Window | None:
+        n, buf = df.height, buf or Buffers()
         if n == 0 or df["step"].null_count() or df["rank"].null_count():
             return None
-        steps, ranks = df["step"].to_numpy(), df["rank"].to_numpy()
+        steps, ranks = buf.flat("step", df["step"]), buf.flat("rank", df["rank"])
+        seg = _segments(steps, ranks, buf)
+        if seg is not None:
+            uniq, segments = seg
+            s0, S = segments[0][1], sum(k for _, _, k in segments)
+            return cls(df, s0, S, uniq, buf, segments=segments, alias=alias)
         s0, r0 = int(steps.min()), int(ranks.min())
         S, R = int(steps.max()) - s0 + 1, int(ranks.max()) - r0 + 1
-        if S * R == n:  # ranks r0..r0+R-1 (the usual case): a rank's column is its offset, no search
+        if S * R == n:  # ranks r0..r0+R-1: a rank's column is its offset, no search
             order = np.full(n, -1, dtype=np.int64)
             order[(steps - s0) * R + (ranks - r0)] = np.arange(n)
             # n rows in n cells: a cell left empty means another holds two rows
-            return cls(df, order, s0, S, np.arange(r0, r0 + R)) if order.min() >= 0 else None
+            return cls(df, s0, S, np.arange(r0, r0 + R), buf, order=order, alias=alias) if order.min() >= 0 else None
         uniq = np.unique(ranks)
         R = len(uniq)
         if S * R != n:
@@ -40,35 +102,58 @@ class Window:
             return None  # a (step, rank) twice, so another one missing
         order = np.empty(n, dtype=np.int64)
         order[pos] = np.arange(n)
-        return cls(df, order, s0, S, uniq)
+        return cls(df, s0, S, uniq, buf, order=order, alias=alias)
+
+    def series(self, name: str) -> pl.Series:
+        return self.df[self.alias.get(name, name)]
 
     def col(self, name: str, *, nan: bool = False) -> np.ndarray:
-        """The column as an S x R matrix (read-only: shared by every caller)."""
+        """The column as an S x R matrix (read-only: shared by every caller; valid for this window)."""
+        name = self.alias.get(name, name)
         key = (name, nan)
         if key not in self._cols:
             s = self.df[name]
             if nan and s.null_count() == s.len():  # e.g. no checkpoint phase timed: nothing to gather
                 m = np.full((self.S, len(self.ranks)), np.nan)
             else:
-                a = (s.fill_null(np.nan) if nan else s).to_numpy()
-                m = np.take(a, self.order).reshape(self.S, len(self.ranks))
+                a = self.buf.flat("flat", s.fill_null(np.nan) if nan else s)
+                m = self.buf.get(f"col/{name}/{nan}", a.dtype, (self.S, len(self.ranks)))
+                self._fill(a, m)
             m.flags.writeable = False
             self._cols[key] = m
         return self._cols[key]
 
+    def _fill(self, a: np.ndarray, m: np.ndarray) -> None:
+        if self.segments is None:
+            np.take(a, self.order, out=m.reshape(-1), mode="clip")  # indices all valid
+            return
+        R = len(self.ranks)
+        for p, lo, k in self.segments:  # rows p.. are R blocks of k steps from lo: a (R x k) matrix
+            m[lo - self.s0:lo - self.s0 + k] = a[p:p + R * k].reshape(R, k).T
+
     def lower_median(self, name: str) -> np.ndarray:
-        k = (len(self.ranks) - 1) // 2  # an actual rank's value
-        return np.partition(self.col(name), k, axis=1)[:, k]
+        name = self.alias.get(name, name)
+        if name not in self._meds:
+            k = (len(self.ranks) - 1) // 2  # an actual rank's value
+            m = self.col(name)
+            part = self.buf.get("partition", m.dtype, m.shape)
+            part[:] = m
+            part.partition(k, axis=1)  # np.partition's own algorithm, in place: the same values
+            self._meds[name] = part[:, k].copy()
+        return self._meds[name]
 
     def per_step(self, own, data) -> pl.DataFrame | None:
         """perstep.per_step's columns for this window; None when a needed value is null."""
         need = ["step_time_s", "_own", "_wait", *own] + (["_data"] if len(data) > 1 else [])
-        if any(self.df[c].null_count() for c in need):
+        if self.df is not None and any(self.series(c).null_count() for c in need):
             return None
         S = self.S
         st, wait = self.col("step_time_s"), self.col("_wait")
-        least = wait == wait.min(axis=1, keepdims=True)
-        crit = np.where(least, st, -np.inf).argmax(axis=1)  # least wait; ties to the longest step
+        least = np.equal(wait, wait.min(axis=1, keepdims=True), out=self.buf.get("least", np.bool_, wait.shape))
+        cand = self.buf.get("cand", st.dtype, st.shape)
+        cand[:] = -np.inf
+        np.copyto(cand, st, where=least)
+        crit = cand.argmax(axis=1)  # least wait; ties to the longest step
         rows = np.arange(S)
         ckpt, ev = self._side("_ckpt"), self._side("_eval")
         med = {c: self.lower_median(c) for c in own}
@@ -83,32 +168,93 @@ class Window:
         return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
 
     def _side(self, name: str) -> np.ndarray | None:
-        """A checkpoint/eval column as a matrix (NaN where null); None when it is null throughout
-        (no such phase timed, the usual case): nothing to gather or scan."""
+        """A checkpoint/eval column as a matrix (NaN where null); None when it is absent or null
+        throughout (no such phase timed, the usual case): nothing to gather or scan."""
+        if self.df is None:
+            return self._cols.get((name, True))
+        if name not in self.df.columns:
+            return None
         s = self.df[name]
         return None if s.null_count() == s.len() else self.col(name, nan=True)
 
     def blocks(self, med: pl.DataFrame, st_med: np.ndarray, own, W: int) -> pl.DataFrame | None:
         """perstep's straggler blocks for this window (``st_med``: the steps' median step time)."""
-        attempt = self.df["attempt"]
-        if attempt.null_count() or attempt.min() != attempt.max():
-            return None
-        att = np.int64(attempt.min())  # one attempt in the window (checked without building its matrix)
+        if self.df is None:
+            att = np.int64(self.attempt)
+        else:
+            attempt = self.df["attempt"]
+            if attempt.null_count() or attempt.min() != attempt.max():
+                return None
+            att = np.int64(attempt.min())  # one attempt in the window (checked without building its matrix)
         steps = np.arange(self.s0, self.s0 + self.S)
         cut = np.flatnonzero(np.diff(steps // W)) + 1
         bounds = list(zip(np.r_[0, cut], np.r_[cut, self.S]))
         R = len(self.ranks)
-        ex = {c: self.col(c) - med[f"{c}\0med"].to_numpy()[:, None] for c in own}
         out = {"rank": np.tile(self.ranks, len(bounds)), "attempt": np.full(R * len(bounds), att),
                "_block": np.repeat([steps[a] // W for a, _ in bounds], R),
                "first": np.repeat([steps[a] for a, _ in bounds], R),
                "last": np.repeat([steps[b - 1] for _, b in bounds], R),
                "n": np.repeat([b - a for a, b in bounds], R).astype(np.uint32),
                "st": np.repeat([np.median(st_med[a:b]) for a, b in bounds], R)}
+        cost = {}
         for c in own:
-            out[f"{c}\0ex"] = np.concatenate([np.median(ex[c][a:b], axis=0) for a, b in bounds])
-            out[f"{c}\0cost"] = np.concatenate([np.clip(ex[c][a:b], 0, None).sum(axis=0) for a, b in bounds])
-        return pl.DataFrame(out)
+            m, by_rank = self.col(c), self.by_rank.get(c)
+            med_c = med[f"{c}\0med"].to_numpy()
+            if by_rank is not None and R > 1 and not np.signbit(by_rank).any():
+                out[f"{c}\0ex"], cost[f"{c}\0cost"] = self._by_rank_blocks(by_rank, med_c, bounds)
+                continue
+            ex = np.subtract(m, med_c[:, None], out=self.buf.get("ex", m.dtype, m.shape))
+            pos = self.buf.get("pos", m.dtype, m.shape)
+            # the sums first: the medians below partition ex in place (np.median's own algorithm)
+            cost[f"{c}\0cost"] = np.concatenate([np.clip(ex[a:b], 0, None, out=pos[a:b]).sum(axis=0) for a, b in bounds])
+            out[f"{c}\0ex"] = np.concatenate([np.median(ex[a:b], axis=0, overwrite_input=True) for a, b in bounds])
+        return pl.DataFrame(out | cost)
+
+    def _by_rank_blocks(self, m: np.ndarray, med: np.ndarray, bounds) -> tuple[np.ndarray, np.ndarray]:
+        """(median excess, summed positive excess) per (block, rank) from (ranks x steps) ``m``: a
+        block's lane is contiguous (half the time of np.median down the steps x ranks layout at
+        1,024 ranks). The same bits as the steps x ranks way when no value has its sign bit set
+        (so no -0.0 anywhere, nor in an excess) and there are two ranks or more: np.median
+        partitions the same lanes and takes the same middle values; the steps x ranks sum adds
+        each lane in step order (one rank: pairwise, hence not here), as cumsum does."""
+        # the steps x ranks way's buffers, and per_step's "cand" (done with by now), in this shape
+        ex = np.subtract(m, med[None, :], out=self.buf.get("ex", m.dtype, m.shape))
+        pos, acc = self.buf.get("pos", m.dtype, m.shape), self.buf.get("cand", m.dtype, m.shape)
+        cost = np.concatenate([np.cumsum(np.clip(ex[:, a:b], 0, None, out=pos[:, a:b]), axis=1, out=acc[:, a:b])[:, -1]
+                               for a, b in bounds])
+        return np.concatenate([np.median(ex[:, a:b], axis=1, overwrite_input=True) for a, b in bounds]), cost
+
+
+def _segments(steps: np.ndarray, ranks: np.ndarray, buf: Buffers) -> tuple[np.ndarray, list[tuple[int, int, int]]] | None:
+    """(ranks, [(first row, first step, steps)]) when the rows are segments of consecutive steps,
+    each rank by rank (ranks ascending, each with the same steps, ascending), one after another
+    (the order ingest writes ranks.parquet in); None otherwise."""
+    n = len(ranks)
+    d = np.subtract(ranks[1:], ranks[:-1], out=buf.get("d", ranks.dtype, n - 1))
+    cut = np.flatnonzero(np.less(d, 0, out=buf.get("less", np.bool_, n - 1))) + 1  # back to the first rank
+    if len(cut) >= MAX_SEGMENTS:
+        return None
+    runs = np.flatnonzero(d) + 1
+    same = buf.get("same", np.bool_, n)
+    bounds, uniq, out, nxt = np.r_[0, cut, n], None, [], None
+    for p, q in zip(bounds[:-1], bounds[1:]):
+        starts = runs[np.searchsorted(runs, p, "right"):np.searchsorted(runs, q, "left")]
+        R = len(starts) + 1
+        k = (q - p) // R
+        if (q - p) % R or not np.array_equal(starts, np.arange(p + k, q, k)):
+            return None
+        got = ranks[np.r_[p, starts]]
+        if uniq is None:
+            uniq = got
+        elif not np.array_equal(got, uniq):
+            return None
+        lo = int(steps[p])
+        eq = np.equal(steps[p:q].reshape(R, k), np.arange(lo, lo + k), out=same[p:q].reshape(R, k))
+        if (nxt is not None and lo != nxt) or not eq.all():
+            return None
+        out.append((int(p), lo, int(k)))
+        nxt = lo + k
+    return uniq, out
 
 
 def _at(m: np.ndarray | None, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:

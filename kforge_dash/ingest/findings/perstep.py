@@ -3,19 +3,23 @@
 "The median rank" is the lower median (an actual rank's value: with two ranks, the faster one),
 so a straggler is compared with a rank that did not straggle, however few ranks there are.
 
-ranks.parquet is read in step windows (the Parquet reader skips the row groups outside a window),
+When the run is one full grid of ranks x steps (the usual case), ranks.parquet is read row group
+by row group, each decoded once, and cut into windows of whole straggler blocks (units.py).
+Otherwise it is read in step windows (the Parquet reader skips the row groups outside a window),
 two at a time of about ``WINDOW_ROWS / 2`` rows each (one alone on one core), so memory stays
-bounded however many ranks and steps a run has.
+bounded however many ranks and steps a run has. Both ways give the same bits.
 """
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 
-from kforge_dash.ingest.findings.matrix import Window
+from kforge_dash.ingest.findings.matrix import Buffers, Window
 from kforge_dash.ingest.findings.model import RunFacts
+from kforge_dash.ingest.findings.units import per_step_units
 from kforge_dash.ingest.footers import usable_cpus
 
 WINDOW_ROWS = 2_000_000
@@ -66,38 +70,71 @@ def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
     """
     W = block_size(facts.steps.height)
     st = facts.steps.select("step", pl.col("step_time_median_s").cast(pl.Float64).alias("_st"))
+    fast = _by_units(facts, st, W)
+    if fast is not None:
+        meds, blocks = fast
+        return pl.concat(meds, how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())
     # Two windows at a time (of half the rows: the same memory as one): one is read (polars'
     # threads) while the other's numpy work runs (it releases the GIL), so both cores are busy.
     # Windows are whole straggler blocks, so their size does not change the results.
     threads = min(2, usable_cpus())
     spans = windows(facts, WINDOW_ROWS // threads) or [(0, 0)]
+    local = threading.local()  # one set of buffers per thread, reused window after window
+
+    def one(span):
+        if not hasattr(local, "buf"):
+            local.buf = Buffers()
+        return _window(facts, span, st, W, local.buf)
+
     if threads > 1 and len(spans) > 1:
         with ThreadPoolExecutor(threads, thread_name_prefix="kforge-perstep") as pool:
-            got = list(pool.map(lambda span: _window(facts, span, st, W), spans))
+            got = list(pool.map(one, spans))
     else:
-        got = [_window(facts, span, st, W) for span in spans]
+        got = [one(span) for span in spans]
     blocks = [blk for _, blk in got if blk is not None]
     return pl.concat([med for med, _ in got], how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())
 
 
-def _window(facts: RunFacts, span: tuple[int, int], st: pl.DataFrame, W: int):
+def _window(facts: RunFacts, span: tuple[int, int], st: pl.DataFrame, W: int, buf: Buffers | None = None):
     """(per-step rows, straggler-block rows or None) of the steps [lo, hi)."""
     (lo, hi), ph = span, facts.phases
+    derived = _derived(ph)
+    # A sum over one phase is that phase (the same values, -0.0, NaN and null included): the
+    # matrices use the phase itself, and a column no path reads is not computed.
+    alias = {"_own": ph.own[0]} if len(ph.own) == 1 else {}
+    skip = set(alias) | ({"_data"} if len(ph.data) == 1 else set())
+    skip |= {c for c, phases in (("_ckpt", ph.checkpoint), ("_eval", ph.eval)) if not phases}
     df = (pl.scan_parquet(facts.ranks_path, glob=False)
           .filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(lo, hi, closed="left"))
           .select("step", "rank", "attempt", "step_time_s", *ph.own,
-                  own_work(ph.own).alias("_own"), own_work(ph.data).alias("_data"),
-                  own_work(ph.checkpoint).alias("_ckpt"), own_work(ph.eval).alias("_eval"),
-                  own_work(ph.wait).fill_null(0.0).alias("_wait")).collect())
-    win = Window.of(df)
+                  *[e.alias(c) for c, e in derived.items() if c not in skip]).collect())
+    win = Window.of(df, buf, alias=alias)
     med = (win.per_step(ph.own, ph.data) if win else None)
     if med is None:
+        df = df.with_columns([e.alias(c) for c, e in derived.items() if c in skip and c != "_data"])
         win, med = None, _grouped(df.lazy(), ph)
     sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy()
     blk = win.blocks(med, sts, ph.own, W) if win is not None and ph.own else None
     if blk is None and ph.own:
         blk = _blocks_grouped(df, med.join(st, on="step", how="left"), ph.own, W)
     return med, blk
+
+
+def _by_units(facts: RunFacts, st: pl.DataFrame, W: int):
+    """units.py's way (each row group read once), or None when the run is not one full grid."""
+    ph = facts.phases
+    alias = {"_own": ph.own[0]} if len(ph.own) == 1 else {}
+    derived = _derived(ph)
+    need = ["step_time_s", "_wait", *ph.own, *(["_own"] if not alias else []), *(["_data"] if len(ph.data) > 1 else [])]
+    side = [c for c, phases in (("_ckpt", ph.checkpoint), ("_eval", ph.eval)) if phases]
+    select = [pl.col("step"), pl.col("rank"), *[derived[c].alias(c) if c in derived else pl.col(c) for c in need + side]]
+    return per_step_units(facts.ranks_path, ph, select, st, W, WINDOW_ROWS // 2, alias, need, side,
+                          min(2, usable_cpus()))
+
+
+def _derived(ph) -> dict[str, pl.Expr]:
+    return {"_own": own_work(ph.own), "_data": own_work(ph.data), "_ckpt": own_work(ph.checkpoint),
+            "_eval": own_work(ph.eval), "_wait": own_work(ph.wait).fill_null(0.0)}
 
 
 def _blocks_grouped(df: pl.DataFrame, med: pl.DataFrame, own, W: int) -> pl.DataFrame:
