@@ -91,3 +91,28 @@ def test_windows_end_inside_big_merged_parts(tmp_path, monkeypatch):
     assert len(planned[0]) == 1 and len(planned[1]) >= 5
     assert many_steps.height == 200 and many_steps.equals(one_steps)
     assert many_ranks.sort("step", "rank").equals(one_ranks.sort("step", "rank"))
+
+
+def test_windows_end_where_a_merged_parts_row_groups_start(tmp_path, monkeypatch):
+    """A window cut inside a row group decodes it twice (once per window); cut where the merged
+    parts' row groups start (footer statistics), each window reads only its own groups."""
+    import pyarrow.parquet as pq
+
+    import kforge_dash.ingest.rows as rows_mod
+    from ingest_fixtures import part_files
+
+    run = str(tmp_path / "merged")
+    recs = open_ranks(run, 3, flush_every_steps=2)
+    run_steps(monkeypatch, recs, range(1, 201), step_time=lambda r, s: 0.1 * (1 + (s * (r + 1)) % 5), flush_every=2)
+    close_all(recs)  # 100 flushes per rank, merged by the recorder into one part of 200 rows
+    parts = part_files(run)
+    assert len(parts) == 3 and all("-" in p.rsplit("part-", 1)[1] for p in parts)
+    for p in parts:  # the same rows in row groups of 50 (the recorder writes ~10k-row groups)
+        pq.write_table(pq.read_table(p), p, row_group_size=50)
+    planned = []
+    real = rows_mod.plan_windows
+    monkeypatch.setattr(rows_mod, "plan_windows", lambda *a: planned.append(real(*a)) or planned[-1])
+    (one_steps, one_ranks, _), (many_steps, many_ranks, _) = ingest_whole_and_windowed(run, 120)
+    assert planned[1] == [(1, 51), (51, 101), (101, 151), (151, 201)]
+    assert many_steps.height == 200 and many_steps.equals(one_steps)
+    assert many_ranks.sort("step", "rank").equals(one_ranks.sort("step", "rank"))

@@ -29,7 +29,7 @@ from kforge_record.atomic import atomic_path
 
 _STATE_KEY = b"kforge_ingest_state"
 _COLUMNS = ("rel", "size", "mtime_ns", "num_rows", "min_step", "max_step", "has_log_rows",
-            "has_end_rows", "dropped_rows_total", "schema", "warnings", "bad")
+            "has_end_rows", "dropped_rows_total", "schema", "warnings", "bad", "group_steps")
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,9 @@ def load_prior(out_dir: str, run_dir: str) -> Prior | None:
         return None
     schemas = [_shards._interned(dict(s)) for s in state.get("schemas", [])]
     parts = {}
-    for rel, size, mtime, n, lo, hi, log, end, dropped, schema, warns, bad in zip(*(cols[c] for c in _COLUMNS)):
-        info = _shards.PartInfo(os.path.join(run_dir, rel), n, schemas[schema], lo, hi, log, dropped, end)
+    for rel, size, mtime, n, lo, hi, log, end, dropped, schema, warns, bad, groups in zip(*(cols[c] for c in _COLUMNS)):
+        info = _shards.PartInfo(os.path.join(run_dir, rel), n, schemas[schema], lo, hi, log, dropped, end,
+                                None if groups is None else tuple(groups))
         parts[rel] = PartEntry(size, mtime, info, tuple(warns or ()), bad)
     return Prior(parts, state)
 
@@ -158,13 +159,15 @@ def save_manifest(out_dir: str, cache: FooterCache, state: dict) -> None:
         rows["has_end_rows"].append(info.has_end_rows)
         rows["dropped_rows_total"].append(info.dropped_rows_total)
         rows["schema"].append(schemas.setdefault(tuple(info.columns.items()), len(schemas)))
+        rows["group_steps"].append(None if info.group_steps is None else list(info.group_steps))
     types = {"rel": pa.string(), "size": pa.int64(), "mtime_ns": pa.int64(), "bad": pa.string(),
              "num_rows": pa.int64(), "min_step": pa.int64(), "max_step": pa.int64(), "has_log_rows": pa.bool_(),
              "has_end_rows": pa.bool_(), "dropped_rows_total": pa.int64(), "schema": pa.int32(),
-             "warnings": pa.list_(pa.string())}
+             "warnings": pa.list_(pa.string()), "group_steps": pa.list_(pa.int64())}
     state = dict(state, schemas=[list(s) for s in schemas])
     # Through polars, not pa.array: that one's pandas check imports pandas (~0.2 s, arrays.py).
-    frame = pl.DataFrame({c: pl.Series(c, rows[c], dtype=pl.List(pl.String) if c == "warnings" else None) for c in _COLUMNS})
+    lists = {"warnings": pl.List(pl.String), "group_steps": pl.List(pl.Int64)}
+    frame = pl.DataFrame({c: pl.Series(c, rows[c], dtype=lists.get(c)) for c in _COLUMNS})
     table = frame.to_arrow().cast(pa.schema([(c, types[c]) for c in _COLUMNS]))
     table = table.replace_schema_metadata({_STATE_KEY: json.dumps(state).encode()})
     path = os.path.join(out_dir, MANIFEST_FILE)

@@ -61,6 +61,10 @@ class PartInfo:
     has_log_rows: bool  # rows from Recorder.log (step_time_s null) that need coalescing
     dropped_rows_total: int | None
     has_end_rows: bool = True  # rows from end_step (step_time_s set); see ended_steps()
+    # The lowest step of each row group, when the part has several (a merged part): where a step
+    # window can end inside it and read only its own row groups (read.plan_windows). None: one group,
+    # or no statistics.
+    group_steps: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -279,8 +283,9 @@ def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
     steps = _step_facts(path, md, i_step, i_time, warnings)
     if steps is None:
         return None
-    lo, hi, log_rows = steps
-    return PartInfo(path, md.num_rows, columns, lo, hi, log_rows > 0, kv.get("dropped_rows_total"), log_rows < md.num_rows)
+    lo, hi, log_rows, groups = steps
+    return PartInfo(path, md.num_rows, columns, lo, hi, log_rows > 0, kv.get("dropped_rows_total"), log_rows < md.num_rows,
+                    groups)
 
 
 def _kforge_metadata(path: str, metadata: dict, warnings: list[str]) -> dict | None:
@@ -301,11 +306,13 @@ def _kforge_metadata(path: str, metadata: dict, warnings: list[str]) -> dict | N
     return kv if isinstance(kv, dict) else {}
 
 
-def _step_facts(path: str, md, i_step: int, i_time: int, warnings: list[str]) -> tuple[int | None, int | None, int] | None:
-    """(min step, max step, rows from Recorder.log) from the row-group statistics, else from the
-    two small columns. None with a warning when a step is null (a row that belongs nowhere)."""
+def _step_facts(path: str, md, i_step: int, i_time: int, warnings: list[str]):
+    """(min step, max step, rows from Recorder.log, each row group's min step or None) from the
+    row-group statistics, else from the two small columns. None with a warning when a step is null
+    (a row that belongs nowhere)."""
     lo = hi = None
     null_steps = log_rows = 0
+    mins = []
     stats_ok = md.num_rows == 0 or md.num_row_groups > 0
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
@@ -315,8 +322,10 @@ def _step_facts(path: str, md, i_step: int, i_time: int, warnings: list[str]) ->
             break
         lo = s.min if lo is None else min(lo, s.min)
         hi = s.max if hi is None else max(hi, s.max)
+        mins.append(s.min)
         null_steps += s.null_count
         log_rows += t.null_count
+    groups = tuple(mins) if stats_ok and len(mins) > 1 else None
     if not stats_ok:  # a writer without statistics (or only nulls in a row group): read the two small columns
         try:
             tbl = read_columns(path, ["step", "step_time_s"])
@@ -329,7 +338,7 @@ def _step_facts(path: str, md, i_step: int, i_time: int, warnings: list[str]) ->
     if null_steps:
         warnings.append(f"{path}: {null_steps} of {md.num_rows} row(s) have no step (null); part file skipped")
         return None
-    return lo, hi, log_rows
+    return lo, hi, log_rows, groups
 
 
 def ended_steps(part: PartInfo) -> tuple[int | None, int | None]:
