@@ -97,9 +97,9 @@ def test_windows_end_where_a_merged_parts_row_groups_start(tmp_path, monkeypatch
     """A window cut inside a row group decodes it twice (once per window); cut where the merged
     parts' row groups start (footer statistics), each window reads only its own groups."""
     import pyarrow.parquet as pq
+    from ingest_fixtures import part_files
 
     import kforge_dash.ingest.rows as rows_mod
-    from ingest_fixtures import part_files
 
     run = str(tmp_path / "merged")
     recs = open_ranks(run, 3, flush_every_steps=2)
