@@ -66,9 +66,17 @@ def publish_new(tmp: str, path: str) -> None:
         if e.errno not in _NO_HARD_LINKS:
             raise
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except FileNotFoundError:  # the temp file was removed meanwhile: give the claimed name back
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            raise
     else:
-        os.remove(tmp)
+        # Published: a temp file someone removed meanwhile (a clean-up, leftovers.py) must not make
+        # this look like a failed write, or the rows would be written again under the next name.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
     fsync_dir(os.path.dirname(path))
 
 

@@ -90,14 +90,15 @@ def clean_attempt_dir(d: str, *, warn, writer_gone: bool | None = None) -> Clean
         names = os.listdir(d)
         parts = [n for n in names if is_part_file(n)]
         # Nothing shadowed (the common case): no file is opened or even stat'ed, one listing only.
-        empty = _empty_merged_parts(d, parts) if len(live_parts(parts)) < len(parts) else []
+        empty = _empty_merged_parts(d, parts) if len(live_parts(parts)) < len(parts) else {}
+        gone_empty = 0
         if empty and gone() is True:
-            for name in empty:
-                _remove(os.path.join(d, name))
-                parts.remove(name)
-        else:
-            empty = []
-        removed = _remove_replaced(d, parts, warn) + len(empty)
+            for name, seen in empty.items():
+                if _still_empty(os.path.join(d, name), seen):  # (filled by a publish since: it stays)
+                    _remove(os.path.join(d, name))
+                    parts.remove(name)
+                    gone_empty += 1
+        removed = _remove_replaced(d, parts, warn) + gone_empty
         temps = [n for n in names if n.startswith(".") and n.endswith(".tmp")]
         return Cleaned(removed, _remove_temps(d, temps, gone()) if temps else 0)
     except Exception as e:  # never into the training loop, never kill the writer thread
@@ -106,12 +107,19 @@ def clean_attempt_dir(d: str, *, warn, writer_gone: bool | None = None) -> Clean
         return Cleaned()
 
 
-def _empty_merged_parts(d: str, parts: list[str]) -> list[str]:
+def _empty_merged_parts(d: str, parts: list[str]) -> dict[str, os.stat_result]:
     """Merged parts of 0 bytes whose every flush is in smaller parts beside them: the name that a
     publish without hard links claims before its rename fills it (atomic.publish_new), left so by
     a kill in between. Readers would keep it over the parts it was to replace, and read nothing."""
-    sizes = {n: os.path.getsize(os.path.join(d, n)) for n in parts}
-    out = []
+    stats = {}
+    for n in parts:
+        try:
+            stats[n] = os.stat(os.path.join(d, n))
+        except FileNotFoundError:  # removed meanwhile (a live writer's merge, another clean-up)
+            continue
+    parts = [n for n in parts if n in stats]
+    sizes = {n: st.st_size for n, st in stats.items()}
+    out = {}
     for name in parts:
         span = part_span(name)
         if span is None or span.first == span.last or sizes[name]:
@@ -123,8 +131,17 @@ def _empty_merged_parts(d: str, parts: list[str]) -> list[str]:
                 break
             reach = s[1]
         if reach == span.last:
-            out.append(name)
+            out[name] = stats[name]
     return out
+
+
+def _still_empty(path: str, seen: os.stat_result) -> bool:
+    """The same empty file as when it was judged (size 0, same inode): not filled by a publish since."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return st.st_size == 0 and (st.st_ino, st.st_dev) == (seen.st_ino, seen.st_dev)
 
 
 def _within(name: str, span) -> bool:

@@ -194,3 +194,37 @@ def test_an_empty_merged_part_goes_once_its_writer_is_gone(tmp_path):
     _start_and_close(run)
     assert sorted(os.listdir(dead)) == [META_FILE, *REPLACED]
     assert sorted(os.listdir(live)) == [META_FILE, MERGED, *REPLACED]  # it may be filled any moment
+
+
+def test_a_publish_whose_temp_file_a_clean_up_removed_is_still_a_success(tmp_path, monkeypatch):
+    """The clean-up may remove a live writer's temp file right after the link published it: the
+    write succeeded (its rows must not be written again under the next name)."""
+    import kforge_record.atomic as atomic
+
+    tmp, path = tmp_path / ".part-000000.parquet.tmp", tmp_path / "part-000000.parquet"
+    tmp.write_bytes(b"rows")
+    real_link = os.link
+
+    def link_then_clean_up(src, dst):
+        real_link(src, dst)
+        os.remove(src)  # leftovers.py, from another process, between the link and our remove
+
+    monkeypatch.setattr(atomic.os, "link", link_then_clean_up)
+    atomic.publish_new(str(tmp), str(path))  # no error: published
+    assert path.read_bytes() == b"rows" and not tmp.exists()
+
+
+def test_an_empty_merged_part_filled_while_its_writer_was_judged_stays(tmp_path, monkeypatch):
+    """Between the size check and the removal a publish may fill the claimed name (its writer
+    misjudged as gone): the now-whole merged part must stay."""
+    run = tmp_path / "run"
+    d = _claimed_not_filled(run, "a-filled", _dead_pid())
+    real = leftovers.folder_writer_gone
+
+    def filled_meanwhile(folder):
+        (d / MERGED).write_bytes(b"a whole merged part")
+        return real(folder)
+
+    monkeypatch.setattr(leftovers, "folder_writer_gone", filled_meanwhile)
+    _start_and_close(run)
+    assert (d / MERGED).read_bytes() == b"a whole merged part"

@@ -108,6 +108,7 @@ def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, a
     old_ranks_path = append.ranks_path if append is not None else None
     writer = RanksWriter(ranks_tmp)
     n_new = 0
+    results = None
     try:
         if append is not None:
             copy_head(append.ranks_path, append.start, plan.spec.cols, writer.put)
@@ -131,6 +132,8 @@ def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, a
             progress.chunk(plan.run_dir, i + 1, len(spans))
         writer.close()
     finally:
+        if hasattr(results, "close"):  # a generator left on an error: its reducer thread stops now
+            results.close()
         writer.close()
     return n_new
 
