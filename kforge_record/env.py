@@ -115,6 +115,24 @@ def process_start_time() -> float | None:
         return None
 
 
+def process_identity() -> dict:
+    """What tells this process apart from any other on this host, exactly (Linux): the boot (a
+    reboot reuses pids), the pid namespace (a container sees only its own pids) and the start in
+    clock ticks since boot (a reused pid starts later). Each None where unknown. A writer's
+    meta.json keeps it, so a later clean-up (leftovers.py) can tell whether that writer still runs
+    without trusting the wall clock."""
+    out = {"boot_id": None, "pid_ns": None, "start_ticks": None}
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            out["boot_id"] = f.read().strip() or None
+        out["pid_ns"] = os.stat("/proc/self/ns/pid").st_ino
+        with open("/proc/self/stat") as f:
+            out["start_ticks"] = int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
 def device_info() -> dict:
     if cuda_in_use():
         torch = _torch()

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 
 from .atomic import fsync_dir
-from .env import hostname
+from .env import hostname, process_identity
 from .schema import END_FILE, META_FILE, PARQUET_META_KEY, is_part_file, live_parts, part_span
 
 STALE_TMP_S = 3600.0  # a temp file this old in a folder whose writer may live elsewhere is dead
@@ -228,11 +228,35 @@ def folder_writer_gone(d: str) -> bool | None:
         with open(os.path.join(d, META_FILE)) as f:
             meta = json.load(f)
         host, pid, started = meta.get("host"), meta.get("pid"), meta.get("process_start_time")
+        ident = meta.get("process")
     except (OSError, ValueError, AttributeError):
         return None
     if host != hostname() or pid.__class__ is not int or pid <= 0:
         return None
+    if isinstance(ident, dict):  # written by a recorder that keeps its exact identity
+        mine = process_identity()
+        for key in ("boot_id", "pid_ns"):
+            if ident.get(key) is None or mine[key] is None or ident[key] != mine[key]:
+                # Another boot (or a host of the same name), another pid namespace (a container
+                # that cannot see its pids), or unknown: not ours to judge.
+                return None
+        ticks = ident.get("start_ticks")
+        if ticks.__class__ is int:
+            return pid_gone_exact(pid, ticks)
     return pid_gone(pid, started)
+
+
+def pid_gone_exact(pid: int, start_ticks: int) -> bool:
+    """True when no live process ``pid`` that started at ``start_ticks`` (since this boot) runs here."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        state, ticks = fields[0], int(fields[19])
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError, IndexError):
+        return _kill_0_gone(pid)
+    return state in ("Z", "X") or ticks != start_ticks
 
 
 def pid_gone(pid: int, started: float | None) -> bool:

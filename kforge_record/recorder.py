@@ -112,6 +112,7 @@ class Recorder:
             "launch": launch,
             "start_time": now.timestamp(),
             "process_start_time": env.process_start_time(),
+            "process": env.process_identity(),
             "device": env.device_info(),
             "versions": env.versions(),
             "counts_tokens": o.counts_tokens,

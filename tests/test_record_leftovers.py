@@ -17,7 +17,7 @@ import pytest
 import kforge_record.leftovers as leftovers
 from kforge_record import Recorder
 from kforge_record.compact import Compactor
-from kforge_record.env import hostname, process_start_time
+from kforge_record.env import hostname, process_identity, process_start_time
 from kforge_record.schema import END_FILE, META_FILE
 
 TMP = ".part-000003.parquet.tmp"
@@ -228,3 +228,24 @@ def test_an_empty_merged_part_filled_while_its_writer_was_judged_stays(tmp_path,
     monkeypatch.setattr(leftovers, "folder_writer_gone", filled_meanwhile)
     _start_and_close(run)
     assert (d / MERGED).read_bytes() == b"a whole merged part"
+
+
+def test_a_writer_is_judged_by_its_exact_identity_not_the_wall_clock(tmp_path):
+    """meta.json's ``process`` (boot, pid namespace, start in clock ticks) decides: a live writer
+    whose wall clock stepped stays live, a reused pid is gone, another pid namespace is unknown."""
+    run = tmp_path / "run"
+    me = process_identity()
+    assert None not in me.values()  # (Linux /proc: what CI runs on)
+    stepped = _folder(run, "a-clock-stepped", meta={"host": hostname(), "pid": os.getpid(), "process": me,
+                                                    "process_start_time": process_start_time() - 100})
+    reused = _folder(run, "b-pid-reused", meta={"host": hostname(), "pid": os.getpid(), "process_start_time":
+                                                process_start_time(), "process": dict(me, start_ticks=me["start_ticks"] - 1)})
+    other_ns = _folder(run, "c-other-namespace", meta={"host": hostname(), "pid": _dead_pid(), "process_start_time": None,
+                                                       "process": dict(me, pid_ns=me["pid_ns"] + 1)})
+    _start_and_close(run)
+    assert (stepped / TMP).exists()  # its writer runs: the temp file may be its next part
+    assert not (reused / TMP).exists()
+    assert (other_ns / TMP).exists()  # its pids are not visible from here: only the age rule applies
+    new = [d for d in (run / "rank-00000").iterdir() if d.name not in {"a-clock-stepped", "b-pid-reused",
+                                                                       "c-other-namespace"}]
+    assert json.loads((new[0] / META_FILE).read_text())["process"] == me

@@ -129,7 +129,8 @@ def shards_newer(r: RunInfo) -> bool:
 
 
 def _has_shards(path: Path) -> bool:
-    return any(e.name.startswith(RANK_PREFIX) and e.is_dir() for e in os.scandir(path))
+    with os.scandir(path) as entries:  # (closed when any() stops early)
+        return any(e.name.startswith(RANK_PREFIX) and e.is_dir() for e in entries)
 
 
 def list_runs(root: str | os.PathLike) -> list[RunInfo]:

@@ -88,7 +88,8 @@ class Attempt:
 def is_run_dir(path: str) -> bool:
     """A run is a directory with at least one rank-NNNNN folder in it."""
     try:
-        return any(_RANK_DIR.match(e.name) and e.is_dir() for e in os.scandir(path))
+        with os.scandir(path) as entries:  # (closed when any() stops early)
+            return any(_RANK_DIR.match(e.name) and e.is_dir() for e in entries)
     except OSError:
         return False
 
