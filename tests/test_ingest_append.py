@@ -343,10 +343,16 @@ def test_footers_read_by_worker_processes_give_the_same_ingest(tmp_path, monkeyp
     assert_same(full_outputs(run), want)
 
 
-def test_appends_stay_appends_while_the_recorder_merges_its_parts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("row_group_rows", [8192, 7])
+def test_appends_stay_appends_while_the_recorder_merges_its_parts(tmp_path, monkeypatch, row_group_rows):
     """Merges of parts an ingest already read are not changed parts: each pass reads only the rows
-    after the last one, also out of a merged part that holds old and new rows (kforge_record/compact.py)."""
+    after the last one, also out of a merged part that holds old and new rows (kforge_record/compact.py).
+    With row groups of 7 rows a merged part has many, and windows end where they start (read.py):
+    never below the rows the append already has."""
     import kforge_dash.ingest.plan as plan_mod
+    import kforge_record.compact as compact
+
+    monkeypatch.setattr(compact, "ROW_GROUP_ROWS", row_group_rows)
 
     starts = []
     real = plan_mod.plan_append

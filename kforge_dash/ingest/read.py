@@ -126,7 +126,10 @@ def plan_windows(files: list[PartToRead], chunk_rows: int) -> list[tuple[int, in
     rows_starting_at: dict[int, int] = {}  # step -> rows of the parts that start there
     for f in files:
         if f.part.group_steps is not None:  # a merged part: its row groups' starts, each read by one window
-            starts = f.part.group_steps
+            # Within the steps it is read for: an append reads a merged part from its first new
+            # row on (coverage.py narrows min_step), and no window may start below that.
+            lo_step, hi_step = f.part.min_step, f.part.max_step
+            starts = [lo_step, *(g for g in f.part.group_steps if lo_step < g <= hi_step)]
         else:
             span = f.part.max_step - f.part.min_step + 1
             pieces = max(1, min(-(-f.part.num_rows // _PIECE_ROWS), span))
