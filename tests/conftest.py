@@ -32,3 +32,14 @@ def sample_runs_copy(tmp_path) -> Path:
     from dash_fixtures import copy_and_ingest_sample_runs
 
     return copy_and_ingest_sample_runs(tmp_path / "runs")
+
+
+@pytest.fixture()
+def switch_threads_often():
+    """Switch threads as often as the interpreter can, so races show (restored after the test)."""
+    import sys
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)

@@ -184,37 +184,32 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 @pytest.mark.parametrize("n_threads", [4])
-def test_several_threads_calling_end_step_and_log_lose_no_row(tmp_path, n_threads):
+def test_several_threads_calling_end_step_and_log_lose_no_row(tmp_path, n_threads, switch_threads_often):
     import threading
 
     per_thread = 3000
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: races show
-    try:
-        for attempt in range(5):
-            rec = Recorder(tmp_path / f"run{attempt}", rank=0, world_size=1, flush_every_steps=7,
-                           install_sigterm_handler=False)
+    for attempt in range(5):
+        rec = Recorder(tmp_path / f"run{attempt}", rank=0, world_size=1, flush_every_steps=7,
+                       install_sigterm_handler=False)
 
-            def loop(t):
-                for i in range(per_thread):
-                    rec.end_step(t * per_thread + i, loss=float(t))
+        def loop(t):
+            for i in range(per_thread):
+                rec.end_step(t * per_thread + i, loss=float(t))
 
-            def evaluate():
-                for i in range(per_thread // 10):
-                    rec.log(i, **{"eval/loss": float(i)})
+        def evaluate():
+            for i in range(per_thread // 10):
+                rec.log(i, **{"eval/loss": float(i)})
 
-            threads = [threading.Thread(target=loop, args=(t,)) for t in range(n_threads)]
-            threads.append(threading.Thread(target=evaluate))
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            rec.close()
-            table = _table(rec)
-            ended = [s for s, st in zip(table.column("step").to_pylist(), table.column("step_time_s").to_pylist())
-                     if st is not None]
-            assert sorted(ended) == list(range(n_threads * per_thread)), f"attempt {attempt}"
-            assert table.num_rows == n_threads * per_thread + per_thread // 10
-            assert rec.dropped_rows == 0
-    finally:
-        sys.setswitchinterval(old)
+        threads = [threading.Thread(target=loop, args=(t,)) for t in range(n_threads)]
+        threads.append(threading.Thread(target=evaluate))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        rec.close()
+        table = _table(rec)
+        ended = [s for s, st in zip(table.column("step").to_pylist(), table.column("step_time_s").to_pylist())
+                 if st is not None]
+        assert sorted(ended) == list(range(n_threads * per_thread)), f"attempt {attempt}"
+        assert table.num_rows == n_threads * per_thread + per_thread // 10
+        assert rec.dropped_rows == 0

@@ -108,52 +108,47 @@ def test_an_owner_that_lost_the_fast_path_between_its_two_checks_takes_the_lock(
 
 
 @pytest.mark.parametrize("second", ["log", "end_step", "flush"])
-def test_a_second_thread_that_appears_mid_run_loses_and_duplicates_no_row(tmp_path, second):
+def test_a_second_thread_that_appears_mid_run_loses_and_duplicates_no_row(tmp_path, second, switch_threads_often):
     per_thread = 4000
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: races show
-    try:
-        for attempt in range(3):
-            rec = Recorder(tmp_path / f"run{attempt}", rank=0, world_size=1, flush_every_steps=7,
-                           install_sigterm_handler=False)
-            started = threading.Event()
-            fast = []
+    for attempt in range(3):
+        rec = Recorder(tmp_path / f"run{attempt}", rank=0, world_size=1, flush_every_steps=7,
+                       install_sigterm_handler=False)
+        started = threading.Event()
+        fast = []
 
-            def loop():
-                for i in range(per_thread):
-                    with rec.phase("data"):
-                        pass
-                    rec.end_step(i, loss=float(i), **{"x": 1.0})
-                    if i == per_thread // 4:
-                        fast.append(rec._solo == threading.get_ident())
-                        started.set()  # the second thread comes while the loop is on its fast path
+        def loop():
+            for i in range(per_thread):
+                with rec.phase("data"):
+                    pass
+                rec.end_step(i, loss=float(i), **{"x": 1.0})
+                if i == per_thread // 4:
+                    fast.append(rec._solo == threading.get_ident())
+                    started.set()  # the second thread comes while the loop is on its fast path
 
-            def other():
-                started.wait(10)
-                for i in range(per_thread // 4):
-                    if second == "log":
-                        rec.log(i, **{"eval/loss": float(i)})
-                    elif second == "end_step":
-                        rec.end_step(per_thread + i, loss=-1.0)
-                    else:
-                        rec.flush()
+        def other():
+            started.wait(10)
+            for i in range(per_thread // 4):
+                if second == "log":
+                    rec.log(i, **{"eval/loss": float(i)})
+                elif second == "end_step":
+                    rec.end_step(per_thread + i, loss=-1.0)
+                else:
+                    rec.flush()
 
-            threads = [threading.Thread(target=loop), threading.Thread(target=other)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            assert fast == [True] and rec._solo is None
-            rec.close()
-            table = _table(rec)
-            steps = table.column("step").to_pylist()
-            ended = sorted(s for s, st in zip(steps, table.column("step_time_s").to_pylist()) if st is not None)
-            extra = per_thread // 4 if second == "end_step" else 0
-            assert ended == list(range(per_thread + extra)), f"attempt {attempt}"
-            assert table.num_rows == per_thread + (per_thread // 4 if second != "flush" else 0)
-            assert rec.dropped_rows == 0
-    finally:
-        sys.setswitchinterval(old)
+        threads = [threading.Thread(target=loop), threading.Thread(target=other)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert fast == [True] and rec._solo is None
+        rec.close()
+        table = _table(rec)
+        steps = table.column("step").to_pylist()
+        ended = sorted(s for s, st in zip(steps, table.column("step_time_s").to_pylist()) if st is not None)
+        extra = per_thread // 4 if second == "end_step" else 0
+        assert ended == list(range(per_thread + extra)), f"attempt {attempt}"
+        assert table.num_rows == per_thread + (per_thread // 4 if second != "flush" else 0)
+        assert rec.dropped_rows == 0
 
 
 def test_a_call_nested_in_the_owners_call_leaves_the_handshake_as_it_was(tmp_path):
@@ -220,7 +215,7 @@ print("child", os.waitstatus_to_exitcode(status))
     assert "child 0" in out.stdout, out.stdout + out.stderr
 
 
-def test_phase_times_from_another_thread_land_in_exactly_one_step(tmp_path, monkeypatch):
+def test_phase_times_from_another_thread_land_in_exactly_one_step(tmp_path, monkeypatch, switch_threads_often):
     """Phase timers take no lock: each exit appends (column, seconds) and end_step takes a copy,
     then deletes exactly that many. Every timed second must show up once, whatever the interleaving."""
     from kforge_record import recorder
@@ -233,32 +228,27 @@ def test_phase_times_from_another_thread_land_in_exactly_one_step(tmp_path, monk
 
     monkeypatch.setattr(recorder, "perf_counter", perf_counter)  # the recorder's clock, which its timers use
     n_timed = 5000
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for attempt in range(2):
-            rec = Recorder(tmp_path / f"run{attempt}", rank=0, world_size=1, flush_every_steps=50,
-                           install_sigterm_handler=False)
-            timer = rec.phase("data")
+    for attempt in range(2):
+        rec = Recorder(tmp_path / f"run{attempt}", rank=0, world_size=1, flush_every_steps=50,
+                       install_sigterm_handler=False)
+        timer = rec.phase("data")
 
-            def timing():  # e.g. a prefetch thread timing its own waits
-                for _ in range(n_timed):
-                    with timer:
-                        pass
-                    time.sleep(0)  # hand the GIL back: the loop is then preempted anywhere in end_step
+        def timing():  # e.g. a prefetch thread timing its own waits
+            for _ in range(n_timed):
+                with timer:
+                    pass
+                time.sleep(0)  # hand the GIL back: the loop is then preempted anywhere in end_step
 
-            t = threading.Thread(target=timing)
-            t.start()
-            step = 0
-            while t.is_alive():
-                step += 1
-                rec.end_step(step, loss=1.0)
-            t.join()
-            rec.end_step(step + 1, loss=1.0)  # takes what the last exits left
-            rec.close()
-            col = _table(rec).column("time/data_s").to_pylist()
-            assert sum(v for v in col if v is not None) == n_timed, f"attempt {attempt}"
-            assert len([v for v in col if v is not None]) > 10  # the two threads did interleave
-            assert rec.dropped_rows == 0
-    finally:
-        sys.setswitchinterval(old)
+        t = threading.Thread(target=timing)
+        t.start()
+        step = 0
+        while t.is_alive():
+            step += 1
+            rec.end_step(step, loss=1.0)
+        t.join()
+        rec.end_step(step + 1, loss=1.0)  # takes what the last exits left
+        rec.close()
+        col = _table(rec).column("time/data_s").to_pylist()
+        assert sum(v for v in col if v is not None) == n_timed, f"attempt {attempt}"
+        assert len([v for v in col if v is not None]) > 10  # the two threads did interleave
+        assert rec.dropped_rows == 0
