@@ -12,6 +12,8 @@ import pyarrow.parquet as pq
 
 from kforge_dash.contract import RANKS_NONFINITE_KEY
 
+ROW_GROUP_ROWS = 1 << 20  # a table is written in row groups of this many rows (pyarrow's default); findings/tap.py
+
 
 def arrow_table(df: pl.DataFrame) -> pa.Table:
     """``df`` as an Arrow table without copying: each column keeps its own chunks. (DataFrame.
@@ -51,10 +53,10 @@ class RanksWriter:
     On close the file's key-value metadata lists the float columns that may hold NaN/inf
     (contract.RANKS_NONFINITE_KEY): the nonfinite finding reads only those."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, tap=None):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.path = path
+        self.path, self.tap = path, tap  # tap: called with each table as it is written (findings/tap.py)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kforge-ranks-writer")
         self.pending = None
         self.writer = None
@@ -70,7 +72,7 @@ class RanksWriter:
             keys = [c for c in ("step", "rank", "attempt") if c in table.schema.names]
             self.writer = pq.ParquetWriter(self.path, table.schema, compression="lz4", use_dictionary=keys,
                                            write_statistics=keys, write_batch_size=1 << 16)
-        self.writer.write_table(table)
+        self.writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
 
     def wait(self) -> None:
         """Until the pending window is written (re-raises a write error here)."""
@@ -89,6 +91,8 @@ class RanksWriter:
                 self.nonfinite.add(name)
         self.wait()
         self.pending = self.pool.submit(self._write, table)
+        if self.tap is not None:
+            self.tap(table)
 
     def close(self) -> None:
         if self.pool is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -55,7 +56,7 @@ def own_work(cols) -> pl.Expr:
         pl.sum_horizontal([pl.col(c).fill_null(0.0) for c in cols]))
 
 
-def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
+def per_step(facts: RunFacts, early=None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(one row per step, one row per (rank, attempt, straggler block)).
 
     Per step: ``own_med`` (the median rank's own work), ``data_med``, ``ckpt_max``, ``eval_max``,
@@ -67,10 +68,15 @@ def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
     Per block (``block_size`` steps): ``first``, ``last``, ``n``, ``st`` (median of the steps'
     median step time), and per own-work phase its median excess over the median rank
     (``<phase>\\0ex``) and its summed positive excess (``<phase>\\0cost``: the others' wait).
+
+    ``early``: a tap.PerStepTap the row pass fed: its units' facts, computed while the rows were
+    read, where they are the ones units.py gives from the finished file (else the usual way).
     """
     W = block_size(facts.steps.height)
     st = facts.steps.select("step", pl.col("step_time_median_s").cast(pl.Float64).alias("_st"))
-    fast = _by_units(facts, st, W)
+    fast = early.result(facts, st, W) if early is not None else None
+    if fast is None:
+        fast = _by_units(facts, st, W)
     if fast is not None:
         meds, blocks = fast
         return pl.concat(meds, how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())
@@ -122,14 +128,28 @@ def _window(facts: RunFacts, span: tuple[int, int], st: pl.DataFrame, W: int, bu
 
 def _by_units(facts: RunFacts, st: pl.DataFrame, W: int):
     """units.py's way (each row group read once), or None when the run is not one full grid."""
-    ph = facts.phases
+    cols = units_columns(facts.phases)
+    return per_step_units(facts.ranks_path, facts.phases, cols.select, st, W, WINDOW_ROWS // 2, cols.alias, cols.need,
+                          cols.side, min(2, usable_cpus()))
+
+
+@dataclass(frozen=True)
+class UnitsColumns:
+    """What units.py keeps of ranks.parquet for the phases ``ph``."""
+
+    select: list[pl.Expr]  # step, rank, then each kept column (derived ones computed)
+    need: list[str]  # no null allowed: step time, wait, own work
+    side: list[str]  # checkpoint and eval work, NaN where null
+    alias: dict[str, str]  # a column that is another (the sum over one own-work phase)
+
+
+def units_columns(ph) -> UnitsColumns:
     alias = {"_own": ph.own[0]} if len(ph.own) == 1 else {}
     derived = _derived(ph)
     need = ["step_time_s", "_wait", *ph.own, *(["_own"] if not alias else []), *(["_data"] if len(ph.data) > 1 else [])]
     side = [c for c, phases in (("_ckpt", ph.checkpoint), ("_eval", ph.eval)) if phases]
     select = [pl.col("step"), pl.col("rank"), *[derived[c].alias(c) if c in derived else pl.col(c) for c in need + side]]
-    return per_step_units(facts.ranks_path, ph, select, st, W, WINDOW_ROWS // 2, alias, need, side,
-                          min(2, usable_cpus()))
+    return UnitsColumns(select, need, side, alias)
 
 
 def _derived(ph) -> dict[str, pl.Expr]:

@@ -100,8 +100,18 @@ class Reader:
     def read(self, groups: list[Group], steps: tuple[int, int], pool: ThreadPoolExecutor, bufs) -> Unit:
         """The steps [a, b] of a unit's row groups, read ``pool``'s threads at a time (polars
         releases the GIL)."""
+        def one(ig):
+            i, g = ig
+            lf = pl.scan_parquet(self.path, glob=False).slice(g.offset, g.rows)
+            return self.group(i, lf.filter(pl.col("step").is_between(*steps)), bufs())
+
+        return self.assemble(list(pool.map(one, enumerate(groups))))
+
+    def assemble(self, gots: list) -> Unit:
+        """A unit from its row groups' ``group`` results, in file order; NotAGrid unless they are
+        disjoint ascending ranks over the same steps, the same ranks as the units before."""
         parts, lo, k, col, last_rank = [], None, None, 0, None
-        for got in pool.map(lambda ig: self._group(*ig, steps, bufs()), enumerate(groups)):
+        for got in gots:
             if got is None:
                 continue  # log rows only
             ranks, g_lo, g_k, flat = got
@@ -119,12 +129,11 @@ class Reader:
             raise NotAGrid
         return Unit(lo, k, [(c0, R, f) for c0, R, f, _ in parts])
 
-    def _group(self, i: int, g: Group, steps: tuple[int, int], buf: Buffers):
-        """(ranks, first step, steps, name -> (ranks x steps) flat array) of one row group, None
-        when it holds log rows only; NotAGrid when it is not a grid or a needed value is null."""
-        df = (pl.scan_parquet(self.path, glob=False).slice(g.offset, g.rows)
-              .filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(*steps))
-              .select(self.select).collect())
+    def group(self, i: int, lf: pl.LazyFrame, buf: Buffers):
+        """(ranks, first step, steps, name -> (ranks x steps) flat array) of the i-th row group of
+        a unit (``lf``: its rows, from the file or as they were written), None when it holds log
+        rows only; NotAGrid when it is not a grid or a needed value is null."""
+        df = lf.filter(pl.col("step_time_s").is_not_null()).select(self.select).collect()
         if df.height == 0:
             return None
         if any(df[c].null_count() for c in ("step", "rank", *self.need)):
@@ -218,28 +227,49 @@ def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: in
             local.buf = Buffers()
         return local.buf
 
-    def one(span):
-        a, b = span
-        mats = {(c, c in side): rd.matrix(c, a, b, buf=bufs()) for c in rd.names}
-        by_rank = {c: rd.by_rank(c, a, b, bufs()) for c in ph.own}
-        win = Window.of_matrices(mats, a, b - a, rd.ranks, bufs(), attempt=attempt, alias=alias, by_rank=by_rank)
-        med = win.per_step(ph.own, ph.data)
-        sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy()
-        return med, (win.blocks(med, sts, ph.own, W) if ph.own else None)
-
     got = []
     with ThreadPoolExecutor(threads, thread_name_prefix="kforge-perstep") as pool:
         try:
             for i, (groups, steps) in enumerate(pieces):
                 rd.push(rd.read(groups, steps, pool, bufs))
-                u, last = rd.unit, i == len(pieces) - 1
-                start = rd.carry_lo if rd.carry_lo is not None else u.lo
-                end = u.lo + u.k if last else (u.lo + u.k) // W * W  # whole blocks; the rest waits
-                got += list(pool.map(one, _spans(start, end, W, len(rd.ranks), span_rows, threads)))
-                rd.keep_from(max(start, end))
+                spans, keep = unit_spans(rd, W, span_rows, threads, last=i == len(pieces) - 1)
+                got += list(pool.map(lambda span: window_facts(rd, span, ph, st, W, alias, attempt, bufs()), spans))
+                rd.keep_from(keep)
         except NotAGrid:
             return None
     return [m for m, _ in got], [b for _, b in got if b is not None]
+
+
+def unit_spans(rd: Reader, W: int, span_rows: int, threads: int, *, last: bool) -> tuple[list[tuple[int, int]], int]:
+    """(the windows of the pending rows to compute now, the first step to carry to the next
+    unit): whole blocks only, but for the run's last unit."""
+    u = rd.unit
+    start = rd.carry_lo if rd.carry_lo is not None else u.lo
+    end = u.lo + u.k if last else (u.lo + u.k) // W * W  # whole blocks; the rest waits
+    return _spans(start, end, W, len(rd.ranks), span_rows, threads), max(start, end)
+
+
+def window_facts(rd: Reader, span: tuple[int, int], ph, st: pl.DataFrame | None, W: int, alias: dict[str, str],
+                 attempt: int, buf: Buffers):
+    """(per-step frame, block frame or None) of the steps [a, b) of the pending rows. ``st`` None:
+    the blocks' ``st`` is left 0.0, for fill_block_st once the steps' median step times are known."""
+    a, b = span
+    mats = {(c, c in rd.side): rd.matrix(c, a, b, buf=buf) for c in rd.names}
+    by_rank = {c: rd.by_rank(c, a, b, buf) for c in ph.own}
+    win = Window.of_matrices(mats, a, b - a, rd.ranks, buf, attempt=attempt, alias=alias, by_rank=by_rank)
+    med = win.per_step(ph.own, ph.data)
+    sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy() if st is not None else np.zeros(b - a)
+    return med, (win.blocks(med, sts, ph.own, W) if ph.own else None)
+
+
+def fill_block_st(blocks: pl.DataFrame, st: pl.DataFrame, n_ranks: int) -> pl.DataFrame:
+    """A block frame of window_facts(st=None) with its ``st``: each block's median over its steps
+    of their median step time, as window_facts computes it (the same values, in step order)."""
+    first, last = blocks["first"].to_numpy()[::n_ranks], blocks["last"].to_numpy()[::n_ranks]
+    lo, hi = int(first[0]), int(last[-1]) + 1
+    sts = pl.DataFrame({"step": np.arange(lo, hi, dtype=np.int64)}).join(st, on="step", how="left")["_st"].to_numpy()
+    meds = [np.median(sts[f - lo:e + 1 - lo]) for f, e in zip(first, last)]
+    return blocks.with_columns(pl.Series("st", np.repeat(meds, n_ranks), dtype=pl.Float64))
 
 
 def _pieces(units, n_names: int, W: int) -> list[tuple[list[Group], tuple[int, int]]] | None:
