@@ -1,7 +1,7 @@
 """perstep's units computed during the row pass, from the rows as they are written.
 
 Every table the row pass hands to the ranks writer becomes row groups of ranks.parquet (of
-ROW_GROUP_ROWS rows at most, in order), the very rows units.py later decodes. A ``PerStepTap``
+ranks_writer.ROW_GROUP_ROWS rows at most, in order), the very rows units.py later decodes. A ``PerStepTap``
 is fed each table (``feed``, on the row pass's thread: a zero-copy select of the columns it
 needs) and, on a thread of its own, cuts it into those row groups, forms units as units.plan does
 from the footer, and computes each unit's per-step and block facts while the row pass reads the
@@ -33,7 +33,7 @@ from kforge_dash.ingest.findings import units
 from kforge_dash.ingest.findings.matrix import Buffers
 from kforge_dash.ingest.findings.model import Phases
 from kforge_dash.ingest.findings.units import Group, NotAGrid, Reader
-from kforge_dash.ingest.ranks_writer import ROW_GROUP_ROWS
+from kforge_dash.ingest import ranks_writer
 
 QUEUE_TABLES = 3  # tables fed and not yet taken apart; feed waits beyond (memory stays bounded)
 UNIT_BYTES = 512 << 20  # the most a unit's kept columns may hold here (the row pass's memory besides)
@@ -209,8 +209,9 @@ class PerStepTap:
     def _table(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             raise NotAGrid  # an empty row group: no statistics, units.plan steps aside
-        for off in range(0, table.num_rows, ROW_GROUP_ROWS):
-            self._group(table.slice(off, ROW_GROUP_ROWS))
+        n = ranks_writer.ROW_GROUP_ROWS  # as the writer cuts it (the footer is checked at the end)
+        for off in range(0, table.num_rows, n):
+            self._group(table.slice(off, n))
 
     def _group(self, t: pa.Table) -> None:
         """One row group, as units.plan sees it in the footer, then as units.Reader reads it."""
