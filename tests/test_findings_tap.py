@@ -127,8 +127,8 @@ def test_fed_tables_give_the_step_windows_bits(tmp_path, monkeypatch, group_rows
     # 837 rows: the last unit's tables of two ranks in two row groups (a rank each); 100: row
     # groups cut a rank's steps (not a grid: no tap, no units)
     monkeypatch.setattr(ranks_writer, "ROW_GROUP_ROWS", group_rows)
-    ranks = [0, 2, 3, 7, 8, 11]
-    tables = [_grid(rs, sp, seed=i * 3 + j) for i, sp in enumerate(SPANS) for j, rs in enumerate((ranks[:2], ranks[2:4], ranks[4:]))]
+    thirds = ([0, 2], [3, 7], [8, 11])
+    tables = [_grid(rs, sp, seed=i * 3 + j) for i, sp in enumerate(SPANS) for j, rs in enumerate(thirds)]
     got, fast, _, facts = _tapped(tmp_path / "ranks.parquet", tables)
     assert (got is not None) == (fast is not None) == grid
     if grid:

@@ -29,11 +29,11 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kforge_dash.ingest import ranks_writer
 from kforge_dash.ingest.findings import units
 from kforge_dash.ingest.findings.matrix import Buffers
 from kforge_dash.ingest.findings.model import Phases
 from kforge_dash.ingest.findings.units import Group, NotAGrid, Reader
-from kforge_dash.ingest import ranks_writer
 
 QUEUE_TABLES = 3  # tables fed and not yet taken apart; feed waits beyond (memory stays bounded)
 UNIT_BYTES = 512 << 20  # the most a unit's kept columns may hold here (the row pass's memory besides)
