@@ -239,7 +239,7 @@ class PerStepTap:
         held = sum(x.rows for x in self._units[-1][0]) * len(self._rd.names) * 8
         if held > UNIT_BYTES:
             raise NotAGrid  # too big to hold beside the row pass: after it, units.py in pieces
-        self._gots.append(self._rd.group(len(self._gots), pl.from_arrow(t).lazy(), self._buf))
+        self._gots.append(self._rd.group(len(self._gots), pl.from_arrow(t, rechunk=False).lazy(), self._buf))
 
     def _unit(self, *, last: bool) -> None:
         """The complete unit's windows (whole blocks; the rest carried), as per_step_units does."""
