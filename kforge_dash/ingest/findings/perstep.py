@@ -7,7 +7,8 @@ When the run is one full grid of ranks x steps (the usual case), ranks.parquet i
 by row group, each decoded once, and cut into windows of whole straggler blocks (units.py).
 Otherwise it is read in step windows (the Parquet reader skips the row groups outside a window),
 two at a time of about ``WINDOW_ROWS / 2`` rows each (one alone on one core), so memory stays
-bounded however many ranks and steps a run has. Both ways give the same bits.
+bounded however many ranks and steps a run has. Both ways give the same bits. Ingest computes
+units.py's way during its row pass from the rows it writes (tap.py), where it can.
 """
 
 from __future__ import annotations
