@@ -92,12 +92,13 @@ def test_a_failing_row_pass_leaves_no_thread(tmp_path):
 
 # --- tables fed as the ranks writer writes them: the tap gives units.py's bits, or None ----------
 
-def _tapped(path, tables, *, W=None, phases=PHASES, written=None):
+def _tapped(path, tables, *, W=None, phases=PHASES, tap_phases=None, written=None):
     """(tap's result, per_step by units or None, per_step by step windows) of ``tables`` fed to a
     tap and written by the ranks writer (``written``: other tables in the file than those fed)."""
     facts = _facts(path, written or tables)  # (the steps; its file is written again below)
+    facts.phases = phases
     W0 = perstep.block_size(facts.steps.height)
-    t = tap.PerStepTap(phases, W or W0, threads=2, span_rows=60)
+    t = tap.PerStepTap(tap_phases or phases, W or W0, threads=2, span_rows=60)
     t.begin()
     w = RanksWriter(str(path))
     for table in written or tables:
@@ -122,25 +123,42 @@ def _slow(monkeypatch, facts):
 SPANS = [range(3, 300), range(300, 413), range(413, 1250)]  # blocks of 13 cut across units (carries)
 
 
-@pytest.mark.parametrize("group_rows,grid", [(1 << 20, True), (837, True), (100, False)])
-def test_fed_tables_give_the_step_windows_bits(tmp_path, monkeypatch, group_rows, grid):
+# one own-work phase: the tap copies its columns from the Arrow buffers; two: polars sums them
+ONE_OWN = Phases(own=("time/data_s",), wait=("time/fwd_bwd_s",), data=("time/data_s",), checkpoint=("time/checkpoint_s",),
+                 eval=())
+
+
+@pytest.mark.parametrize("phases", [PHASES, ONE_OWN], ids=["two own phases", "one"])
+@pytest.mark.parametrize("group_rows,grid,logs", [(1 << 20, True, False), (837, True, False), (100, False, False),
+                                                  (1 << 20, True, True)])
+def test_fed_tables_give_the_step_windows_bits(tmp_path, monkeypatch, phases, group_rows, grid, logs):
     # 837 rows: the last unit's tables of two ranks in two row groups (a rank each); 100: row
-    # groups cut a rank's steps (not a grid: no tap, no units)
+    # groups cut a rank's steps (not a grid: no tap, no units); logs: each table also holds rows of
+    # steps no rank ended (as log rows), which both leave out
     monkeypatch.setattr(ranks_writer, "ROW_GROUP_ROWS", group_rows)
     thirds = ([0, 2], [3, 7], [8, 11])
     tables = [_grid(rs, sp, seed=i * 3 + j) for i, sp in enumerate(SPANS) for j, rs in enumerate(thirds)]
-    got, fast, _, facts = _tapped(tmp_path / "ranks.parquet", tables)
+    if logs:
+        tables = [pa.concat_tables([t, t.slice(5, 3).set_column(3, "step_time_s", pa.nulls(3, pa.float64()))])
+                  for t in tables]
+    by_polars = []
+    group = units.Reader.group
+    monkeypatch.setattr(units.Reader, "group", lambda self, *a: by_polars.append(threading.current_thread().name)
+                        or group(self, *a))
+    got, fast, _, facts = _tapped(tmp_path / "ranks.parquet", tables, phases=phases)
     assert (got is not None) == (fast is not None) == grid
     if grid:
         slow = _slow(monkeypatch, facts)
         assert _bits(pl.concat(got[0])) == _bits(slow[0]) and _bits(pl.concat(got[1])) == _bits(slow[1])
+        assert ("kforge-perstep-tap" in by_polars) == (phases is PHASES or logs)
 
 
 @pytest.mark.parametrize("case", ["missing", "attempts", "null", "order", "gap", "step-major", "block size", "phases",
                                   "written otherwise", "too big here", "too many pieces", "empty"])
-def test_the_tap_steps_aside_where_in_doubt(tmp_path, monkeypatch, case):
+@pytest.mark.parametrize("phases", [PHASES, ONE_OWN], ids=["two own phases", "one"])
+def test_the_tap_steps_aside_where_in_doubt(tmp_path, monkeypatch, case, phases):
     a, b = _grid([0, 1, 2], range(1, 13), seed=1), _grid([0, 1, 2], range(13, 30), seed=2)
-    kw = {}
+    kw = {"phases": phases}
     if case == "missing":  # rank 1 lacks step 20
         b = b.filter(pa.compute.invert(pa.compute.and_(pa.compute.equal(b["rank"], 1), pa.compute.equal(b["step"], 20))))
     elif case == "attempts":
@@ -156,7 +174,7 @@ def test_the_tap_steps_aside_where_in_doubt(tmp_path, monkeypatch, case):
     elif case == "block size":  # the plan's guess of the steps was wrong
         kw["W"] = 7
     elif case == "phases":
-        kw["phases"] = Phases(own=PHASES.own, wait=(), data=PHASES.data, checkpoint=PHASES.checkpoint, eval=())
+        kw["tap_phases"] = Phases(own=phases.own, wait=(), data=phases.data, checkpoint=phases.checkpoint, eval=())
     elif case == "written otherwise":  # the file's row groups are not the tables fed
         kw["written"] = [pa.concat_tables([a, b])]
     elif case == "too big here":

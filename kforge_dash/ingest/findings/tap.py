@@ -25,6 +25,7 @@ import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,6 +42,33 @@ UNIT_BYTES = 512 << 20  # the most a unit's kept columns may hold here (the row 
 
 class _Stopped(Exception):
     pass
+
+
+def _plain(ph: Phases, cols) -> dict[str, tuple[str | None, float | None]] | None:
+    """Each kept column as (the phase it is, the value of a null; None: no null allowed), when
+    every derived one is one phase or none (perstep.own_work of one column is that column); else None."""
+    if len(ph.own) != 1 or len(ph.data) > 1 or any(len(p) > 1 for p in (ph.wait, ph.checkpoint, ph.eval)):
+        return None
+    src = {"step_time_s": ("step_time_s", None), ph.own[0]: (ph.own[0], None),
+           "_wait": (ph.wait[0] if ph.wait else None, 0.0), "_ckpt": (ph.checkpoint[0] if ph.checkpoint else None, np.nan),
+           "_eval": (ph.eval[0] if ph.eval else None, np.nan)}
+    names = [*cols.need, *cols.side]
+    return {c: src[c] for c in names} if all(c in src for c in names) else None
+
+
+def _copy(col: pa.ChunkedArray, out: np.ndarray, fill: float | None = None) -> np.ndarray:
+    """``col`` into ``out``, ``fill`` where null (the values' bits as they are: -0.0, NaN)."""
+    pos = 0
+    for ch in col.chunks:
+        m = len(ch)
+        dst = out[pos:pos + m]
+        if ch.null_count:
+            dst[:] = fill
+            np.copyto(dst, ch.to_numpy(zero_copy_only=False), where=ch.is_valid().to_numpy(zero_copy_only=False))
+        else:
+            dst[:] = ch.to_numpy()
+        pos += m
+    return out
 
 
 def for_plan(plan, opts) -> PerStepTap | None:
@@ -77,6 +105,7 @@ class PerStepTap:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._ended = False
+        self._plain = _plain(phases, self.cols)
 
     # --- the row pass's side -------------------------------------------------------------------
 
@@ -239,7 +268,34 @@ class PerStepTap:
         held = sum(x.rows for x in self._units[-1][0]) * len(self._rd.names) * 8
         if held > UNIT_BYTES:
             raise NotAGrid  # too big to hold beside the row pass: after it, units.py in pieces
-        self._gots.append(self._rd.group(len(self._gots), pl.from_arrow(t, rechunk=False).lazy(), self._buf))
+        self._gots.append(self._rows(len(self._gots), t))
+
+    def _rows(self, i: int, t: pa.Table):
+        """units.Reader.group's result for the i-th row group of the unit, straight from the Arrow
+        buffers where that is plain copying (every row ended, int64 keys, float64 phases, each
+        derived column one phase or none: then that phase, perstep.own_work); else by polars."""
+        st = t["step_time_s"]
+        if st.null_count == t.num_rows:
+            return None  # log rows only
+        plain = self._plain
+        if plain is None or st.null_count or not all(pa.types.is_int64(t[c].type) for c in ("step", "rank")) or not all(
+                pa.types.is_float64(t[src].type) for src, _ in plain.values() if src is not None):
+            return self._rd.group(i, pl.from_arrow(t, rechunk=False).lazy(), self._buf)
+        if t["step"].null_count or t["rank"].null_count:
+            raise NotAGrid
+        n, buf = t.num_rows, self._buf
+        ranks, lo, k = units._grid(_copy(t["step"], buf.get("step", np.int64, n)),
+                                   _copy(t["rank"], buf.get("rank", np.int64, n)), buf)
+        flat = {}
+        for c, (src, fill) in plain.items():
+            out = flat[c] = self._rd.buf.get(f"g{i}/{c}", np.float64, n)
+            if src is None:
+                out[:] = fill
+            elif fill is None and t[src].null_count:
+                raise NotAGrid  # a null where a median is taken
+            else:
+                _copy(t[src], out, fill)
+        return ranks, lo, k, flat
 
     def _unit(self, *, last: bool) -> None:
         """The complete unit's windows (whole blocks; the rest carried), as per_step_units does."""
