@@ -185,3 +185,18 @@ def test_the_tap_steps_aside_where_in_doubt(tmp_path, monkeypatch, case, phases)
     assert got is None
     if case not in ("block size", "phases", "written otherwise", "too big here", "empty"):
         assert fast is None  # the tap steps aside exactly where units.py does
+
+
+def test_no_thread_to_be_had_costs_nothing(tmp_path, monkeypatch):
+    # the tap's thread cannot start: the row pass is never held up (feed waits for no one)
+    want = ingest_run(_copy("four-ranks-stall", tmp_path / "a"), force=True, chunk_rows=7).summary
+
+    class NoThread(threading.Thread):
+        def start(self):
+            if self.name == "kforge-perstep-tap":
+                raise RuntimeError("can't start new thread")
+            super().start()
+
+    monkeypatch.setattr(tap.threading, "Thread", NoThread)
+    got = ingest_run(_copy("four-ranks-stall", tmp_path / "b"), force=True, chunk_rows=7).summary
+    assert got["findings"] == want["findings"] and got["goodput"] == want["goodput"]

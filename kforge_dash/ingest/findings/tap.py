@@ -119,11 +119,14 @@ class PerStepTap:
         try:
             thread.start()
         except RuntimeError:  # (no thread to be had: no tap, the findings come after the pass)
+            self._finished = True
             return
         self._thread = thread
 
     def feed(self, table: pa.Table) -> None:
         """One table as the ranks writer writes it. Never raises: a problem makes ``result`` None."""
+        if self._thread is None:
+            return
         try:
             table = table.select(self.raw)
         except Exception as e:  # noqa: BLE001 - the tap steps aside, the ingest goes on
@@ -166,7 +169,8 @@ class PerStepTap:
 
     def result(self, facts, st: pl.DataFrame, W: int):
         """(per-step frames, block frames) as units.per_step_units gives them from the finished
-        ranks.parquet, or None (not the same run facts, not one grid, or a failure)."""
+        ranks.parquet, or None (not the same run facts, not one grid, or a failure). Never raises;
+        the tap's memory is let go."""
         if self._thread is None or not self._ended:  # (never begun, or the pass did not end)
             self.close()
             return None
@@ -174,13 +178,17 @@ class PerStepTap:
             while not self._finished and self._thread.is_alive():
                 self._cond.wait(0.1)
         self.close()
-        if self.failed is not None or W != self.W or facts.phases != self.phases:
+        try:
+            if self.failed is not None or W != self.W or facts.phases != self.phases:
+                return None
+            if not self._same_units(facts.ranks_path):
+                return None
+            R = len(self._rd.ranks)
+            return [m for m, _ in self._got], [units.fill_block_st(b, st, R) for _, b in self._got if b is not None]
+        except Exception:  # noqa: BLE001 - perstep computes them from the file instead
             return None
-        if not self._same_units(facts.ranks_path):
-            return None
-        R = len(self._rd.ranks)
-        blocks = [units.fill_block_st(b, st, R) for _, b in self._got if b is not None]
-        return [m for m, _ in self._got], blocks
+        finally:
+            self._rd = self._gots = self._got = None
 
     def _same_units(self, path: str) -> bool:
         """The footer gives the units seen here, and units.py would read them all (no piece of
