@@ -1,10 +1,16 @@
-"""Reading many part-file footers in worker processes.
+"""Reading many part-file footers ahead of the plan: in a few threads, or in worker processes.
 
-Parsing a Parquet footer is Python-bound (pyarrow's ParquetFile set-up), about 60-100 us a file,
-so threads do not help; a run of 1024 ranks x 1000 parts has a million footers. Workers are
-plain `python -m kforge_dash.ingest.footers IN OUT` processes (not multiprocessing, whose spawn
-re-imports the caller's __main__: a notebook, a Streamlit page or an unguarded script would
+A footer costs 40-90 us (pyarrow opens the file, reads its tail, parses the Thrift footer and
+builds the Arrow schema) and then ~20 us of Python (shards.read_part: key-value metadata and the
+step statistics). pyarrow's open releases the GIL, so a few threads (``FooterThreads``) overlap
+one file's open with another's Python; a run of 1024 ranks x 1000 parts (a million footers) goes
+to worker processes (``read_footers``), which also run the Python side in parallel. The workers
+are plain `python -m kforge_dash.ingest.footers IN OUT` processes (not multiprocessing, whose
+spawn re-imports the caller's __main__: a notebook, a Streamlit page or an unguarded script would
 break or run again). Any failure leaves the footers to be read one by one by the caller.
+
+Either way each part's warnings are kept with it, and the caller takes them in the listing's
+order: the warnings come out in the same order however the reads were spread.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 
 def usable_cpus() -> int:
@@ -64,15 +71,59 @@ def read_footers(items: list, *, workers: int) -> dict | None:
                     p.wait()
 
 
-def _main(src: str, dst: str) -> None:
-    from kforge_dash.ingest.shards import read_part
+def read_many(items: list) -> list:
+    """[(path, PartInfo | None, warnings)] for (path, rank) items, read here one after the other."""
+    from kforge_dash.ingest import shards
 
-    with open(src, "rb") as f:
-        items = pickle.load(f)
     out = []
     for path, rank in items:
         warns: list[str] = []
-        out.append((path, read_part(path, rank, warns), warns))
+        out.append((path, shards.read_part(path, rank, warns), warns))
+    return out
+
+
+CHUNK = 32  # footers a thread reads per task: few tasks, yet the first chunk comes back soon
+
+
+class FooterThreads:
+    """Footers of (path, rank) items read ahead by ``threads`` threads, in chunks in the given order;
+    ``take(path)`` waits for that part's chunk and hands out (PartInfo | None, warnings), once.
+    ``close()`` drops what is not started yet and waits for the rest (no thread outlives the plan)."""
+
+    def __init__(self, items: list, *, threads: int, chunk: int | None = None):
+        chunk = chunk or CHUNK
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kforge-footers")
+        self._chunks: list[Future] = []
+        self._where: dict[str, int] = {}  # path -> its chunk
+        self._got: dict[int, dict] = {}  # chunk -> {path: (info, warnings)} not yet taken
+        for i in range(0, len(items), chunk):
+            part = items[i:i + chunk]
+            for path, _ in part:
+                self._where[path] = len(self._chunks)
+            self._chunks.append(self._pool.submit(read_many, part))
+
+    def take(self, path: str):
+        """(PartInfo | None, warnings) of a part read ahead, or None when it was not among the items
+        (or was taken already)."""
+        k = self._where.pop(path, None)
+        if k is None:
+            return None
+        got = self._got.get(k)
+        if got is None:
+            got = self._got[k] = {p: (info, warns) for p, info, warns in self._chunks[k].result()}
+        out = got.pop(path)
+        if not got:
+            del self._got[k]
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _main(src: str, dst: str) -> None:
+    with open(src, "rb") as f:
+        items = pickle.load(f)
+    out = read_many(items)
     with open(dst, "wb") as f:
         pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
 

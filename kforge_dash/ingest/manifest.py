@@ -75,6 +75,8 @@ def load_prior(out_dir: str, run_dir: str) -> Prior | None:
 
 
 PARALLEL_MIN_PARTS = 20_000  # below this, starting worker processes costs more than it saves
+THREADS_MIN_PARTS = 256  # below this, footers are read on the caller's thread (a few ms in all)
+FOOTER_THREADS = 2  # threads reading footers ahead (footers.FooterThreads; more do not pay on 2 cores)
 
 
 class FooterCache:
@@ -90,24 +92,39 @@ class FooterCache:
         self.entries: dict[str, PartEntry] = {}  # by path relative to the run
         self.known_bad: dict[str, str] = {}  # path -> warning: rows failed to decode last time
         self.fetched: dict[str, tuple] = {}  # path -> (PartInfo | None, warnings), from prefetch()
+        self._ahead = None  # footers.FooterThreads, from prefetch()
 
     def _hit(self, path: str) -> PartEntry | None:
         hit = self.prior.get(_shards.rel_path(self.run_dir, path))
         return hit if hit is not None and hit.same_file(self.stats.get(path)) else None
 
-    def prefetch(self, listing, *, min_parts: int | None = None, workers: int | None = None) -> None:
-        """Read the footers the cache cannot answer in worker processes when there are many
-        (ingest_footers.py); otherwise, or if that fails, __call__ reads them one by one."""
+    def prefetch(self, listing, *, min_parts: int | None = None, workers: int | None = None,
+                 threads: int | None = None) -> None:
+        """Read ahead the footers the cache cannot answer: in worker processes when there are very
+        many (footers.py), else in a few threads (until ``close()``); when neither pays, or the
+        workers fail, __call__ reads them one by one."""
         todo = [(p, af.rank) for af in listing for p in af.parts if self._hit(p) is None]
-        from kforge_dash.ingest.footers import read_footers, usable_cpus
+        from kforge_dash.ingest.footers import FooterThreads, read_footers, usable_cpus
 
-        workers = workers or min(usable_cpus(), 8)
-        if len(todo) < (PARALLEL_MIN_PARTS if min_parts is None else min_parts) or workers < 2:
-            return
-        for path, (info, warns) in (read_footers(todo, workers=workers) or {}).items():
-            if info is not None:
-                info = replace(info, columns=_shards._interned(info.columns))
-            self.fetched[path] = (info, warns)
+        cpus = usable_cpus()
+        workers = workers or min(cpus, 8)
+        if len(todo) >= (PARALLEL_MIN_PARTS if min_parts is None else min_parts) and workers >= 2:
+            got = read_footers(todo, workers=workers)
+            if got is not None:
+                for path, (info, warns) in got.items():
+                    if info is not None:
+                        info = replace(info, columns=_shards._interned(info.columns))
+                    self.fetched[path] = (info, warns)
+                return
+        threads = min(FOOTER_THREADS, cpus) if threads is None else threads
+        if len(todo) >= THREADS_MIN_PARTS and threads >= 2:
+            self._ahead = FooterThreads(todo, threads=threads)
+
+    def close(self) -> None:
+        """Stop the threads prefetch() started (the footers not taken are read again if asked for)."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
 
     def __call__(self, path: str, rank: int, warnings: list[str]):
         rel = _shards.rel_path(self.run_dir, path)
@@ -119,7 +136,10 @@ class FooterCache:
             if hit.bad is not None:
                 self.known_bad[path] = hit.bad
             return hit.info
-        if path in self.fetched:
+        ahead = self._ahead.take(path) if self._ahead is not None else None
+        if ahead is not None:
+            info, mine = ahead
+        elif path in self.fetched:
             info, mine = self.fetched.pop(path)
         else:
             mine = []

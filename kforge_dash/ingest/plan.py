@@ -49,7 +49,10 @@ def make_plan(inputs: IngestInputs, opts: IngestOptions, warnings: list[str]) ->
     prior = None if opts.force else load_prior(inputs.out_dir, inputs.run_dir)
     cache = FooterCache(inputs.run_dir, inputs.stats, prior)
     cache.prefetch(inputs.listing)
-    attempts = [a for a in (_shards.read_attempt(af, warnings, cache) for af in inputs.listing) if a is not None]
+    try:
+        attempts = [a for a in (_shards.read_attempt(af, warnings, cache) for af in inputs.listing) if a is not None]
+    finally:
+        cache.close()
     launches = group_launches(attempts, warnings)
     files = _files_with_rows(launches)
     if not files:
