@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
 
@@ -113,6 +114,28 @@ def test_a_part_merged_away_under_threaded_footer_reads_lists_again_and_leaves_n
     assert not [w for w in got["warnings"] if "part" in w]
     assert read_outputs(str(run))[1].height == 40
     assert not [t for t in threading.enumerate() if t.name.startswith("kforge-footers")]
+
+
+def test_parts_sharing_their_kforge_metadata_are_each_checked(tmp_path):
+    """The parsed ``kforge`` metadata is shared between parts with the same bytes (a rank's parts):
+    every part still gets its own warnings, and a newer major is refused part by part."""
+    def part(name, kv: bytes):
+        path = str(tmp_path / name)
+        table = pa.table({"step": pa.array([1, 2], pa.int64()), "step_time_s": pa.array([0.5, 0.5], pa.float64())})
+        pq.write_table(table.replace_schema_metadata({b"kforge": kv}), path)
+        return path
+
+    same = b'{"schema_version": "1.0", "rank": 3, "dropped_rows_total": 2}'
+    newer = b'{"schema_version": "99.0", "rank": 0}'
+    paths = [part("a.parquet", same), part("b.parquet", same), part("c.parquet", newer), part("d.parquet", newer),
+             part("e.parquet", b"[1]")]  # JSON, but not an object: no kforge facts, rows kept
+    warnings = []
+    got = [shards.read_part(p, 0, warnings) for p in paths]
+    assert [None if g is None else g.dropped_rows_total for g in got] == [2, 2, None, None, None]
+    assert got[4] is not None and (got[4].min_step, got[4].max_step) == (1, 2)
+    assert warnings == [f"{p}: says rank 3 but lies under rank 0; counted as rank 0" for p in paths[:2]] + [
+        f"{p}: written with kforge schema 99.0, newer than this kforge reads (1.0); upgrade kforge to ingest it; skipped"
+        for p in paths[2:4]]
 
 
 def _python(code: str, **env) -> str:

@@ -1,11 +1,14 @@
 """pyarrow reads of part files, at the least cost per file (a run may have a million).
 
 ``open_footer``: a footer, its Arrow schema converted (and its column names and types listed)
-once per distinct schema, not once per file: a run's parts share a handful. ``read_columns``: a
-file's columns without ``pq.read_table``, whose pyarrow.dataset imports pandas (0.25 s, once).
+once per distinct schema, not once per file: a run's parts share a handful; ``kforge_metadata``
+and ``step_facts``: what shards.read_part plans from. ``read_columns``: a file's columns without
+``pq.read_table``, whose pyarrow.dataset imports pandas (0.25 s, once).
 """
 
 from __future__ import annotations
+
+import json
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -15,7 +18,7 @@ try:  # the reader under pq.read_metadata, without its filesystem and nested-pat
 except ImportError:  # a pyarrow that moved it: the public way
     _Reader = None
 
-from kforge_record.schema import FIXED_COLUMNS
+from kforge_record.schema import FIXED_COLUMNS, PARQUET_META_KEY, SchemaError, check_schema_version
 
 # Arrow prints float64 as "double".
 _FIXED_TYPES = {n: ("double" if t == "float64" else t) for n, t in FIXED_COLUMNS}
@@ -29,11 +32,12 @@ _SCHEMA_FACTS: dict[tuple, tuple[dict, int, int, str | None]] = {}
 
 
 def open_footer(path: str, warnings: list[str]):
-    """(FileMetaData, (columns, index of step, index of step_time_s, column_problem)), or None
-    with a warning."""
+    """(FileMetaData, its key-value metadata, (columns, index of step, index of step_time_s,
+    column_problem)), or None with a warning."""
     try:
         md = read_metadata(path)
-        key = ((md.metadata or {}).get(b"ARROW:schema"), md.num_columns)
+        metadata = md.metadata or {}  # (a fresh dict each time it is asked for)
+        key = (metadata.get(b"ARROW:schema"), md.num_columns)
         facts = _SCHEMA_FACTS.get(key) if key[0] is not None else None
         if facts is None:
             schema = md.schema.to_arrow_schema()
@@ -42,10 +46,80 @@ def open_footer(path: str, warnings: list[str]):
                      column_problem(columns))
             if key[0] is not None and len(_SCHEMA_FACTS) < 4096:
                 _SCHEMA_FACTS[key] = facts
-        return md, facts
+        return md, metadata, facts
     except Exception as e:  # truncated, not Parquet, unreadable, a symlink loop: pyarrow raises several types
         warnings.append(f"{path}: corrupt or truncated part file ({type(e).__name__}: {e}); skipped")
         return None
+
+
+_KV: dict[bytes, dict] = {}  # raw -> parsed kforge metadata that passed; a rank's parts mostly carry the same bytes
+
+
+def kforge_metadata(path: str, metadata: dict, warnings: list[str]) -> dict | None:
+    """The part's ``kforge`` key-value metadata ({} when absent or unreadable); None when it
+    comes from a newer schema major (the part is refused). Treat the result as read-only."""
+    raw = metadata.get(PARQUET_META_KEY)
+    if raw is None:
+        return {}
+    kv = _KV.get(raw)
+    if kv is not None:
+        return kv
+    try:
+        kv = json.loads(raw)
+        if not isinstance(kv, dict):
+            return {}
+        check_schema_version(kv.get("schema_version"), source=path)
+    except SchemaError as e:
+        warnings.append(f"{e}; skipped")
+        return None
+    except ValueError as e:
+        warnings.append(f"{path}: unreadable kforge metadata ({e}); rows kept")
+        return {}
+    if len(raw) <= 1024:  # not a merged part's (its list of replaced names): those are one of a kind
+        if len(_KV) >= 4096:
+            _KV.clear()
+        _KV[raw] = kv
+    return kv
+
+
+def step_facts(path: str, md, i_step: int, i_time: int, warnings: list[str]):
+    """(min step, max step, rows from Recorder.log, each row group's min step or None) from the
+    row-group statistics, else from the two small columns. None with a warning when a step is null
+    (a row that belongs nowhere)."""
+    lo = hi = None
+    null_steps = log_rows = 0
+    mins = []
+    stats_ok = md.num_rows == 0 or md.num_row_groups > 0
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        s, t = rg.column(i_step).statistics, rg.column(i_time).statistics
+        if s is None or not s.has_min_max or not s.has_null_count or t is None or not t.has_null_count:
+            stats_ok = False
+            break
+        lo = s.min if lo is None else min(lo, s.min)
+        hi = s.max if hi is None else max(hi, s.max)
+        mins.append(s.min)
+        null_steps += s.null_count
+        log_rows += t.null_count
+    groups = tuple(mins) if stats_ok and len(mins) > 1 else None
+    if not stats_ok:  # a writer without statistics (or only nulls in a row group): read the two small columns
+        try:
+            tbl = read_columns(path, ["step", "step_time_s"])
+        except Exception as e:
+            warnings.append(corrupt_part(path, e))
+            return None
+        mm = pc.min_max(tbl.column("step"))
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        null_steps, log_rows = tbl.column("step").null_count, tbl.column("step_time_s").null_count
+    if null_steps:
+        warnings.append(f"{path}: {null_steps} of {md.num_rows} row(s) have no step (null); part file skipped")
+        return None
+    return lo, hi, log_rows, groups
+
+
+def corrupt_part(path: str, e: Exception) -> str:
+    """The warning for a part file whose rows cannot be decoded (one wording, wherever found)."""
+    return f"{path}: corrupt part file ({type(e).__name__}: {e}); skipped"
 
 
 def read_metadata(path: str):

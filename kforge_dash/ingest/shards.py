@@ -18,13 +18,18 @@ import pyarrow.compute as pc
 
 from kforge_dash.contract import INGESTED_DIR
 from kforge_dash.ingest.meta_fields import typed_fields
+from kforge_dash.ingest.parquet_io import (
+    corrupt_part,  # noqa: F401 (read.py's and append.py's name for it)
+    kforge_metadata,
+    open_footer,
+    read_columns,
+    step_facts,
+)
 from kforge_dash.ingest.parquet_io import interned as _interned  # noqa: F401 (manifest.py's name for it)
-from kforge_dash.ingest.parquet_io import open_footer, read_columns
 from kforge_dash.ingest.second_writers import warn_second_writers
 from kforge_record.schema import (
     END_FILE,
     META_FILE,
-    PARQUET_META_KEY,
     SchemaError,
     check_schema_version,
     is_part_file,
@@ -262,18 +267,13 @@ def read_end(af: AttemptFiles, warnings: list[str]) -> dict | None:
         return None
 
 
-def corrupt_part(path: str, e: Exception) -> str:
-    """The warning for a part file whose rows cannot be decoded (one wording, wherever found)."""
-    return f"{path}: corrupt part file ({type(e).__name__}: {e}); skipped"
-
-
 def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
     """The footer of one part file, validated. None (and a warning naming the file) when unusable."""
     footer = open_footer(path, warnings)
     if footer is None:
         return None
-    md, (columns, i_step, i_time, problem) = footer
-    kv = _kforge_metadata(path, md.metadata or {}, warnings)
+    md, metadata, (columns, i_step, i_time, problem) = footer
+    kv = kforge_metadata(path, metadata, warnings)
     if kv is None:
         return None
     if kv.get("rank") not in (None, rank):
@@ -281,65 +281,12 @@ def read_part(path: str, rank: int, warnings: list[str]) -> PartInfo | None:
     if problem is not None:
         warnings.append(f"{path}: {problem}; skipped")
         return None
-    steps = _step_facts(path, md, i_step, i_time, warnings)
+    steps = step_facts(path, md, i_step, i_time, warnings)
     if steps is None:
         return None
     lo, hi, log_rows, groups = steps
     return PartInfo(path, md.num_rows, columns, lo, hi, log_rows > 0, kv.get("dropped_rows_total"), log_rows < md.num_rows,
                     groups)
-
-
-def _kforge_metadata(path: str, metadata: dict, warnings: list[str]) -> dict | None:
-    """The part's ``kforge`` key-value metadata ({} when absent or unreadable); None when it
-    comes from a newer schema major (the part is refused)."""
-    raw = metadata.get(PARQUET_META_KEY)
-    if raw is None:
-        return {}
-    try:
-        kv = json.loads(raw)
-        check_schema_version(kv.get("schema_version"), source=path)
-    except SchemaError as e:
-        warnings.append(f"{e}; skipped")
-        return None
-    except ValueError as e:
-        warnings.append(f"{path}: unreadable kforge metadata ({e}); rows kept")
-        return {}
-    return kv if isinstance(kv, dict) else {}
-
-
-def _step_facts(path: str, md, i_step: int, i_time: int, warnings: list[str]):
-    """(min step, max step, rows from Recorder.log, each row group's min step or None) from the
-    row-group statistics, else from the two small columns. None with a warning when a step is null
-    (a row that belongs nowhere)."""
-    lo = hi = None
-    null_steps = log_rows = 0
-    mins = []
-    stats_ok = md.num_rows == 0 or md.num_row_groups > 0
-    for g in range(md.num_row_groups):
-        rg = md.row_group(g)
-        s, t = rg.column(i_step).statistics, rg.column(i_time).statistics
-        if s is None or not s.has_min_max or not s.has_null_count or t is None or not t.has_null_count:
-            stats_ok = False
-            break
-        lo = s.min if lo is None else min(lo, s.min)
-        hi = s.max if hi is None else max(hi, s.max)
-        mins.append(s.min)
-        null_steps += s.null_count
-        log_rows += t.null_count
-    groups = tuple(mins) if stats_ok and len(mins) > 1 else None
-    if not stats_ok:  # a writer without statistics (or only nulls in a row group): read the two small columns
-        try:
-            tbl = read_columns(path, ["step", "step_time_s"])
-        except Exception as e:
-            warnings.append(corrupt_part(path, e))
-            return None
-        mm = pc.min_max(tbl.column("step"))
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        null_steps, log_rows = tbl.column("step").null_count, tbl.column("step_time_s").null_count
-    if null_steps:
-        warnings.append(f"{path}: {null_steps} of {md.num_rows} row(s) have no step (null); part file skipped")
-        return None
-    return lo, hi, log_rows, groups
 
 
 def ended_steps(part: PartInfo) -> tuple[int | None, int | None]:
