@@ -12,12 +12,11 @@ import pyarrow.parquet as pq
 from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
 
 import kforge_dash.ingest.footers as footers
-import kforge_dash.ingest.manifest as manifest
 import kforge_dash.ingest.parquet_io as parquet_io
 from kforge_dash.ingest import plan as plan_mod
 from kforge_dash.ingest import run as run_mod
 from kforge_dash.ingest import shards
-from kforge_dash.ingest.options import IngestOptions
+from kforge_dash.ingest.options import IngestOptions, PartVanished
 from kforge_dash.ingest.run import ingest_run
 from kforge_record import compact
 from kforge_record.schema import part_span
@@ -49,12 +48,12 @@ def _plan(run):
     inputs = run_mod._list_inputs(run, os.path.join(run, "ingested"), opts, warnings)
     plan = plan_mod.make_plan(inputs, opts, warnings)
     return (plan.files, plan.first_ended, plan.last_ended, plan.spec, [a.parts for a in plan.attempts],
-            sorted(plan.cache.entries.items())), warnings
+            list(plan.cache.entries.items())), warnings  # the manifest's rows in the listing's order too
 
 
 def test_footers_read_on_threads_give_the_plan_and_warnings_of_one_thread(tmp_path, monkeypatch):
     run, parts = _many_parts(tmp_path, monkeypatch)
-    monkeypatch.setattr(manifest, "FOOTER_THREADS", 1)
+    monkeypatch.setattr(footers, "THREADS", 1)
     alone, alone_warnings = _plan(run)
     assert [w.split(":")[0] for w in alone_warnings if "corrupt" in w] == [parts[4], parts[21]]
 
@@ -74,8 +73,8 @@ def test_footers_read_on_threads_give_the_plan_and_warnings_of_one_thread(tmp_pa
                 last_read.set()
 
     monkeypatch.setattr(parquet_io, "read_metadata", spied)
-    monkeypatch.setattr(manifest, "THREADS_MIN_PARTS", 1)
-    monkeypatch.setattr(manifest, "FOOTER_THREADS", 2)
+    monkeypatch.setattr(footers, "THREADS_MIN_PARTS", 1)
+    monkeypatch.setattr(footers, "THREADS", 2)
     monkeypatch.setattr(footers, "CHUNK", 3)
     threaded, threaded_warnings = _plan(run)
     assert len(readers) == 2 and threading.current_thread().name not in readers
@@ -104,12 +103,24 @@ def test_a_part_merged_away_under_threaded_footer_reads_lists_again_and_leaves_n
             merged.append(True)
         return out
 
+    vanished_on = []
+    read_attempt = shards.read_attempt
+
+    def spied(*a, **k):
+        try:
+            return read_attempt(*a, **k)
+        except PartVanished:
+            vanished_on.append(threading.current_thread().name)
+            raise
+
     monkeypatch.setattr(shards, "stat_inputs", stat_then_merge)
-    monkeypatch.setattr(manifest, "THREADS_MIN_PARTS", 1)
-    monkeypatch.setattr(manifest, "FOOTER_THREADS", 2)
+    monkeypatch.setattr(shards, "read_attempt", spied)
+    monkeypatch.setattr(footers, "THREADS_MIN_PARTS", 1)
+    monkeypatch.setattr(footers, "THREADS", 2)
     monkeypatch.setattr(footers, "CHUNK", 2)
     got = ingest_run(run, force=True).summary
     close_all(recs)
+    assert vanished_on and all(name.startswith("kforge-footers") for name in vanished_on)
     assert merged and got["steps"] == want["steps"] == 20 and got["ranks"] == [0, 1]
     assert not [w for w in got["warnings"] if "part" in w]
     assert read_outputs(str(run))[1].height == 40

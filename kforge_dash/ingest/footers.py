@@ -1,16 +1,15 @@
-"""Reading many part-file footers ahead of the plan: in a few threads, or in worker processes.
+"""Reading the footers of many part files: on a few threads, or in worker processes.
 
-A footer costs 40-90 us (pyarrow opens the file, reads its tail, parses the Thrift footer and
-builds the Arrow schema) and then ~20 us of Python (shards.read_part: key-value metadata and the
-step statistics). pyarrow's open releases the GIL, so a few threads (``FooterThreads``) overlap
-one file's open with another's Python; a run of 1024 ranks x 1000 parts (a million footers) goes
-to worker processes (``read_footers``), which also run the Python side in parallel. The workers
-are plain `python -m kforge_dash.ingest.footers IN OUT` processes (not multiprocessing, whose
-spawn re-imports the caller's __main__: a notebook, a Streamlit page or an unguarded script would
-break or run again). Any failure leaves the footers to be read one by one by the caller.
-
-Either way each part's warnings are kept with it, and the caller takes them in the listing's
-order: the warnings come out in the same order however the reads were spread.
+A footer costs 40-130 us in pyarrow (open the file, read its tail, parse the Thrift footer, build
+the Arrow schema), with the GIL released, and then 15-120 us of Python (shards.read_part: the
+key-value metadata and the step statistics; more for a merged part). So ``read_attempts`` reads
+the attempt folders (meta.json, end.json, footers) on a few threads, whose pyarrow and file
+reads overlap one another's Python; each attempt's warnings are kept with it and handed on in
+the listing's order, as if read one after the other. A run of 1024 ranks x 1000 parts (a million
+footers) goes to worker processes first (``read_footers``), which run the Python side in parallel
+too. The workers are plain `python -m kforge_dash.ingest.footers IN OUT` processes (not
+multiprocessing, whose spawn re-imports the caller's __main__: a notebook, a Streamlit page or an
+unguarded script would break or run again). Any failure leaves the footers to the caller.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 
 def usable_cpus() -> int:
@@ -82,42 +81,48 @@ def read_many(items: list) -> list:
     return out
 
 
-CHUNK = 32  # footers a thread reads per task: few tasks, yet the first chunk comes back soon
+THREADS = 2  # threads reading attempts (more do not pay on 2 cores)
+THREADS_MIN_PARTS = 256  # below this, one thread reads them (a few ms in all)
+CHUNK = 32  # part files per task: few tasks, yet the first comes back soon
 
 
-class FooterThreads:
-    """Footers of (path, rank) items read ahead by ``threads`` threads, in chunks in the given order;
-    ``take(path)`` waits for that part's chunk and hands out (PartInfo | None, warnings), once.
-    ``close()`` drops what is not started yet and waits for the rest (no thread outlives the plan)."""
+def read_attempts(listing: list, warnings: list[str], cache, *, threads: int | None = None) -> list:
+    """shards.read_attempt of every attempt folder, on a few threads when there are many part
+    files: [Attempt | None] in the listing's order, each attempt's warnings added to ``warnings``
+    in that order too, as if read one after the other. ``cache``: a manifest.FooterCache."""
+    from kforge_dash.ingest import shards
 
-    def __init__(self, items: list, *, threads: int, chunk: int | None = None):
-        chunk = chunk or CHUNK
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kforge-footers")
-        self._chunks: list[Future] = []
-        self._where: dict[str, int] = {}  # path -> its chunk
-        self._got: dict[int, dict] = {}  # chunk -> {path: (info, warnings)} not yet taken
-        for i in range(0, len(items), chunk):
-            part = items[i:i + chunk]
-            for path, _ in part:
-                self._where[path] = len(self._chunks)
-            self._chunks.append(self._pool.submit(read_many, part))
+    threads = min(THREADS, usable_cpus()) if threads is None else threads
+    if threads < 2 or sum(len(af.parts) for af in listing) < THREADS_MIN_PARTS:
+        return [shards.read_attempt(af, warnings, cache) for af in listing]
+    chunks, size = [[]], 0
+    for af in listing:  # consecutive attempts of about CHUNK parts
+        if size >= CHUNK:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(af)
+        size += len(af.parts) + 1
 
-    def take(self, path: str):
-        """(PartInfo | None, warnings) of a part read ahead, or None when it was not among the items
-        (or was taken already)."""
-        k = self._where.pop(path, None)
-        if k is None:
-            return None
-        got = self._got.get(k)
-        if got is None:
-            got = self._got[k] = {p: (info, warns) for p, info, warns in self._chunks[k].result()}
-        out = got.pop(path)
-        if not got:
-            del self._got[k]
+    def read(chunk: list) -> list:
+        out = []
+        for af in chunk:
+            mine, theirs = [], cache.child()
+            out.append((shards.read_attempt(af, mine, theirs), mine, theirs))
         return out
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    attempts = []
+    with ThreadPoolExecutor(threads, thread_name_prefix="kforge-footers") as pool:
+        futures = [pool.submit(read, chunk) for chunk in chunks]
+        try:
+            for future in futures:  # in order: a vanished part (PartVanished) is raised where it would be
+                for attempt, mine, theirs in future.result():
+                    warnings.extend(mine)
+                    cache.absorb(theirs)
+                    attempts.append(attempt)
+        finally:
+            for future in futures:
+                future.cancel()
+    return attempts
 
 
 def _main(src: str, dst: str) -> None:

@@ -75,8 +75,6 @@ def load_prior(out_dir: str, run_dir: str) -> Prior | None:
 
 
 PARALLEL_MIN_PARTS = 20_000  # below this, starting worker processes costs more than it saves
-THREADS_MIN_PARTS = 256  # below this, footers are read on the caller's thread (a few ms in all)
-FOOTER_THREADS = 2  # threads reading footers ahead (footers.FooterThreads; more do not pay on 2 cores)
 
 
 class FooterCache:
@@ -92,39 +90,38 @@ class FooterCache:
         self.entries: dict[str, PartEntry] = {}  # by path relative to the run
         self.known_bad: dict[str, str] = {}  # path -> warning: rows failed to decode last time
         self.fetched: dict[str, tuple] = {}  # path -> (PartInfo | None, warnings), from prefetch()
-        self._ahead = None  # footers.FooterThreads, from prefetch()
 
     def _hit(self, path: str) -> PartEntry | None:
         hit = self.prior.get(_shards.rel_path(self.run_dir, path))
         return hit if hit is not None and hit.same_file(self.stats.get(path)) else None
 
-    def prefetch(self, listing, *, min_parts: int | None = None, workers: int | None = None,
-                 threads: int | None = None) -> None:
-        """Read ahead the footers the cache cannot answer: in worker processes when there are very
-        many (footers.py), else in a few threads (until ``close()``); when neither pays, or the
-        workers fail, __call__ reads them one by one."""
+    def prefetch(self, listing, *, min_parts: int | None = None, workers: int | None = None) -> bool:
+        """Read the footers the cache cannot answer in worker processes when there are many
+        (footers.py); otherwise, or if that fails, __call__ reads them one by one. True when
+        the workers read them."""
         todo = [(p, af.rank) for af in listing for p in af.parts if self._hit(p) is None]
-        from kforge_dash.ingest.footers import FooterThreads, read_footers, usable_cpus
+        from kforge_dash.ingest.footers import read_footers, usable_cpus
 
-        cpus = usable_cpus()
-        workers = workers or min(cpus, 8)
-        if len(todo) >= (PARALLEL_MIN_PARTS if min_parts is None else min_parts) and workers >= 2:
-            got = read_footers(todo, workers=workers)
-            if got is not None:
-                for path, (info, warns) in got.items():
-                    if info is not None:
-                        info = replace(info, columns=_shards._interned(info.columns))
-                    self.fetched[path] = (info, warns)
-                return
-        threads = min(FOOTER_THREADS, cpus) if threads is None else threads
-        if len(todo) >= THREADS_MIN_PARTS and threads >= 2:
-            self._ahead = FooterThreads(todo, threads=threads)
+        workers = workers or min(usable_cpus(), 8)
+        if len(todo) < (PARALLEL_MIN_PARTS if min_parts is None else min_parts) or workers < 2:
+            return False
+        got = read_footers(todo, workers=workers)
+        for path, (info, warns) in (got or {}).items():
+            if info is not None:
+                info = replace(info, columns=_shards._interned(info.columns))
+            self.fetched[path] = (info, warns)
+        return got is not None
 
-    def close(self) -> None:
-        """Stop the threads prefetch() started (the footers not taken are read again if asked for)."""
-        if self._ahead is not None:
-            self._ahead.close()
-            self._ahead = None
+    def child(self) -> FooterCache:
+        """A cache for one attempt read on another thread: the same prior and stats, its own
+        entries (``absorb`` them back in the listing's order: the manifest's rows stay in order)."""
+        out = FooterCache(self.run_dir, self.stats, None)
+        out.prior, out.fetched = self.prior, self.fetched
+        return out
+
+    def absorb(self, other: FooterCache) -> None:
+        self.entries.update(other.entries)
+        self.known_bad.update(other.known_bad)
 
     def __call__(self, path: str, rank: int, warnings: list[str]):
         rel = _shards.rel_path(self.run_dir, path)
@@ -136,10 +133,7 @@ class FooterCache:
             if hit.bad is not None:
                 self.known_bad[path] = hit.bad
             return hit.info
-        ahead = self._ahead.take(path) if self._ahead is not None else None
-        if ahead is not None:
-            info, mine = ahead
-        elif path in self.fetched:
+        if path in self.fetched:
             info, mine = self.fetched.pop(path)
         else:
             mine = []
@@ -170,7 +164,7 @@ def save_manifest(out_dir: str, cache: FooterCache, state: dict) -> None:
         rows["rel"].append(rel)
         rows["size"].append(entry.size)
         rows["mtime_ns"].append(entry.mtime_ns)
-        rows["warnings"].append(list(entry.warnings))
+        rows["warnings"].append(list(entry.warnings) or None)  # null, not []: 100x cheaper for polars to build
         rows["bad"].append(entry.bad)
         rows["num_rows"].append(info.num_rows)
         rows["min_step"].append(info.min_step)
