@@ -1,130 +1,16 @@
-"""What ingest pays before and around the rows: footers read ahead on threads (the same plan and
-warnings, in the listing's order, as on one thread), imports it does not need, and numpy's idle
-BLAS threads."""
+"""What ingest pays before and around the rows: each part's footer facts, imports it does not
+need, and numpy's idle BLAS threads."""
 
 import os
 import subprocess
 import sys
-import threading
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
 
-import kforge_dash.ingest.footers as footers
-import kforge_dash.ingest.parquet_io as parquet_io
-from kforge_dash.ingest import plan as plan_mod
-from kforge_dash.ingest import run as run_mod
 from kforge_dash.ingest import shards
-from kforge_dash.ingest.options import IngestOptions, PartVanished
-from kforge_dash.ingest.run import ingest_run
-from kforge_record import compact
-from kforge_record.schema import part_span
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _values(r, s):
-    return {"loss": 1.0 / s, "tokens": 100}
-
-
-def _many_parts(tmp_path, monkeypatch):
-    """3 ranks x 10 parts, two of them with a footer that cannot be read."""
-    run = str(tmp_path / "many")
-    recs = open_ranks(run, 3, flush_every_steps=4, merge_parts=False)
-    run_steps(monkeypatch, recs, range(1, 41), step_time=lambda r, s: 0.1 + 0.01 * r, values=_values, flush_every=4)
-    close_all(recs)
-    parts = sorted(part_files(run))
-    with open(parts[4], "r+b") as f:
-        f.truncate(100)
-    with open(parts[21], "wb") as f:
-        f.write(b"not parquet")
-    return run, parts
-
-
-def _plan(run):
-    warnings = []
-    opts = IngestOptions(force=True)
-    inputs = run_mod._list_inputs(run, os.path.join(run, "ingested"), opts, warnings)
-    plan = plan_mod.make_plan(inputs, opts, warnings)
-    return (plan.files, plan.first_ended, plan.last_ended, plan.spec, [a.parts for a in plan.attempts],
-            list(plan.cache.entries.items())), warnings  # the manifest's rows in the listing's order too
-
-
-def test_footers_read_on_threads_give_the_plan_and_warnings_of_one_thread(tmp_path, monkeypatch):
-    run, parts = _many_parts(tmp_path, monkeypatch)
-    monkeypatch.setattr(footers, "THREADS", 1)
-    alone, alone_warnings = _plan(run)
-    assert [w.split(":")[0] for w in alone_warnings if "corrupt" in w] == [parts[4], parts[21]]
-
-    real = parquet_io.read_metadata
-    readers, done = set(), []
-    last_read = threading.Event()
-
-    def spied(path):
-        readers.add(threading.current_thread().name)
-        if path == parts[0]:  # the listing's first part comes back last: results must not follow completion order
-            assert last_read.wait(10)
-        try:
-            return real(path)
-        finally:
-            done.append(path)
-            if path == parts[-1]:
-                last_read.set()
-
-    monkeypatch.setattr(parquet_io, "read_metadata", spied)
-    monkeypatch.setattr(footers, "THREADS_MIN_PARTS", 1)
-    monkeypatch.setattr(footers, "THREADS", 2)
-    monkeypatch.setattr(footers, "CHUNK", 3)
-    threaded, threaded_warnings = _plan(run)
-    assert len(readers) == 2 and threading.current_thread().name not in readers
-    assert done.index(parts[-1]) < done.index(parts[0])
-    assert threaded_warnings == alone_warnings
-    assert threaded == alone
-    assert not [t for t in threading.enumerate() if t.name.startswith("kforge-footers")]
-
-
-def test_a_part_merged_away_under_threaded_footer_reads_lists_again_and_leaves_no_thread(tmp_path, monkeypatch):
-    run = tmp_path / "run"
-    recs = open_ranks(str(run), 2, flush_every_steps=2, merge_parts=False)
-    run_steps(monkeypatch, recs, range(1, 21), step_time=lambda r, s: 0.1, flush_every=2)
-    flush_all(recs)
-    want = ingest_run(run, force=True).summary
-    real = shards.stat_inputs
-    merged = []
-
-    def stat_then_merge(listing):  # the recorder merges right after ingest listed the folders
-        out = real(listing)
-        if not merged:
-            for af in listing:
-                c = compact.Compactor(af.dir, warn=None)
-                for p in af.parts:
-                    c.part_written(part_span(os.path.basename(p)).first, pq.read_metadata(p).num_rows)
-            merged.append(True)
-        return out
-
-    vanished_on = []
-    read_attempt = shards.read_attempt
-
-    def spied(*a, **k):
-        try:
-            return read_attempt(*a, **k)
-        except PartVanished:
-            vanished_on.append(threading.current_thread().name)
-            raise
-
-    monkeypatch.setattr(shards, "stat_inputs", stat_then_merge)
-    monkeypatch.setattr(shards, "read_attempt", spied)
-    monkeypatch.setattr(footers, "THREADS_MIN_PARTS", 1)
-    monkeypatch.setattr(footers, "THREADS", 2)
-    monkeypatch.setattr(footers, "CHUNK", 2)
-    got = ingest_run(run, force=True).summary
-    close_all(recs)
-    assert vanished_on and all(name.startswith("kforge-footers") for name in vanished_on)
-    assert merged and got["steps"] == want["steps"] == 20 and got["ranks"] == [0, 1]
-    assert not [w for w in got["warnings"] if "part" in w]
-    assert read_outputs(str(run))[1].height == 40
-    assert not [t for t in threading.enumerate() if t.name.startswith("kforge-footers")]
 
 
 def test_parts_sharing_their_kforge_metadata_are_each_checked(tmp_path):

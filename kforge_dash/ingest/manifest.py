@@ -95,33 +95,19 @@ class FooterCache:
         hit = self.prior.get(_shards.rel_path(self.run_dir, path))
         return hit if hit is not None and hit.same_file(self.stats.get(path)) else None
 
-    def prefetch(self, listing, *, min_parts: int | None = None, workers: int | None = None) -> bool:
+    def prefetch(self, listing, *, min_parts: int | None = None, workers: int | None = None) -> None:
         """Read the footers the cache cannot answer in worker processes when there are many
-        (footers.py); otherwise, or if that fails, __call__ reads them one by one. True when
-        the workers read them."""
+        (ingest_footers.py); otherwise, or if that fails, __call__ reads them one by one."""
         todo = [(p, af.rank) for af in listing for p in af.parts if self._hit(p) is None]
         from kforge_dash.ingest.footers import read_footers, usable_cpus
 
         workers = workers or min(usable_cpus(), 8)
         if len(todo) < (PARALLEL_MIN_PARTS if min_parts is None else min_parts) or workers < 2:
-            return False
-        got = read_footers(todo, workers=workers)
-        for path, (info, warns) in (got or {}).items():
+            return
+        for path, (info, warns) in (read_footers(todo, workers=workers) or {}).items():
             if info is not None:
                 info = replace(info, columns=_shards._interned(info.columns))
             self.fetched[path] = (info, warns)
-        return got is not None
-
-    def child(self) -> FooterCache:
-        """A cache for one attempt read on another thread: the same prior and stats, its own
-        entries (``absorb`` them back in the listing's order: the manifest's rows stay in order)."""
-        out = FooterCache(self.run_dir, self.stats, None)
-        out.prior, out.fetched = self.prior, self.fetched
-        return out
-
-    def absorb(self, other: FooterCache) -> None:
-        self.entries.update(other.entries)
-        self.known_bad.update(other.known_bad)
 
     def __call__(self, path: str, rank: int, warnings: list[str]):
         rel = _shards.rel_path(self.run_dir, path)

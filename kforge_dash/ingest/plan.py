@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from kforge_dash.ingest import shards as _shards
 from kforge_dash.ingest.append import AppendPlan, plan_append
-from kforge_dash.ingest.footers import read_attempts
 from kforge_dash.ingest.launches import Launch, group_launches
 from kforge_dash.ingest.manifest import FooterCache, load_prior
 from kforge_dash.ingest.options import IngestError, IngestNotReady, IngestOptions
@@ -49,8 +48,8 @@ def make_plan(inputs: IngestInputs, opts: IngestOptions, warnings: list[str]) ->
     # Footers come from the last ingest's manifest where the part is unchanged (--force: none).
     prior = None if opts.force else load_prior(inputs.out_dir, inputs.run_dir)
     cache = FooterCache(inputs.run_dir, inputs.stats, prior)
-    threads = 1 if cache.prefetch(inputs.listing) else None  # footers read by worker processes: nothing left to overlap
-    attempts = [a for a in read_attempts(inputs.listing, warnings, cache, threads=threads) if a is not None]
+    cache.prefetch(inputs.listing)
+    attempts = [a for a in (_shards.read_attempt(af, warnings, cache) for af in inputs.listing) if a is not None]
     launches = group_launches(attempts, warnings)
     files = _files_with_rows(launches)
     if not files:
