@@ -91,18 +91,21 @@ class FooterCache:
         self.known_bad: dict[str, str] = {}  # path -> warning: rows failed to decode last time
         self.fetched: dict[str, tuple] = {}  # path -> (PartInfo | None, warnings), from prefetch()
 
-    def _hit(self, path: str) -> PartEntry | None:
-        hit = self.prior.get(_shards.rel_path(self.run_dir, path))
+    def _hit(self, path: str, rel: str | None = None) -> PartEntry | None:
+        hit = self.prior.get(rel or _shards.rel_path(self.run_dir, path))
         return hit if hit is not None and hit.same_file(self.stats.get(path)) else None
 
     def prefetch(self, listing, *, min_parts: int | None = None, workers: int | None = None) -> None:
         """Read the footers the cache cannot answer in worker processes when there are many
         (ingest_footers.py); otherwise, or if that fails, __call__ reads them one by one."""
+        least = PARALLEL_MIN_PARTS if min_parts is None else min_parts
+        if sum(len(af.parts) for af in listing) < least:  # (before a cache look-up per part)
+            return
         todo = [(p, af.rank) for af in listing for p in af.parts if self._hit(p) is None]
         from kforge_dash.ingest.footers import read_footers, usable_cpus
 
         workers = workers or min(usable_cpus(), 8)
-        if len(todo) < (PARALLEL_MIN_PARTS if min_parts is None else min_parts) or workers < 2:
+        if len(todo) < least or workers < 2:
             return
         for path, (info, warns) in (read_footers(todo, workers=workers) or {}).items():
             if info is not None:
@@ -112,7 +115,7 @@ class FooterCache:
     def __call__(self, path: str, rank: int, warnings: list[str]):
         rel = _shards.rel_path(self.run_dir, path)
         st = self.stats.get(path)
-        hit = self._hit(path)
+        hit = self._hit(path, rel) if self.prior else None
         if hit is not None:
             warnings.extend(hit.warnings)
             self.entries[rel] = hit
