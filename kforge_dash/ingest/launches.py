@@ -35,10 +35,11 @@ def group_launches(attempts: list, warnings: list[str]) -> list[Launch]:
     appears again, or when world size or the Slurm/torchelastic launch counters change.
     """
     launches: list[Launch] = []
+    ranks: set[int] = set()  # the current launch's (Launch.ranks builds a set: 4,096 ranks would take seconds)
     # An unknown start (None) sorts after every known one, those by attempt id.
     for a in sorted(attempts, key=lambda a: (a.start_time is None, a.start_time or 0.0, a.attempt_id)):
         cur = launches[-1] if launches else None
-        new = cur is None or a.rank in cur.ranks
+        new = cur is None or a.rank in ranks
         if not new and a.meta_ok:
             ref = next((b for b in cur.attempts if b.meta_ok), None)
             if ref is not None:
@@ -47,7 +48,9 @@ def group_launches(attempts: list, warnings: list[str]) -> list[Launch]:
                 new = sizes_differ or (ref.meta.get("launch") or {}) != (a.meta.get("launch") or {})
         if new:
             launches.append(Launch(len(launches)))
+            ranks = set()
         launches[-1].attempts.append(a)
+        ranks.add(a.rank)
     for launch in launches:
         sizes = sorted({a.world_size for a in launch.attempts if a.world_size is not None})
         if len(sizes) > 1:
