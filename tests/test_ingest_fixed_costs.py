@@ -66,3 +66,45 @@ def test_numpy_blas_threads_sleep_when_idle_and_the_environment_is_left_alone():
     """numpy's OpenBLAS (this environment's numpy links it) reads OPENBLAS_THREAD_TIMEOUT as it loads."""
     assert _python(_TIMEOUT) == "4 None"
     assert _python(_TIMEOUT, OPENBLAS_THREAD_TIMEOUT="9") == "9 9"  # the user's choice wins
+
+
+def _rchar() -> int:
+    """Bytes this process has read through read()/pread() so far (page cache included)."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_a_footer_is_read_from_the_file_tail_alone_and_bad_files_warn_as_before(tmp_path):
+    from pyarrow._parquet import ParquetReader
+
+    from kforge_dash.ingest import parquet_io
+
+    n = 200_000  # a ~1.6 MB file: pyarrow alone reads its last 64 KB to find a ~1 KB footer
+    big = str(tmp_path / "big.parquet")
+    pq.write_table(pa.table({"step": pa.array(range(n), pa.int64()), "step_time_s": pa.array([0.5] * n, pa.float64())}),
+                   big, compression="none")
+    wide = str(tmp_path / "wide.parquet")  # a footer longer than the first read of the tail
+    pq.write_table(pa.table({f"c{i:03d}": pa.array([1.0], pa.float64()) for i in range(300)}), wide)
+    for path in (big, wide):
+        assert parquet_io.read_metadata(path).equals(pq.read_metadata(path))
+    before = _rchar()
+    parquet_io.read_metadata(big)
+    assert 0 < _rchar() - before < 16 * 1024
+    # Whatever is not a footer goes through pyarrow's own open, so the warning is what it always was.
+    cases = {"empty.parquet": b"", "short.parquet": b"PAR1", "garbage.parquet": b"not parquet at all" * 100,
+             "bad-thrift.parquet": b"PAR1" + b"\x07" * 50 + (50).to_bytes(4, "little") + b"PAR1",
+             "too-long.parquet": b"PAR1" + b"\x00" * 20 + (10**6).to_bytes(4, "little") + b"PAR1"}
+    paths = []
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        paths.append(str(tmp_path / name))
+    (tmp_path / "a-folder.parquet").mkdir()
+    paths += [str(tmp_path / "a-folder.parquet"), str(tmp_path / "missing.parquet")]
+    for path in paths:
+        got, want = [], []
+        assert parquet_io.open_footer(path, got) is None
+        try:
+            ParquetReader().open(path)  # the open ingest always used (pq.read_metadata words a folder otherwise)
+        except Exception as e:
+            want.append(f"{path}: corrupt or truncated part file ({type(e).__name__}: {e}); skipped")
+        assert got == want and len(got) == 1

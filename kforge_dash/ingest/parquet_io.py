@@ -9,7 +9,9 @@ and ``step_facts``: what shards.read_part plans from. ``read_columns``: a file's
 from __future__ import annotations
 
 import json
+import os
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -123,11 +125,57 @@ def corrupt_part(path: str, e: Exception) -> str:
 
 
 def read_metadata(path: str):
-    """The FileMetaData of one Parquet file (as pq.read_metadata)."""
+    """The FileMetaData of one Parquet file (as pq.read_metadata).
+
+    pyarrow finds the footer by reading a file's last 64 KB: with the page cache cold that is ~70
+    KB of disk a part (713 MB for 10,240 parts of 10k steps) for a ~3 KB footer, and a 64 KB copy
+    when warm. So the footer is read here, exactly, and pyarrow parses it from memory, as the file
+    "PAR1" + footer + trailer (84 MB of disk there; 2.4 -> 1.6 s cold, 0.85 -> 0.64 s warm). A file
+    this cannot make sense of is opened the usual way, whose error names the problem."""
     if _Reader is None:
         return pq.read_metadata(path)
+    footer = _footer_file(path)
+    if footer is not None:
+        try:
+            return _open(pa.BufferReader(footer))
+        except Exception:  # not a footer after all: the usual way says why
+            pass
+    return _open(path)
+
+
+_TAIL = 4096  # one read of a file's last bytes: a part's footer (3-7 KB; merged parts' up to ~30) often fits
+
+
+def _footer_file(path: str) -> bytes | None:
+    """b"PAR1" + the footer + its 8-byte trailer (length, "PAR1") of a Parquet file, read with one
+    or two reads of its tail; None when the file is not what that expects (pyarrow then says why)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        k = min(size, _TAIL)
+        tail = os.pread(fd, k, size - k)
+        if k < 12 or len(tail) != k or tail[-4:] != b"PAR1":
+            return None
+        n = int.from_bytes(tail[-8:-4], "little")
+        if n > size - 12:  # more than a file of "PAR1", footer and trailer holds: the usual way says why
+            return None
+        if n + 8 > k:
+            tail = os.pread(fd, n + 8, size - 8 - n)
+            if len(tail) != n + 8:
+                return None
+        return b"PAR1" + tail[len(tail) - 8 - n:]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _open(source):
     reader = _Reader()
-    reader.open(path)
+    reader.open(source)
     try:
         return reader.metadata
     finally:
