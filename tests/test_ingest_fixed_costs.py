@@ -87,6 +87,7 @@ def test_a_footer_is_read_from_the_file_tail_alone_and_bad_files_warn_as_before(
     pq.write_table(pa.table({f"c{i:03d}": pa.array([1.0], pa.float64()) for i in range(300)}), wide)
     for path in (big, wide):
         assert parquet_io.read_metadata(path).equals(pq.read_metadata(path))
+    parquet_io.read_metadata(big)  # (the first read of a tail is as long as the last footer needed)
     before = _rchar()
     parquet_io.read_metadata(big)
     assert 0 < _rchar() - before < 16 * 1024
