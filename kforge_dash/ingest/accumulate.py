@@ -179,7 +179,7 @@ class StepAcc:
         self._max("time", ix, tmax, tmax != -np.inf)  # -inf: no rank's time (a null)
         s = g("step_time_s", None, "s")[0]
         smax = s.max(axis=0)
-        self._slowest(ix, smax, None, g.ranks[s.argmax(axis=0)].astype(np.int64), None)  # argmax: the lowest rank
+        self._slowest(ix, smax, None, g.slowest(s, smax), None)
         self._max("st_max", ix, smax, None)
         self._max("st_min", ix, s.min(axis=0), None, np.fmin)
         self.kept.add(s, None, g.steps)

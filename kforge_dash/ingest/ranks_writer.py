@@ -15,15 +15,13 @@ from kforge_dash.contract import RANKS_NONFINITE_KEY
 ROW_GROUP_ROWS = 1 << 20  # a table is written in row groups of this many rows (pyarrow's default); findings/tap.py
 
 
-def arrow_table(df: pl.DataFrame) -> pa.Table:
-    """``df`` as an Arrow table without copying: each column keeps its own chunks. (DataFrame.
-    to_arrow first gives every column the same chunks, which here means a copy of the whole
-    window: the scanned columns come in one chunk per file, rank and attempt in one.)"""
-    cols = {}
-    for c in df.columns:
-        chunks = [ch.to_arrow() for ch in df[c].get_chunks()]
-        cols[c] = pa.chunked_array(chunks) if chunks else df[c].to_arrow()
-    return pa.table(cols)
+def arrow_table(df: pl.DataFrame, *, exclude: tuple[str, ...] = ()) -> pa.Table:
+    """``df`` as an Arrow table without copying, less the columns ``exclude``: each column keeps
+    its own chunks. (DataFrame.to_arrow first gives every column the same chunks, and so does
+    DataFrame.drop, which runs a query: here either means a copy of the whole window, as the
+    scanned columns come in one chunk per file, rank and attempt in one.) Each column goes over
+    the Arrow C stream, one call a column (a call per chunk cost 5x more at 100 chunks)."""
+    return pa.table({c: pa.chunked_array(df[c]) for c in df.columns if c not in exclude})
 
 
 def may_be_nonfinite(column: pa.ChunkedArray) -> bool:

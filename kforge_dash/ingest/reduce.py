@@ -119,17 +119,28 @@ class Buffers:
     def column(self, role: str, s: pl.Series, fill=None) -> tuple[np.ndarray, np.ndarray | None]:
         """(values, has): ``s`` as one array, nulls set to ``fill``; has is None when no nulls."""
         dtype = _NP.get(s.dtype)
+        if dtype is None or dtype is np.bool_:
+            return self._column_by_polars(role, s, fill, dtype)
+        n = len(s)
+        v = self.get(role, dtype, n)
+        if not s.null_count():
+            _copy_chunks(s, v)
+            return v, None
+        has = self.get(role + "/has", np.bool_, n)
+        _copy_with_validity(pa.chunked_array(s), v, has)
+        missing = self.get(role + "/missing", np.bool_, n)  # (~has would be new pages each call)
+        np.logical_not(has, out=missing)
+        np.copyto(v, fill, where=missing)  # the values under nulls are arbitrary: overwrite them
+        return v, has
+
+    def _column_by_polars(self, role: str, s: pl.Series, fill, dtype) -> tuple[np.ndarray, np.ndarray | None]:
+        """column() for booleans (bit-packed in Arrow) and types ingest does not make (no reuse)."""
         has = None
         if s.null_count():
             has = self.get(role + "/has", np.bool_, len(s))
             _copy_chunks(s.is_not_null(), has)
-            if dtype is not None and dtype is not np.bool_:
-                v = self.get(role, dtype, len(s))
-                if _copy_value_buffers(s, v):  # the values under nulls are arbitrary: overwrite them
-                    np.copyto(v, fill, where=~has)
-                    return v, has
             s = s.fill_null(fill)
-        if dtype is None:  # not a type ingest makes; no reuse
+        if dtype is None:
             return s.to_numpy(), has
         v = self.get(role, dtype, len(s))
         _copy_chunks(s, v)
@@ -148,21 +159,24 @@ def _copy_chunks(s: pl.Series, out: np.ndarray) -> None:
         np.concatenate([c.to_numpy() for c in chunks], out=out)
 
 
-def _copy_value_buffers(s: pl.Series, out: np.ndarray) -> bool:
-    """Copy the value buffers of ``s``'s chunks (nulls included, as whatever lies under them) into
-    ``out``, with no copy of the chunks first; False (nothing done) when a chunk has no buffer."""
-    views = []
-    for ch in s.get_chunks():
-        a = ch.to_arrow()
-        buf = a.buffers()[1] if len(a.buffers()) == 2 else None
-        if buf is None:
-            return False
-        views.append(np.frombuffer(buf, out.dtype, len(a), a.offset * out.dtype.itemsize))
-    if len(views) == 1:
-        out[:] = views[0]
-    else:
-        np.concatenate(views, out=out)
-    return True
+def _copy_with_validity(column: pa.ChunkedArray, out: np.ndarray, has: np.ndarray) -> None:
+    """Copy the value buffers of a numeric column's chunks (what lies under a null included) into
+    ``out``, and where each value is valid into ``has``, with no copy of the chunks first (polars'
+    is_not_null and to_numpy made two: a boolean column, then bytes from its bits)."""
+    at, size = 0, out.dtype.itemsize
+    for ch in column.chunks:
+        n = len(ch)
+        if not n:
+            continue
+        valid, data = ch.buffers()
+        out[at:at + n] = np.frombuffer(data, out.dtype, n, ch.offset * size)
+        if valid is None or not ch.null_count:
+            has[at:at + n] = True
+        else:  # the validity bitmap, least significant bit first, from the chunk's bit offset
+            lead = ch.offset % 8
+            bits = np.frombuffer(valid, np.uint8, (lead + n + 7) // 8, ch.offset // 8)
+            has[at:at + n] = np.unpackbits(bits, count=lead + n, bitorder="little")[lead:]
+        at += n
 
 
 def order_free_aggs(counts_col: bool) -> list[pl.Expr]:
@@ -194,6 +208,14 @@ class Grid:
         self.ranks = ranks  # the grid's rank ids, ascending
         self.steps = steps  # the grid's steps (a copy: the buffers are reused)
         self.n_ranks, self.n_steps = len(ranks), len(steps)
+
+    def slowest(self, s: np.ndarray, s_max: np.ndarray) -> np.ndarray:
+        """The lowest rank with each step's max step time ``s_max`` (s: ranks x steps, no NaN in a
+        grid). Argmax of ``s == s_max`` in a reused buffer: argmax down axis 0 of the times
+        themselves copies the whole (ranks x steps) matrix into new pages first."""
+        top = self.buf.get("top", np.bool_, s.size).reshape(s.shape)
+        np.equal(s, s_max, out=top)
+        return self.ranks[top.argmax(axis=0)].astype(np.int64)  # argmax: the first, so the lowest rank
 
     def __call__(self, col: str, fill, role: str = "v"):
         """(values, has) as (ranks x steps), nulls = fill; has is None when every value is there.
@@ -239,14 +261,15 @@ def _dense_times(g: Grid, out: dict) -> None:
     t = g("time", -np.inf)[0].max(axis=0)
     out["time"] = masked(t, np.isfinite(t))
     s = g("step_time_s", None, "s")[0]
-    out["step_time_s"] = np_array(s.max(axis=0))
+    s_max = s.max(axis=0)
+    out["step_time_s"] = np_array(s_max)
     out["step_time_min_s"] = np_array(s.min(axis=0))
     # The median from a sort down the rank axis: ~4x faster than np.median's partition along
     # axis 0 of this layout; the same values (the middle one, or the mean of the two middle ones).
     srt = g.buf.get("sorted", np.float64, g.n_ranks * g.n_steps).reshape(g.n_ranks, g.n_steps)
     srt[:] = s
     out["step_time_median_s"] = median_down_rows(srt)
-    out["slowest_rank"] = np_array(g.ranks[s.argmax(axis=0)].astype(np.int64))  # argmax: first = lowest rank
+    out["slowest_rank"] = np_array(g.slowest(s, s_max))
     out["n_ranks"] = np_array(np.full(g.n_steps, g.n_ranks, np.int64))
     out["attempt"] = np_array(g("attempt", None)[0].max(axis=0).astype(np.int64))
 
