@@ -50,8 +50,11 @@ def _match_sorted(ends: pl.DataFrame, agg: pl.DataFrame, buffers: Buffers):
     key = buffers.column("key", ends["rank"])[0]  # a reused buffer: no fresh pages per window
     key <<= 40
     key += buffers.column("v", ends["step"])[0]
-    if key.size > 1 and not (key[1:] > key[:-1]).all():
-        return None
+    if key.size > 1:
+        up = buffers.get("key/up", np.bool_, key.size - 1)  # (a comparison's own result: new pages each batch)
+        np.greater(key[1:], key[:-1], out=up)
+        if not up.all():
+            return None
     want = (agg["rank"].to_numpy().astype(np.int64) << 40) + agg["step"].to_numpy()
     pos = np.searchsorted(key, want)
     got = pos < key.size
