@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from kforge_dash import idle_blas  # noqa: F401 (first: numpy loads with its BLAS threads idle)
 from kforge_dash.contract import EXPORT_NAMES, LOCK_FILE, SUMMARY_FILE, read_summary_file
 from kforge_dash.export.exporters import choose_exporters, run_exporters
 from kforge_dash.export.outcome import Exporter

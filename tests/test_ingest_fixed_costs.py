@@ -68,6 +68,12 @@ def test_numpy_blas_threads_sleep_when_idle_and_the_environment_is_left_alone():
     assert _python(_TIMEOUT, OPENBLAS_THREAD_TIMEOUT="9") == "9 9"  # the user's choice wins
 
 
+def test_the_pipeline_api_also_loads_numpy_with_idle_blas_threads():
+    """kforge_dash.pipeline (ingest_path, the Python API) imports the exporters, whose polars loads
+    numpy, before ingest/run.py: the threads must be told to sleep there too."""
+    assert _python(_TIMEOUT.replace("kforge_dash.ingest.run", "kforge_dash.pipeline")) == "4 None"
+
+
 def _rchar() -> int:
     """Bytes this process has read through read()/pread() so far (page cache included)."""
     with open("/proc/self/io") as f:

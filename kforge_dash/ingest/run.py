@@ -11,9 +11,9 @@ good one. See docs/CONTRACT.md for the columns, the summary keys and the rules.
 from __future__ import annotations
 
 import os
-import sys
 import warnings as _warnings
 
+from kforge_dash import idle_blas  # noqa: F401 (first: numpy loads with its BLAS threads idle)
 from kforge_dash.contract import (
     EMA_METRICS,
     INGESTED_DIR,
@@ -27,27 +27,6 @@ from kforge_dash.contract import (
 from kforge_dash.optional import require
 from kforge_record.atomic import atomic_path, write_json_atomic
 
-
-def _import_numpy_with_idle_blas_threads() -> None:
-    """Import numpy with its OpenBLAS threads told to sleep as soon as they are idle.
-
-    Ingest makes no BLAS call, yet OpenBLAS starts a thread per core as numpy loads, and each
-    spins ~0.1 s before it sleeps (and again after every BLAS call): ~0.1 CPU-s of a 3-4 CPU-s
-    ingest. OPENBLAS_THREAD_TIMEOUT (read once, as the library loads) ends the spin at once; the
-    threads stay, so a caller's own matrix products run on as many cores as before. Only when
-    numpy is not loaded yet and the variable is unset; the environment is left as it was."""
-    if "numpy" in sys.modules or "OPENBLAS_THREAD_TIMEOUT" in os.environ:
-        return
-    os.environ["OPENBLAS_THREAD_TIMEOUT"] = "4"  # the least OpenBLAS takes: 2^4 cycles of spinning
-    try:
-        import numpy  # noqa: F401
-    except ImportError:
-        pass  # polars' check below says what is missing
-    finally:
-        del os.environ["OPENBLAS_THREAD_TIMEOUT"]
-
-
-_import_numpy_with_idle_blas_threads()
 pl = require("polars", extra="ingest", purpose="kforge-ingest")
 
 from kforge_dash.ingest import shards as _shards  # noqa: E402  (after the polars check)
