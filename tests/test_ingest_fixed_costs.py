@@ -25,14 +25,14 @@ def test_parts_sharing_their_kforge_metadata_are_each_checked(tmp_path):
     same = b'{"schema_version": "1.0", "rank": 3, "dropped_rows_total": 2}'
     newer = b'{"schema_version": "99.0", "rank": 0}'
     paths = [part("a.parquet", same), part("b.parquet", same), part("c.parquet", newer), part("d.parquet", newer),
-             part("e.parquet", b"[1]")]  # JSON, but not an object: no kforge facts, rows kept
+             part("e.parquet", b"[1]")]  # JSON, but not an object: no kforge facts, rows kept, said so
     warnings = []
     got = [shards.read_part(p, 0, warnings) for p in paths]
     assert [None if g is None else g.dropped_rows_total for g in got] == [2, 2, None, None, None]
     assert got[4] is not None and (got[4].min_step, got[4].max_step) == (1, 2)
     assert warnings == [f"{p}: says rank 3 but lies under rank 0; counted as rank 0" for p in paths[:2]] + [
         f"{p}: written with kforge schema 99.0, newer than this kforge reads (1.0); upgrade kforge to ingest it; skipped"
-        for p in paths[2:4]]
+        for p in paths[2:4]] + [f"{paths[4]}: unreadable kforge metadata (JSON, but not an object); rows kept"]
 
 
 def _python(code: str, **env) -> str:

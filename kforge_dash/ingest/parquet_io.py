@@ -68,7 +68,8 @@ def kforge_metadata(path: str, metadata: dict, warnings: list[str]) -> dict | No
         return kv
     try:
         kv = json.loads(raw)
-        if not isinstance(kv, dict):
+        if not isinstance(kv, dict):  # (a list, a number: JSON, yet no kforge facts in it)
+            warnings.append(f"{path}: unreadable kforge metadata (JSON, but not an object); rows kept")
             return {}
         check_schema_version(kv.get("schema_version"), source=path)
     except SchemaError as e:
