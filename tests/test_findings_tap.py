@@ -7,6 +7,7 @@ import json
 import shutil
 import threading
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -200,3 +201,30 @@ def test_no_thread_to_be_had_costs_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(tap.threading, "Thread", NoThread)
     got = ingest_run(_copy("four-ranks-stall", tmp_path / "b"), force=True, chunk_rows=7).summary
     assert got["findings"] == want["findings"] and got["goodput"] == want["goodput"]
+
+
+def _with_nulls(t: pa.Table, name: str, every: int) -> pa.Table:
+    """``t`` with a column ``name`` (added if absent) null but every ``every``-th row."""
+    n = t.num_rows
+    values = pa.array(np.linspace(0.0, 1.0, n), mask=np.arange(n) % every != 0)
+    i = t.schema.get_field_index(name)
+    return t.set_column(i, name, values) if i >= 0 else t.append_column(name, values)
+
+
+@pytest.mark.parametrize("wait", [("time/fwd_bwd_s",), ()], ids=["a wait phase with nulls", "no wait phase"])
+def test_the_arrow_copy_fills_nulls_as_polars_does(tmp_path, monkeypatch, wait):
+    # The Arrow-copy way (one own-work phase) with what the other tests lack: a wait phase null in
+    # most rows (0.0 there, as perstep.own_work(...).fill_null(0.0)), or none at all (0.0
+    # throughout), and an eval phase null in most rows (NaN there, as a side column)
+    phases = Phases(own=("time/data_s",), wait=wait, data=("time/data_s",), checkpoint=("time/checkpoint_s",),
+                    eval=("time/eval_s",))
+    tables = [_with_nulls(_with_nulls(_grid(rs, sp, seed=i * 3 + j), "time/fwd_bwd_s", 3), "time/eval_s", 5)
+              for i, sp in enumerate(SPANS) for j, rs in enumerate(([0, 2], [3, 7]))]
+    by_polars = []
+    group = units.Reader.group
+    monkeypatch.setattr(units.Reader, "group", lambda self, *a: by_polars.append(threading.current_thread().name)
+                        or group(self, *a))
+    got, fast, _, facts = _tapped(tmp_path / "ranks.parquet", tables, phases=phases)
+    assert got is not None and fast is not None and "kforge-perstep-tap" not in by_polars  # (the Arrow copy ran)
+    slow = _slow(monkeypatch, facts)
+    assert _bits(pl.concat(got[0])) == _bits(slow[0]) and _bits(pl.concat(got[1])) == _bits(slow[1])
