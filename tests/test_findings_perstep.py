@@ -16,7 +16,7 @@ from kforge_dash import ingest_run
 from kforge_dash.ingest.findings import perstep, units
 from kforge_dash.ingest.findings.matrix import Window
 from kforge_dash.ingest.findings.model import Phases, RunFacts, classify_phases
-from kforge_dash.ingest.findings.options import FindingsOptions
+from kforge_dash.ingest.findings_options import FindingsOptions
 
 
 def _window(run_dir):

@@ -1,6 +1,8 @@
 """The architecture, checked statically: one sub-package per stage, nothing imports upward, no cycle.
 
 kforge_record <- kforge_dash.contract (and its helpers) <- ingest <- {export, browse} <- pipeline (cluster) <- cli.
+Inside ingest: the row pass (plan, read, rows, options...) <- findings (an analysis of the row pass's
+outputs) <- run (ingest_run, which calls both).
 Every import counts, those under `if TYPE_CHECKING:` and inside functions included.
 """
 
@@ -12,10 +14,12 @@ PACKAGES = ("kforge_record", "kforge_dash")
 LAYERS = {  # module prefix -> layer; a module may import only from its own layer or below
     "kforge_record": 0,
     "kforge_dash.contract": 1, "kforge_dash.optional": 1, "kforge_dash.progress": 1,
-    "kforge_dash.ingest": 2,
-    "kforge_dash.export": 3, "kforge_dash.browse": 3,
-    "kforge_dash.pipeline": 4, "kforge_dash.cluster": 4,  # cluster: the pipeline on Dask
-    "kforge_dash.cli": 5,
+    "kforge_dash.ingest": 2,  # the row pass and ingest's interface types
+    "kforge_dash.ingest.findings": 3,  # findings read what the row pass wrote
+    "kforge_dash.ingest.run": 4,  # ingest_run: the row pass, then the findings
+    "kforge_dash.export": 5, "kforge_dash.browse": 5,
+    "kforge_dash.pipeline": 6, "kforge_dash.cluster": 6,  # cluster: the pipeline on Dask
+    "kforge_dash.cli": 7,
 }
 SIBLINGS = {"kforge_dash.export", "kforge_dash.browse"}  # same layer, but neither imports the other
 HEAVY = ("polars", "streamlit", "wandb", "dask", "distributed", "tensorboard", "plotly")

@@ -19,7 +19,7 @@ try:
 except MissingDependency as e:  # at the edge: a message, not a traceback
     raise SystemExit(str(e)) from e
 
-from kforge_dash.ingest.findings.options import FindingsOptions  # (no heavy imports: dataclass only)
+from kforge_dash.ingest.findings_options import FindingsOptions  # (no heavy imports: dataclass only)
 
 _F = FindingsOptions()  # the defaults the options show
 

@@ -7,6 +7,8 @@
     footers.py    footers of many parts read by worker processes
     launches.py   attempts grouped into launches; FLOPs and peak per launch (flops.py)
     meta_fields.py  the types of the meta.json fields ingest reads
+    options.py    ingest's interface types: IngestOptions, its result, its errors
+    findings_options.py  the thresholds of the findings (IngestOptions.findings)
     plan.py       the plan, from metadata only: launches, parts to read, cut-offs, append or not
     read.py       rows of one step window (or of a batch of its ranks): the window plan, the scan
     coalesce.py   Recorder.log rows folded into their step's end_step row
@@ -19,7 +21,10 @@
     reduce.py     per-step reductions over ranks
     summary.py    summary.json
     temps.py      temp files a killed ingest or export left behind
-    run.py        ingest_run: unchanged? -> plan -> rows -> derive -> write -> summarise
+    findings/     findings and goodput: an analysis of the outputs above (steps.parquet, ranks.parquet)
+    run.py        ingest_run: unchanged? -> plan -> rows -> derive -> write -> summarise -> findings
+
+Import order inside ingest (tests/test_layout.py): the modules above findings/ <- findings/ <- run.py.
 
 The per-window work is ``ingest_window(WindowTask)``: plain values in, plain values out, so a
 scheduler (Dask, a process pool) can run windows elsewhere; ``plan_windows`` cuts the windows.

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from kforge_dash.contract import INGESTED_DIR
-from kforge_dash.ingest.findings.options import FindingsOptions
+from kforge_dash.ingest.findings_options import FindingsOptions
 
 
 class IngestError(Exception):

@@ -7,10 +7,11 @@
     goodput.py     the wall clock cut into productive time and badput buckets
     perstep.py     per-step facts over ranks, one lazy pass over ranks.parquet
     tap.py         the same, computed from the rows as the row pass writes them
-    options.py     the thresholds (kforge-ingest options)
 
 ``analyse_run`` is ingest's one call; everything is computed from the ingested outputs
-(steps.parquet, ranks.parquet), the launches and their meta.json, so it is recomputable.
+(steps.parquet, ranks.parquet), the launches and their meta.json, so it is recomputable. Findings
+sit above the row pass and below run.py in the import graph (tests/test_layout.py); their
+thresholds, FindingsOptions, are an ingest option (kforge_dash/ingest/findings_options.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import os
 
 from kforge_dash.contract import RANKS_FILE
-from kforge_dash.ingest.findings.options import FindingsOptions
+from kforge_dash.ingest.findings_options import FindingsOptions
 
 __all__ = ["analyse_run", "FindingsOptions"]
 
