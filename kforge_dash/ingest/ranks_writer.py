@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from kforge_dash.contract import RANKS_NONFINITE_KEY
 
-ROW_GROUP_ROWS = 1 << 20  # a table is written in row groups of this many rows (pyarrow's default); findings/tap.py
+ROW_GROUP_ROWS = 1 << 20  # a table is written in row groups of this many rows (pyarrow's default)
 
 
 def arrow_table(df: pl.DataFrame, *, exclude: tuple[str, ...] = ()) -> pa.Table:
@@ -51,10 +51,10 @@ class RanksWriter:
     On close the file's key-value metadata lists the float columns that may hold NaN/inf
     (contract.RANKS_NONFINITE_KEY): the nonfinite finding reads only those."""
 
-    def __init__(self, path: str, *, tap=None):
+    def __init__(self, path: str):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.path, self.tap = path, tap  # tap: called with each table as it is written (findings/tap.py)
+        self.path = path
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kforge-ranks-writer")
         self.pending = None
         self.writer = None
@@ -89,8 +89,6 @@ class RanksWriter:
                 self.nonfinite.add(name)
         self.wait()
         self.pending = self.pool.submit(self._write, table)
-        if self.tap is not None:
-            self.tap(table)
 
     def close(self) -> None:
         if self.pool is None:

@@ -32,16 +32,15 @@ class Rows:
     appended: bool  # only new part files were read, on top of the last outputs
 
 
-def read_rows(plan: IngestPlan, progress, warnings: list[str], windows=None, tap=None) -> Rows:
+def read_rows(plan: IngestPlan, progress, warnings: list[str], windows=None) -> Rows:
     """The row pass; an append whose new rows cannot be merged exactly starts again from scratch.
-    ``windows``: None (here, window after window) or an executor (ingest_run). ``tap``: a
-    findings.tap.PerStepTap fed every table written to ranks.parquet (begun with each pass)."""
+    ``windows``: None (here, window after window) or an executor (ingest_run)."""
     mark = len(warnings)
     try:
-        return _row_pass(plan, plan.append, progress, warnings, windows, tap)
+        return _row_pass(plan, plan.append, progress, warnings, windows)
     except AppendConflict:  # as if there were no last ingest
         del warnings[mark:]
-        return _row_pass(plan, None, progress, warnings, windows, tap)
+        return _row_pass(plan, None, progress, warnings, windows)
 
 
 @dataclass
@@ -62,7 +61,7 @@ class _Acc:
             self.rank_ids.update(got.rank_ids)
 
 
-def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: list[str], windows, tap=None) -> Rows:
+def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: list[str], windows) -> Rows:
     acc = _Acc({}, set(), [], {})
     files, extra = list(plan.files), []
     if append is not None:
@@ -81,7 +80,7 @@ def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: l
     if not files:
         raise IngestError(f"{plan.run_dir}: no readable rows (all rows superseded)")
     with atomic_path(os.path.join(plan.out_dir, RANKS_FILE)) as ranks_tmp:
-        n_new = _write_windows(plan, ranks_tmp, files, extra, append, acc, warnings, progress, windows, tap)
+        n_new = _write_windows(plan, ranks_tmp, files, extra, append, acc, warnings, progress, windows)
         if not n_new and append is None:  # (an append keeps the old rows, even if every new part is bad)
             raise IngestError(f"{plan.run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
     _warn_repeats(acc.repeats, warnings)
@@ -101,15 +100,13 @@ def _stack_steps(step_parts: list[pl.DataFrame], cols: list[str], appended: bool
 
 
 def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, append: AppendPlan | None,
-                   acc: _Acc, warnings: list[str], progress, windows=None, tap=None) -> int:
+                   acc: _Acc, warnings: list[str], progress, windows=None) -> int:
     """Every window through ingest_window, here (``windows`` None) or by ``windows`` (e.g. on Dask
     workers, several at once); its rows into ``ranks_tmp`` in window order, its steps into ``acc``.
     The number of windows that held rows."""
     spans = plan_windows(files + extra, plan.chunk_rows)
     old_ranks_path = append.ranks_path if append is not None else None
-    if tap is not None:
-        tap.begin()
-    writer = RanksWriter(ranks_tmp, tap=tap.feed if tap is not None else None)
+    writer = RanksWriter(ranks_tmp)
     n_new = 0
     results = None
     try:
@@ -134,8 +131,6 @@ def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, a
             got = None
             progress.chunk(plan.run_dir, i + 1, len(spans))
         writer.close()
-        if tap is not None:
-            tap.end()
     finally:
         if hasattr(results, "close"):  # a generator left on an error: its reducer thread stops now
             results.close()

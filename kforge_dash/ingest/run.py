@@ -32,7 +32,6 @@ pl = require("polars", extra="ingest", purpose="kforge-ingest")
 from kforge_dash.ingest import shards as _shards  # noqa: E402  (after the polars check)
 from kforge_dash.ingest.append import attempts_state  # noqa: E402
 from kforge_dash.ingest.findings import analyse_run  # noqa: E402
-from kforge_dash.ingest.findings.tap import for_plan as findings_tap  # noqa: E402
 from kforge_dash.ingest.launches import launch_flops, world_size_of  # noqa: E402
 from kforge_dash.ingest.manifest import output_stat, save_manifest  # noqa: E402
 from kforge_dash.ingest.options import (  # noqa: E402
@@ -138,21 +137,15 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress, wi
     if prev is not None:
         return IngestResult(run_dir, prev, True)
     plan = make_plan(inputs, opts, warnings)
-    # The per-step findings' units computed beside the row pass (windows elsewhere: after it)
-    tap = findings_tap(plan, opts.findings) if windows is None else None
-    try:
-        rows = read_rows(plan, progress, warnings, windows, tap)
-        steps = _derive(rows.steps, plan.launches, opts, warnings)
-        _write_outputs(plan, rows, steps)
-        summary = build_summary(SummaryInput(
-            run_dir=run_dir, steps=steps, launches=plan.launches, first_ended=plan.first_ended,
-            last_ended=plan.last_ended, ranks=sorted(rows.rank_ids), attempts=plan.attempts, alpha=opts.alpha,
-            warnings=warnings, input_digest=inputs.digest))
-        # findings, goodput
-        summary.update(analyse_run(out_dir, steps, plan.launches, summary, opts.findings, warnings, early=tap))
-    finally:
-        if tap is not None:
-            tap.close()  # (its thread stopped and joined, whatever happened)
+    rows = read_rows(plan, progress, warnings, windows)
+    steps = _derive(rows.steps, plan.launches, opts, warnings)
+    _write_outputs(plan, rows, steps)
+    summary = build_summary(SummaryInput(
+        run_dir=run_dir, steps=steps, launches=plan.launches, first_ended=plan.first_ended,
+        last_ended=plan.last_ended, ranks=sorted(rows.rank_ids), attempts=plan.attempts, alpha=opts.alpha,
+        warnings=warnings, input_digest=inputs.digest))
+    # findings, goodput: read from the outputs just written
+    summary.update(analyse_run(out_dir, steps, plan.launches, summary, opts.findings, warnings))
     write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), summary)
     return IngestResult(run_dir, summary, False, appended=rows.appended)
 

@@ -6,7 +6,6 @@
     timeline.py    step-time regressions, memory growth, data stalls, restarts
     goodput.py     the wall clock cut into productive time and badput buckets
     perstep.py     per-step facts over ranks, one lazy pass over ranks.parquet
-    tap.py         the same, computed from the rows as the row pass writes them
 
 ``analyse_run`` is ingest's one call; everything is computed from the ingested outputs
 (steps.parquet, ranks.parquet), the launches and their meta.json, so it is recomputable. Findings
@@ -24,11 +23,9 @@ from kforge_dash.ingest.findings_options import FindingsOptions
 __all__ = ["analyse_run", "FindingsOptions"]
 
 
-def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOptions, warnings: list[str], *,
-                early=None) -> dict:
+def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOptions, warnings: list[str]) -> dict:
     """``{"findings": [...], "goodput": {...}}`` for summary.json. A detector that fails on odd
-    input costs its own findings and one warning, never the ingest. ``early``: the row pass's
-    tap.PerStepTap (the per-step facts computed beside it), or None."""
+    input costs its own findings and one warning, never the ingest."""
     from kforge_dash.ingest.findings import goodput, nonfinite, perstep, spikes, stragglers, timeline
     from kforge_dash.ingest.findings.model import RunFacts, classify_phases, sort_key
 
@@ -45,7 +42,7 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
                             "the rest of the summary stands")
             return None
 
-    med, blocks = attempt("per-step rank facts", perstep.per_step, facts, early) or (None, None)
+    med, blocks = attempt("per-step rank facts", perstep.per_step, facts) or (None, None)
     if med is None:
         import polars as pl
 

@@ -7,8 +7,7 @@ When the run is one full grid of ranks x steps (the usual case), ranks.parquet i
 by row group, each decoded once, and cut into windows of whole straggler blocks (units.py).
 Otherwise it is read in step windows (the Parquet reader skips the row groups outside a window),
 two at a time of about ``WINDOW_ROWS / 2`` rows each (one alone on one core), so memory stays
-bounded however many ranks and steps a run has. Both ways give the same bits. Ingest computes
-units.py's way during its row pass from the rows it writes (tap.py), where it can.
+bounded however many ranks and steps a run has. Both ways give the same bits.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def own_work(cols) -> pl.Expr:
         pl.sum_horizontal([pl.col(c).fill_null(0.0) for c in cols]))
 
 
-def per_step(facts: RunFacts, early=None) -> tuple[pl.DataFrame, pl.DataFrame]:
+def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(one row per step, one row per (rank, attempt, straggler block)).
 
     Per step: ``own_med`` (the median rank's own work), ``data_med``, ``ckpt_max``, ``eval_max``,
@@ -69,15 +68,10 @@ def per_step(facts: RunFacts, early=None) -> tuple[pl.DataFrame, pl.DataFrame]:
     Per block (``block_size`` steps): ``first``, ``last``, ``n``, ``st`` (median of the steps'
     median step time), and per own-work phase its median excess over the median rank
     (``<phase>\\0ex``) and its summed positive excess (``<phase>\\0cost``: the others' wait).
-
-    ``early``: a tap.PerStepTap the row pass fed: its units' facts, computed while the rows were
-    read, where they are the ones units.py gives from the finished file (else the usual way).
     """
     W = block_size(facts.steps.height)
     st = facts.steps.select("step", pl.col("step_time_median_s").cast(pl.Float64).alias("_st"))
-    fast = early.result(facts, st, W) if early is not None else None
-    if fast is None:
-        fast = _by_units(facts, st, W)
+    fast = _by_units(facts, st, W)
     if fast is not None:
         meds, blocks = fast
         return pl.concat(meds, how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())

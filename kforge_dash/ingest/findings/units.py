@@ -131,7 +131,7 @@ class Reader:
 
     def group(self, i: int, lf: pl.LazyFrame, buf: Buffers):
         """(ranks, first step, steps, name -> (ranks x steps) flat array) of the i-th row group of
-        a unit (``lf``: its rows, from the file or as they were written), None when it holds log
+        a unit (``lf``: its rows in the file), None when it holds log
         rows only; NotAGrid when it is not a grid or a needed value is null."""
         df = lf.filter(pl.col("step_time_s").is_not_null()).select(self.select).collect()
         if df.height == 0:
@@ -249,27 +249,16 @@ def unit_spans(rd: Reader, W: int, span_rows: int, threads: int, *, last: bool) 
     return _spans(start, end, W, len(rd.ranks), span_rows, threads), max(start, end)
 
 
-def window_facts(rd: Reader, span: tuple[int, int], ph, st: pl.DataFrame | None, W: int, alias: dict[str, str],
+def window_facts(rd: Reader, span: tuple[int, int], ph, st: pl.DataFrame, W: int, alias: dict[str, str],
                  attempt: int, buf: Buffers):
-    """(per-step frame, block frame or None) of the steps [a, b) of the pending rows. ``st`` None:
-    the blocks' ``st`` is left 0.0, for fill_block_st once the steps' median step times are known."""
+    """(per-step frame, block frame or None) of the steps [a, b) of the pending rows."""
     a, b = span
     mats = {(c, c in rd.side): rd.matrix(c, a, b, buf=buf) for c in rd.names}
     by_rank = {c: rd.by_rank(c, a, b, buf) for c in ph.own}
     win = Window.of_matrices(mats, a, b - a, rd.ranks, buf, attempt=attempt, alias=alias, by_rank=by_rank)
     med = win.per_step(ph.own, ph.data)
-    sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy() if st is not None else np.zeros(b - a)
+    sts = med.select("step").join(st, on="step", how="left")["_st"].to_numpy()
     return med, (win.blocks(med, sts, ph.own, W) if ph.own else None)
-
-
-def fill_block_st(blocks: pl.DataFrame, st: pl.DataFrame, n_ranks: int) -> pl.DataFrame:
-    """A block frame of window_facts(st=None) with its ``st``: each block's median over its steps
-    of their median step time, as window_facts computes it (the same values, in step order)."""
-    first, last = blocks["first"].to_numpy()[::n_ranks], blocks["last"].to_numpy()[::n_ranks]
-    lo, hi = int(first[0]), int(last[-1]) + 1
-    sts = pl.DataFrame({"step": np.arange(lo, hi, dtype=np.int64)}).join(st, on="step", how="left")["_st"].to_numpy()
-    meds = [np.median(sts[f - lo:e + 1 - lo]) for f, e in zip(first, last)]
-    return blocks.with_columns(pl.Series("st", np.repeat(meds, n_ranks), dtype=pl.Float64))
 
 
 def _pieces(units, n_names: int, W: int) -> list[tuple[list[Group], tuple[int, int]]] | None:
