@@ -11,9 +11,8 @@ Where a GPU synchronisation can happen, exactly:
 
 Several threads may call ``end_step``/``log``/``flush`` on one Recorder (an eval thread logging
 while the loop runs): a lock guards the buffer, re-entrant for the SIGTERM handler (it runs on the
-main thread inside whatever it interrupted). While only one thread has called, its calls skip the
-lock (owner.py: the hand-over when a second thread comes). Phase timers take no lock (phase.py);
-one timer (one phase name) is for one thread at a time.
+main thread inside whatever it interrupted), taken by every call. Phase timers take no lock
+(phase.py); one timer (one phase name) is for one thread at a time.
 """
 
 from __future__ import annotations
@@ -24,14 +23,12 @@ import os
 import sys
 import threading
 import time
-from threading import get_ident
 from time import perf_counter
 
 from . import env, lifecycle
 from .convert import capture, rows_to_table, safe_repr
 from .model import ModelSpec
 from .options import STEP_MAX, STEP_MIN, RecorderOptions, as_step, checked_run_dir, rank_and_world
-from .owner import lock_for, locked
 from .phase import NO_PHASE, Phase
 from .schema import SCHEMA_VERSION, phase_column, rank_dir_name
 from .warn import Warner
@@ -133,8 +130,6 @@ class Recorder:
         self._close_timeout_s = o.close_timeout_s
         self._warn = Warner(f"rank {self.rank}")
         self._lock = threading.RLock()
-        self._owner = self._solo = None  # the thread that may call without the lock (owner.py)
-        self._busy = False  # the owner is inside an unlocked call
         self._rows: list[tuple] = []
         self._pending: list[tuple[str, float]] = []  # (column, seconds) from phase timers (phase.py)
         self._phase_objs: dict[str, Phase] = {}
@@ -183,13 +178,7 @@ class Recorder:
     def end_step(self, /, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
         """Record one step. Values: Python numbers, numpy scalars or 1-element tensors (any device)."""
         try:
-            if self._solo == get_ident():  # the only thread so far: no lock (see owner.py)
-                busy = self._busy
-                self._busy = True
-                lock = None if self._solo is not None else lock_for(self, busy)
-            else:
-                lock = lock_for(self, None)
-            try:
+            with self._lock:
                 t = perf_counter()
                 step_time = t - self._t_step
                 self._t_step = t
@@ -198,24 +187,13 @@ class Recorder:
                     if step is None:
                         del self._pending[:]  # they belong to the refused step
                         return
-                loss = loss if loss.__class__ is float or loss is None else capture(loss)
-                grad_norm = grad_norm if grad_norm.__class__ is float or grad_norm is None else capture(grad_norm)
-                lr = lr if lr.__class__ is float or lr is None else capture(lr)
-                tokens = tokens if tokens.__class__ is int or tokens is None else capture(tokens)
+                loss, grad_norm, lr, tokens, scalars = self._captured(loss, grad_norm, lr, tokens, scalars)
                 phases = self._pending
                 if phases:  # a copy, then exactly that many off the front (see phase.py)
                     phases = phases[:]
                     del self._pending[:len(phases)]
                 else:
                     phases = None
-                if scalars:
-                    if not self._names_ok.issuperset(scalars):
-                        scalars = self._checked_names(scalars)
-                    for k, v in scalars.items():
-                        if v.__class__ is not float and v is not None:
-                            scalars[k] = capture(v)
-                else:
-                    scalars = None
                 left = self._mem_left - 1
                 if left:
                     self._mem_left = left
@@ -227,11 +205,6 @@ class Recorder:
                 self._rows.append(row)
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
-            finally:
-                if lock is None:
-                    self._busy = busy
-                else:
-                    lock.release()
         except Exception as e:  # the loop must go on
             self._warn(f"end_step:{type(e).__name__}", f"end_step failed and the step was not recorded: {e!r}")
 
@@ -241,37 +214,39 @@ class Recorder:
         Ingest fills them into the step's ``end_step`` row; a value set by both keeps the
         ``end_step`` one, and among several ``log`` calls the last written wins (with a warning)."""
         try:
-            if self._solo == get_ident():  # as in end_step
-                busy = self._busy
-                self._busy = True
-                lock = None if self._solo is not None else lock_for(self, busy)
-            else:
-                lock = lock_for(self, None)
-            try:
+            with self._lock:
                 if step.__class__ is not int or not 0 <= step < 1 << 30:
                     step = self._checked_step(step, "log")
                     if step is None:
                         return
-                if scalars and not self._names_ok.issuperset(scalars):
-                    scalars = self._checked_names(scalars)
-                loss = loss if loss.__class__ is float or loss is None else capture(loss)
-                grad_norm = grad_norm if grad_norm.__class__ is float or grad_norm is None else capture(grad_norm)
-                lr = lr if lr.__class__ is float or lr is None else capture(lr)
-                tokens = tokens if tokens.__class__ is int or tokens is None else capture(tokens)
-                for k, v in scalars.items():
-                    if v.__class__ is not float and v is not None:
-                        scalars[k] = capture(v)
+                loss, grad_norm, lr, tokens, scalars = self._captured(loss, grad_norm, lr, tokens, scalars)
                 self._rows.append((step, time.time(), None, loss, grad_norm, lr, tokens, None, None, None, scalars, None))
                 t = perf_counter()
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
-            finally:
-                if lock is None:
-                    self._busy = busy
-                else:
-                    lock.release()
         except Exception as e:
             self._warn(f"log:{type(e).__name__}", f"log failed: {e!r}")
+
+    def _captured(self, loss, grad_norm, lr, tokens, scalars: dict) -> tuple:
+        """(loss, grad_norm, lr, tokens, scalars or None) as a row holds them: Python floats (ints
+        for tokens) and None as they are, anything else captured (convert.capture: a tensor kept
+        as a detached reference, never synchronised); scalars with bad names dropped (warned)."""
+        if loss.__class__ is not float and loss is not None:
+            loss = capture(loss)
+        if grad_norm.__class__ is not float and grad_norm is not None:
+            grad_norm = capture(grad_norm)
+        if lr.__class__ is not float and lr is not None:
+            lr = capture(lr)
+        if tokens.__class__ is not int and tokens is not None:
+            tokens = capture(tokens)
+        if not scalars:
+            return loss, grad_norm, lr, tokens, None
+        if not self._names_ok.issuperset(scalars):
+            scalars = self._checked_names(scalars)
+        for k, v in scalars.items():
+            if v.__class__ is not float and v is not None:
+                scalars[k] = capture(v)
+        return loss, grad_norm, lr, tokens, scalars
 
     def _checked_step(self, step, call: str) -> int | None:
         """``step`` as an int; None, warned and counted, when it is not one (see options.as_step)."""
@@ -342,7 +317,7 @@ class Recorder:
         if self._closed or os.getpid() != self._pid:
             return
         try:
-            with locked(self):
+            with self._lock:
                 self._writer.submit(self._rows)
                 self._rows = []
                 self._flush_due = perf_counter() + self._flush_every_s
@@ -353,7 +328,7 @@ class Recorder:
 
     def close(self, *, reason: str = "close") -> None:
         """Flush, write end.json and stop the writer. Idempotent; also runs at exit and on SIGTERM."""
-        with locked(self):
+        with self._lock:
             if self._closed or os.getpid() != self._pid:  # a forked child (DataLoader worker) writes nothing
                 return
             self._closed = True
@@ -368,7 +343,7 @@ class Recorder:
         from a signal handler that interrupted a close(): the writer takes the first close and
         answers the second at once."""
         try:
-            with locked(self):
+            with self._lock:
                 self._writer.submit(self._rows)
                 self._rows = []
             if not self._writer.close([], reason=reason, timeout=self._close_timeout_s):
@@ -377,10 +352,9 @@ class Recorder:
             self._warn(f"close:{type(e).__name__}", f"close failed: {e!r}")
 
     def _forked(self) -> None:
-        """In a forked child: no parent rows, a fresh lock (one held at the fork stays held), and
-        no unlocked call in flight (the thread that was in one is not in the child)."""
+        """In a forked child: no parent rows and a fresh lock (one held at the fork by a thread
+        that is not in the child stays held)."""
         self._lock = threading.RLock()
-        self._busy = False
         self._rows = []
         del self._pending[:]  # the same list: the phase timers hold it
 

@@ -1,6 +1,5 @@
-"""The lock-free fast path (kforge_record/owner.py): the one thread that calls a Recorder goes
-without the lock, and hands over to the locked path when a second thread calls, losing and
-duplicating nothing."""
+"""Several threads calling one Recorder: every call takes its lock, so none loses or duplicates a
+row; a call nested in another (a signal handler) and a forked child do not deadlock."""
 
 import os
 import subprocess
@@ -11,7 +10,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from kforge_record import Recorder, owner
+from kforge_record import Recorder
 
 
 def _table(rec):
@@ -21,7 +20,7 @@ def _table(rec):
 
 class _Blocking:
     """A value whose capture (``getattr(v, "requires_grad")``, inside end_step) blocks until released:
-    it holds the owner inside its unlocked call for as long as the test wants."""
+    it holds a thread inside its call for as long as the test wants."""
 
     def __init__(self):
         self.inside = threading.Event()
@@ -34,77 +33,32 @@ class _Blocking:
         return None  # not a tensor: the value passes through (and becomes null on the writer)
 
 
-def test_a_second_thread_waits_for_the_owners_unlocked_call_then_both_rows_land(tmp_path):
+def test_a_second_thread_waits_for_the_first_threads_call_then_both_rows_land(tmp_path):
     rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
     blocking = _Blocking()
-    calls = []
 
-    def owner_loop():  # the owner: the first thread to call
+    def loop():
         for step in (1, 2):
             rec.end_step(step, loss=float(step))
-        calls.append(rec._solo == threading.get_ident())  # the fast path was on
-        rec.end_step(3, loss=blocking)  # blocks inside its unlocked call
-        rec.end_step(4, loss=4.0)  # after the hand-over: the locked path
+        rec.end_step(3, loss=blocking)  # blocks inside its call
+        rec.end_step(4, loss=4.0)
 
-    owner_thread = threading.Thread(target=owner_loop)
-    owner_thread.start()
+    first = threading.Thread(target=loop)
+    first.start()
     assert blocking.inside.wait(10)
     logged = threading.Event()
     other = threading.Thread(target=lambda: (rec.log(2, **{"eval/loss": 0.5}), logged.set()))
     other.start()
     time.sleep(0.3)
-    assert not logged.is_set(), "the second thread went on while the owner was inside an unlocked call"
-    assert rec._solo is None  # it did end the fast path, for good
+    assert not logged.is_set(), "the second thread went on while the first was inside its call"
     blocking.release.set()
-    owner_thread.join(10)
+    first.join(10)
     other.join(10)
-    assert logged.is_set() and calls == [True]
+    assert logged.is_set()
     rec.close()
     table = _table(rec)
     assert sorted(table.column("step").to_pylist()) == [1, 2, 2, 3, 4]
-    assert rec.dropped_rows == 0 and rec._busy is False
-
-
-def test_an_owner_that_lost_the_fast_path_between_its_two_checks_takes_the_lock(tmp_path, monkeypatch):
-    """The narrow window: the owner has read ``_solo`` as its own, and before it sets ``_busy`` the
-    other thread ends the fast path and starts its locked call. The owner must see that on its
-    second check and wait for the lock, not run unlocked beside it."""
-    from kforge_record import recorder
-
-    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
-    paused, owner_done = threading.Event(), threading.Event()
-    blocking = _Blocking()
-    armed = []
-    real_get_ident = threading.get_ident
-
-    def get_ident():  # the owner's first check, held open until the other thread is inside its call
-        if armed and armed[0] == real_get_ident():
-            armed.clear()
-            paused.set()
-            assert blocking.inside.wait(10)
-        return real_get_ident()
-
-    monkeypatch.setattr(recorder, "get_ident", get_ident)
-
-    def owner_loop():
-        rec.end_step(1, loss=1.0)
-        armed.append(real_get_ident())
-        rec.end_step(2, loss=2.0)
-        owner_done.set()
-
-    o = threading.Thread(target=owner_loop)
-    o.start()
-    assert paused.wait(10)
-    other = threading.Thread(target=rec.log, args=(1,), kwargs={"eval/loss": blocking})
-    other.start()  # ends the fast path (the owner is not busy yet), takes the lock, blocks inside
-    time.sleep(0.3)
-    assert not owner_done.is_set(), "the owner ran unlocked while another thread was inside a locked call"
-    blocking.release.set()
-    o.join(10)
-    other.join(10)
-    assert owner_done.is_set()
-    rec.close()
-    assert sorted(_table(rec).column("step").to_pylist()) == [1, 1, 2]
+    assert rec.dropped_rows == 0
 
 
 @pytest.mark.parametrize("second", ["log", "end_step", "flush"])
@@ -114,7 +68,6 @@ def test_a_second_thread_that_appears_mid_run_loses_and_duplicates_no_row(tmp_pa
         rec = Recorder(tmp_path / f"run{attempt}", rank=0, world_size=1, flush_every_steps=7,
                        install_sigterm_handler=False)
         started = threading.Event()
-        fast = []
 
         def loop():
             for i in range(per_thread):
@@ -122,8 +75,7 @@ def test_a_second_thread_that_appears_mid_run_loses_and_duplicates_no_row(tmp_pa
                     pass
                 rec.end_step(i, loss=float(i), **{"x": 1.0})
                 if i == per_thread // 4:
-                    fast.append(rec._solo == threading.get_ident())
-                    started.set()  # the second thread comes while the loop is on its fast path
+                    started.set()  # the second thread comes mid-run
 
         def other():
             started.wait(10)
@@ -140,7 +92,6 @@ def test_a_second_thread_that_appears_mid_run_loses_and_duplicates_no_row(tmp_pa
             t.start()
         for t in threads:
             t.join()
-        assert fast == [True] and rec._solo is None
         rec.close()
         table = _table(rec)
         steps = table.column("step").to_pylist()
@@ -151,42 +102,29 @@ def test_a_second_thread_that_appears_mid_run_loses_and_duplicates_no_row(tmp_pa
         assert rec.dropped_rows == 0
 
 
-def test_a_call_nested_in_the_owners_call_leaves_the_handshake_as_it_was(tmp_path):
-    """A signal handler or warning hook runs inside the owner's call: its own calls (flush, log)
-    must neither deadlock nor clear the outer call's busy flag."""
+def test_a_call_nested_in_a_call_neither_deadlocks_nor_loses_a_row(tmp_path):
+    """A signal handler or warning hook runs inside a call: its own calls (log, flush) take the
+    re-entrant lock again on the same thread."""
     rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
-    seen = []
+    done = []
 
     class Nested:
         @property
         def requires_grad(self):
-            seen.append(rec._busy)
-            rec.log(1, **{"eval/loss": 0.25})  # nested fast-path call
-            rec.flush()  # nested locked call, on the owner's thread: no wait for itself
-            seen.append(rec._busy)
+            rec.log(1, **{"eval/loss": 0.25})
+            rec.flush()
+            done.append(True)
             return None
 
     rec.end_step(1, loss=1.0)
     rec.end_step(2, loss=Nested())
     rec.end_step(3, loss=3.0)
-    assert seen == [True, True] and rec._busy is False and rec._solo == threading.get_ident()
+    assert done == [True]
     rec.close()
     assert sorted(_table(rec).column("step").to_pylist()) == [1, 1, 2, 3]
 
 
-def test_without_a_gil_every_call_takes_the_lock(tmp_path, monkeypatch):
-    monkeypatch.setattr(owner, "gil_enabled", lambda: False)  # what a free-threaded build reports
-    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
-    for step in range(1, 4):
-        with rec.phase("data"):
-            pass
-        rec.end_step(step, loss=1.0)
-    assert rec._owner == threading.get_ident() and rec._solo is None
-    rec.close()
-    assert _table(rec).column("step").to_pylist() == [1, 2, 3]
-
-
-def test_a_child_forked_while_the_owner_is_inside_a_call_does_not_wait_for_it(tmp_path):
+def test_a_child_forked_while_a_thread_is_inside_a_call_does_not_wait_for_it(tmp_path):
     code = f"""
 import os, sys, threading, time
 sys.path.insert(0, {os.getcwd()!r})
@@ -197,13 +135,13 @@ class Blocking:
     @property
     def requires_grad(self):
         inside.set(); release.wait(20); return None
-def owner():
+def caller():
     rec.end_step(1, loss=1.0)
     rec.end_step(2, loss=Blocking())
-t = threading.Thread(target=owner); t.start()
+t = threading.Thread(target=caller); t.start()
 inside.wait(10)
 pid = os.fork()
-if pid == 0:  # the child: its only thread is not the owner, and the owner's call is not here
+if pid == 0:  # the child: the lock was held at the fork by a thread that is not here
     t0 = time.monotonic()
     rec.log(5, loss=1.0); rec.end_step(6, loss=1.0); rec.close()
     os._exit(0 if time.monotonic() - t0 < 5 else 3)
