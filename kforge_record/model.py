@@ -1,4 +1,5 @@
-"""The model description recorded for FLOPs. Validated once, at construction."""
+"""The model description recorded for FLOPs, validated once at construction, and the FLOPs per
+token it gives (here, not in ingest, because an adapter's in-loop line needs it too)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 _SHAPE = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size", "seq_len")
-_MOE = ("moe_num_experts", "moe_top_k", "moe_shared_experts", "moe_frequency")
+_MOE = ("moe_num_experts", "moe_top_k", "moe_shared_experts", "moe_frequency", "moe_ffn_hidden_dim")
 MLP_KINDS = ("swiglu", "gelu")  # gated (3 matrices: gate, up, down) or plain (2: up, down, e.g. GPT-2)
 
 
@@ -19,7 +20,8 @@ class ModelSpec:
     * ``n_params`` with ``n_layers``, ``dim``, ``seq_len`` (6·N + 12·L·D·S);
     * the shape ``n_layers, dim, n_heads, n_kv_heads, ffn_hidden_dim, vocab_size, seq_len``,
       plus ``moe_num_experts, moe_top_k`` (and optionally ``moe_shared_experts``,
-      ``moe_frequency``) for a mixture of experts, and ``mlp``: "swiglu" (the default: Llama,
+      ``moe_frequency``, and ``moe_ffn_hidden_dim``: each expert's width when it is not
+      ``ffn_hidden_dim``, fine-grained experts) for a mixture of experts, and ``mlp``: "swiglu" (the default: Llama,
       Mistral) or "gelu" (a plain two-matrix MLP: GPT-2, BERT), which the shape's FLOPs depend on.
     """
 
@@ -36,6 +38,7 @@ class ModelSpec:
     moe_top_k: int | None = None
     moe_shared_experts: int | None = None
     moe_frequency: int | None = None
+    moe_ffn_hidden_dim: int | None = None  # None: experts are ffn_hidden_dim wide
     mlp: str | None = None  # None reads as "swiglu"
 
     def __post_init__(self) -> None:
@@ -99,3 +102,54 @@ def _check_field(name: str, v) -> None:
             raise ValueError(f"model: {name} must be a positive finite number, got {v!r}")
     elif isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "moe_shared_experts" else 1):
         raise ValueError(f"model: {name} must be a positive integer, got {v!r}")
+
+
+def n_moe_layers(spec: ModelSpec) -> int:
+    """Layers that carry experts: every ``moe_frequency``-th layer (the freq-th, 2·freq-th, …; 1 = all), n_layers // freq."""
+    if spec.moe_num_experts is None:
+        return 0
+    freq = spec.moe_frequency or 1
+    return spec.n_layers // freq
+
+
+def active_params(spec: ModelSpec) -> int:
+    """Parameters a token's matmuls touch: attention Q/K/V/O + MLP per layer + output head.
+
+    The MLP is SwiGLU (gate, up, down: 3·D·F) unless the model says mlp="gelu" (up, down: 2·D·F);
+    a GPT-2 MLP described as SwiGLU with ffn_hidden_dim=4·dim counts a third matrix it lacks.
+
+    The input embedding is a lookup (no matmul) and norms are negligible, so both are left out.
+    On an MoE layer a token goes through top-k routed experts plus the shared ones (each
+    ``moe_ffn_hidden_dim`` wide, else ``ffn_hidden_dim``), and the router (D·E).
+    """
+    d, f = spec.dim, spec.ffn_hidden_dim
+    head_dim = d // spec.n_heads
+    attn = d * d + 2 * d * (spec.n_kv_heads * head_dim) + d * d  # Q, K, V (GQA), O
+    matrices = 2 if spec.mlp == "gelu" else 3
+    mlp = matrices * d * f
+    expert = matrices * d * (spec.moe_ffn_hidden_dim or f)
+    moe_layers = n_moe_layers(spec)
+    dense_layers = spec.n_layers - moe_layers
+    per_moe_layer = attn + ((spec.moe_top_k or 0) + (spec.moe_shared_experts or 0)) * expert
+    if moe_layers:
+        per_moe_layer += d * spec.moe_num_experts  # router
+    return dense_layers * (attn + mlp) + moe_layers * per_moe_layer + d * spec.vocab_size
+
+
+def flops_per_token(model: dict | ModelSpec | None) -> tuple[float | None, str | None]:
+    """(FLOPs per token, which rule gave it) from a model description; (None, None) if absent.
+
+    PaLM's estimate (Chowdhery et al. 2022, appendix B): 6·N for the weight matmuls (forward +
+    backward) plus 12·L·D·S for attention scores and values.
+    """
+    if model is None:
+        return None, None
+    spec = model if isinstance(model, ModelSpec) else ModelSpec.from_dict(model)
+    if spec.flops_per_token is not None:
+        return float(spec.flops_per_token), "model.flops_per_token"
+    attention = 12 * spec.n_layers * spec.dim * spec.seq_len
+    if spec.n_params is not None:
+        return float(6 * spec.n_params + attention), "6*n_params+12*L*D*S"
+    kind = "moe" if spec.moe_num_experts is not None else "dense"
+    kind += f", {spec.mlp} MLP" if spec.mlp is not None else ""
+    return float(6 * active_params(spec) + attention), f"shape ({kind}): 6*P_active+12*L*D*S"

@@ -90,9 +90,10 @@ def checked_run_dir(run_dir) -> str:
 
 def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """The given rank and world size, else what the process says (see env.detect_rank_world), validated."""
-    det_rank, det_world = env.detect_rank_world()
-    rank = det_rank if rank is None else rank
-    world_size = det_world if world_size is None else world_size
+    if rank is None or world_size is None:  # given both: nothing to ask (an adapter that detected them itself)
+        det_rank, det_world = env.detect_rank_world()
+        rank = det_rank if rank is None else rank
+        world_size = det_world if world_size is None else world_size
     check_int("rank", rank, 0)
     check_int("world_size", world_size, 1)
     if rank >= world_size:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kforge_record.model import ModelSpec
+from kforge_record.model import active_params, flops_per_token, n_moe_layers  # noqa: F401  (one formula, in model.py)
 
 
 @dataclass(frozen=True)
@@ -68,51 +68,3 @@ def peak_for_device(name: str | None) -> Peak | None:
     if not name:
         return None
     return PEAK_TFLOPS.get(name.strip())
-
-
-def n_moe_layers(spec: ModelSpec) -> int:
-    """Layers that carry experts: every ``moe_frequency``-th layer (the freq-th, 2·freq-th, …; 1 = all), n_layers // freq."""
-    if spec.moe_num_experts is None:
-        return 0
-    freq = spec.moe_frequency or 1
-    return spec.n_layers // freq
-
-
-def active_params(spec: ModelSpec) -> int:
-    """Parameters a token's matmuls touch: attention Q/K/V/O + MLP per layer + output head.
-
-    The MLP is SwiGLU (gate, up, down: 3·D·F) unless the model says mlp="gelu" (up, down: 2·D·F);
-    a GPT-2 MLP described as SwiGLU with ffn_hidden_dim=4·dim counts a third matrix it lacks.
-
-    The input embedding is a lookup (no matmul) and norms are negligible, so both are left out.
-    On an MoE layer a token goes through top-k routed experts plus the shared ones, and the router.
-    """
-    d, f = spec.dim, spec.ffn_hidden_dim
-    head_dim = d // spec.n_heads
-    attn = d * d + 2 * d * (spec.n_kv_heads * head_dim) + d * d  # Q, K, V (GQA), O
-    mlp = (2 if spec.mlp == "gelu" else 3) * d * f
-    moe_layers = n_moe_layers(spec)
-    dense_layers = spec.n_layers - moe_layers
-    per_moe_layer = attn + (spec.moe_top_k or 0) * mlp + (spec.moe_shared_experts or 0) * mlp
-    if moe_layers:
-        per_moe_layer += d * spec.moe_num_experts  # router
-    return dense_layers * (attn + mlp) + moe_layers * per_moe_layer + d * spec.vocab_size
-
-
-def flops_per_token(model: dict | ModelSpec | None) -> tuple[float | None, str | None]:
-    """(FLOPs per token, which rule gave it) from a recorded model description; (None, None) if absent.
-
-    PaLM's estimate (Chowdhery et al. 2022, appendix B): 6·N for the weight matmuls (forward +
-    backward) plus 12·L·D·S for attention scores and values.
-    """
-    if model is None:
-        return None, None
-    spec = model if isinstance(model, ModelSpec) else ModelSpec.from_dict(model)
-    if spec.flops_per_token is not None:
-        return float(spec.flops_per_token), "model.flops_per_token"
-    attention = 12 * spec.n_layers * spec.dim * spec.seq_len
-    if spec.n_params is not None:
-        return float(6 * spec.n_params + attention), "6*n_params+12*L*D*S"
-    kind = "moe" if spec.moe_num_experts is not None else "dense"
-    kind += f", {spec.mlp} MLP" if spec.mlp is not None else ""
-    return float(6 * active_params(spec) + attention), f"shape ({kind}): 6*P_active+12*L*D*S"
