@@ -29,10 +29,11 @@ def _meta(run) -> dict:
     return json.load(open(path))
 
 
-def _job(kf, seq_len=512, log_interval=5, ckpt="checkpoints/debug", wandb_run_name=None, **model):
+def _job(kf, seq_len=512, log_interval=5, ckpt="checkpoints/debug", wandb_run_name=None, enable_wandb=False, **model):
     return kf.JobConfig(model=kf.ModelConfig(**(model or SHIPPED["debug"][0])), train=kf.TrainConfig(seq_len=seq_len),
                         checkpoint=kf.CheckpointConfig(dir=ckpt),
-                        metrics=kf.MetricsConfig(log_interval=log_interval, wandb_run_name=wandb_run_name))
+                        metrics=kf.MetricsConfig(log_interval=log_interval, wandb_run_name=wandb_run_name,
+                                                 enable_wandb=enable_wandb))
 
 
 # -- where records go ------------------------------------------------------------------------------
@@ -51,10 +52,14 @@ def test_without_run_dir_records_beside_the_checkpoints_and_says_where(kempnerfo
     assert res.summary["run_name"] == "debug" and res.summary["steps"] == 3
 
 
-def test_kforge_dir_wins_and_wandb_run_name_names_the_folder(kempnerforge, tmp_path, monkeypatch):
-    named = MetricsTracker(_job(kempnerforge, ckpt="ck/7b", wandb_run_name="sweep/lr-3e-4"))
+def test_kforge_dir_wins_and_wandb_run_name_names_the_folder(kempnerforge, tmp_path, monkeypatch, capsys):
+    named = MetricsTracker(_job(kempnerforge, ckpt="ck/7b", wandb_run_name="sweep/lr-3e-4", enable_wandb=True))
     named.close()
-    assert os.path.isdir(tmp_path / "ck" / "7b" / "kforge" / "sweep_lr-3e-4" / "rank-00000")
+    run = tmp_path / "ck" / "7b" / "kforge" / "sweep_lr-3e-4"
+    assert os.path.isdir(run / "rank-00000")
+    assert capsys.readouterr().out.splitlines() == [
+        f"[rank 0] INFO     kforge: recording to {run} (from checkpoint.dir and metrics.wandb_run_name); after the job: "
+        f"kforge-ingest {run} (it writes the wandb logs: nothing is sent live)"]
     monkeypatch.setenv("KFORGE_DIR", "elsewhere/run-a")
     env = MetricsTracker(_job(kempnerforge, ckpt="ck/7b"))
     env.close()

@@ -35,7 +35,7 @@ from types import SimpleNamespace
 
 from kforge_record import env
 from kforge_record.integrations._common import plain
-from kforge_record.integrations.kempnerforge_config import ShapeError, default_run_dir, log_interval, model_shape
+from kforge_record.integrations.kempnerforge_config import ShapeError, default_run_dir, field, log_interval, model_shape
 from kforge_record.model import flops_per_token
 from kforge_record.recorder import Recorder
 from kforge_record.warn import Warner
@@ -132,8 +132,11 @@ class MetricsTracker:
         self._peak = gpu_peak_tflops or (self._kf.peak_tflops() if self._kf else None)  # as KempnerForge does
         self._t_start = perf_counter()
         if self.recorder.rank == 0:
+            metrics = field(config, "metrics")
+            live = [n for n in ("wandb", "tensorboard") if field(metrics, f"enable_{n}") is True]
             self._say(f"kforge: recording to {os.path.abspath(self.recorder.run_dir)} (from {how}); "
-                      f"after the job: kforge-ingest {self.recorder.run_dir}")
+                      f"after the job: kforge-ingest {self.recorder.run_dir}"
+                      + (f" (it writes the {' and '.join(live)} logs: nothing is sent live)" if live else ""))
 
     def _say(self, line: str) -> None:
         if self._kf is not None:

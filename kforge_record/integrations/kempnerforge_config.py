@@ -154,8 +154,8 @@ def default_run_dir(config) -> tuple[str, str]:
     if isinstance(ckpt, str) and ckpt.strip():
         wandb_name = field(field(config, "metrics"), "wandb_run_name")
         name = _safe_name(wandb_name) if isinstance(wandb_name, str) else ""
+        how = "checkpoint.dir and metrics.wandb_run_name" if name else "checkpoint.dir"
         name = name or os.path.basename(os.path.normpath(os.path.abspath(ckpt)))
-        how = "checkpoint.dir" + (" and metrics.wandb_run_name" if name == wandb_name else "")
         return os.path.abspath(os.path.join(ckpt, RECORDS_SUBDIR, name)), how
     raise ValueError(f"run_dir: where should kforge record? Give MetricsTracker(config, ..., run_dir='runs/my-run') "
                      f"or set the environment variable {ENV_DIR}=runs/my-run (the config has no checkpoint.dir "
