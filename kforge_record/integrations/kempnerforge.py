@@ -113,7 +113,7 @@ class MetricsTracker:
             run_dir, how = default_run_dir(config)
         self.log_interval = log_interval(config)
         kw = dict(recorder_kwargs)
-        if gpu_peak_tflops is not None:
+        if gpu_peak_tflops:  # KempnerForge reads 0/None as "detect it"
             kw.setdefault("peak_tflops", gpu_peak_tflops)
         if "model" not in kw:
             try:
@@ -125,11 +125,11 @@ class MetricsTracker:
         rank = _rank_world(kw, self._warn)
         kw.setdefault("counts_tokens", rank == 0)  # tokens_in_step is already the sum over GPUs
         self.num_gpus = num_gpus
+        self._kf = _kempnerforge(self._warn)
+        self._peak = gpu_peak_tflops or (self._kf.peak_tflops() if self._kf else None)  # as KempnerForge does
         self.recorder = Recorder(run_dir, **kw)
         self._backends: list = []
-        self._kf = _kempnerforge(self._warn)
         self._fpt = flops_per_token(self.recorder.model)[0]
-        self._peak = gpu_peak_tflops or (self._kf.peak_tflops() if self._kf else None)  # as KempnerForge does
         self._t_start = perf_counter()
         if self.recorder.rank == 0:
             metrics = field(config, "metrics")
