@@ -81,14 +81,14 @@ def test_nonfinite_names_the_rank_where_it_began(tmp_path, monkeypatch):
     assert "+inf" in gn["message"]
 
 
-def test_a_step_time_regression_is_found_with_its_steps(tmp_path, monkeypatch):
+def test_a_step_time_rise_is_a_slow_episode_with_its_steps(tmp_path, monkeypatch):
     clock = install(monkeypatch, Clock())
     recs = open_ranks(tmp_path / "slower", 2)
     drive(recs, range(1, 201), clock,
           phases=lambda r, s: [("data", 0.001), ("fwd_bwd", 0.2 if 100 <= s <= 160 else 0.1 + 0.002 * _noise(s))])
     close_all(recs)
     s = ingest_run(recs[0].run_dir).summary
-    (f,) = _of(s, "step_time_regression")
+    (f,) = _of(s, "slow_episode")
     assert (f["first_step"], f["last_step"], f["ranks"]) == (100, 160, [0, 1])
     assert f["score"] == pytest.approx(2.0, rel=0.05)
     assert _of(s, "straggler") == []  # every rank slowed down: nobody straggles

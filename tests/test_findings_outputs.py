@@ -46,10 +46,10 @@ def test_each_sample_run_shows_its_kind(ingested):
     (st,) = runs["straggler"]["findings"]
     assert (st["kind"], st["ranks"], st["phase"], st["first_step"], st["last_step"]) == ("straggler", [1], "data", 1, 250)
     four = {f["kind"]: f for f in runs["four-ranks-stall"]["findings"]}
-    assert sorted(four) == ["data_stall", "step_time_regression", "straggler"]
+    assert sorted(four) == ["data_stall", "slow_episode", "straggler"]
     assert (four["straggler"]["ranks"], four["straggler"]["phase"]) == ([2], "data")  # one slow rank of four
     assert (four["data_stall"]["first_step"], four["data_stall"]["last_step"]) == (100, 160)  # every loader from 100
-    assert four["step_time_regression"]["first_step"] == 100
+    assert (four["slow_episode"]["first_step"], four["slow_episode"]["last_step"]) == (100, 160)  # to the end
     pre = runs["preempted"]
     (rs,) = pre["findings"]
     assert (rs["kind"], rs["first_step"], rs["last_step"]) == ("restart", 101, 130)

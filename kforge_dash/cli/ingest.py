@@ -151,8 +151,8 @@ def _note_stale_tensorboard(result) -> None:
               help="Straggler: for at least this many steps.")
 @click.option("--wait-phases", default=",".join(_F.wait_phases), show_default=True, metavar="GLOBS",
               help="Phases that hold a collective (time there includes waiting for other ranks), comma-separated.")
-@click.option("--regression-min-rel", type=click.FloatRange(0, min_open=True), default=_F.regression_min_rel,
-              show_default=True, help="Step-time regression: at least (1 + this) x the launch's early median.")
+@click.option("--episode-min-rel", type=click.FloatRange(0, min_open=True), default=_F.episode_min_rel,
+              show_default=True, help="Slow episode: the job's step time at least (1 + this) x the level before it.")
 @click.option("--memory-growth-frac", type=click.FloatRange(0, min_open=True), default=_F.memory_growth_frac,
               show_default=True, help="Memory growth: allocated memory up by more than this fraction.")
 @click.option("--data-stall-frac", type=click.FloatRange(0, min_open=True), default=_F.data_stall_frac,
@@ -167,7 +167,7 @@ def _note_stale_tensorboard(result) -> None:
               help="Print a machine-readable summary on stdout (with --watch: one JSON line per pass).")
 def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorboard, no_wandb, upload,
          wandb_project, wandb_entity, dask_address, dask_connect_timeout, quiet, as_json, spike_k, spike_window,
-         straggler_min_frac, straggler_min_steps, wait_phases, regression_min_rel, memory_growth_frac, data_stall_frac):
+         straggler_min_frac, straggler_min_steps, wait_phases, episode_min_rel, memory_growth_frac, data_stall_frac):
     """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
 
     Exit status: 0 all ingested (a run with no part file yet is waiting, not failed), 1 nothing could be
@@ -184,7 +184,7 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
     findings = FindingsOptions(
         spike_k=spike_k, spike_window=spike_window, straggler_min_frac=straggler_min_frac,
         straggler_min_steps=straggler_min_steps, wait_phases=tuple(p.strip() for p in wait_phases.split(",") if p.strip()),
-        regression_min_rel=regression_min_rel, memory_growth_frac=memory_growth_frac, data_stall_frac=data_stall_frac)
+        episode_min_rel=episode_min_rel, memory_growth_frac=memory_growth_frac, data_stall_frac=data_stall_frac)
     options = IngestOptions(alpha=alpha, peak_tflops=peak_tflops, flops_per_token=flops_per_token, force=force,
                             findings=findings)
     exporters = choose_exporters(tensorboard=not no_tensorboard, wandb=not no_wandb, upload=upload,

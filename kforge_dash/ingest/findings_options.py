@@ -24,10 +24,13 @@ class FindingsOptions:
     # rank spends there includes waiting for the others, so it is never counted as its own work.
     wait_phases: tuple[str, ...] = ("*bwd*", "*backward*", "*all_reduce*", "*allreduce*", "*sync*", "*comm*")
     data_phases: tuple[str, ...] = ("data*", "*loader*")
-    # step_time_regression: rolling median of regression_window steps above the launch's early
-    # baseline median + k * 1.4826 * MAD and above (1 + min_rel) x that median.
-    regression_k: float = 3.0
-    regression_min_rel: float = 0.25
+    # slow_episode (episodes.py): the whole job's step time over (1 + episode_min_rel) x the level
+    # before it for at least episode_min_steps steps, found by change-point detection, and its
+    # log shift over episode_k x the spread of the job's level elsewhere (its 1.4826 x MAD).
+    episode_min_rel: float = 0.25
+    episode_k: float = 4.0
+    episode_min_steps: int = 20
+    # data_stall: a centred rolling median of regression_window steps, for >= regression_min_steps.
     regression_window: int = 20
     regression_min_steps: int = 20
     # memory_growth: allocated memory of the last 10% of a launch over that of its 10-25% stretch.
@@ -36,11 +39,12 @@ class FindingsOptions:
     data_stall_frac: float = 0.25
 
     def __post_init__(self):
-        for name in ("spike_window", "straggler_min_steps", "regression_window", "regression_min_steps"):
+        for name in ("spike_window", "straggler_min_steps", "episode_min_steps", "regression_window",
+                     "regression_min_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 2:
                 raise ValueError(f"{name}: must be an integer >= 2, got {v!r}")
-        for name in ("spike_k", "spike_min_rel", "grad_spike_min_rel", "straggler_min_frac", "regression_k", "regression_min_rel",
+        for name in ("spike_k", "spike_min_rel", "grad_spike_min_rel", "straggler_min_frac", "episode_min_rel", "episode_k",
                      "memory_growth_frac", "data_stall_frac"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:

@@ -35,7 +35,7 @@ found = prep_findings.findings_table(name, s)
 if "findings" not in s:
     st.info("Ingested before findings existed: re-ingest the run (kforge-ingest) to see them.")
 elif found.is_empty():
-    st.success("No findings: no spike, NaN, straggler, regression, memory growth, data stall or restart.")
+    st.success("No findings: no spike, NaN, straggler, slow episode, memory growth, data stall or restart.")
 else:
     st.dataframe(found.drop("first_step", "last_step"), hide_index=True, key="findings",
                  column_config={"open": st.column_config.LinkColumn("steps", display_text="open steps")})

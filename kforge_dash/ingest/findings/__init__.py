@@ -3,7 +3,8 @@
     spikes.py      loss and grad-norm spikes (robust rule against a trailing baseline)
     nonfinite.py   the first NaN/inf per metric, and the ranks where it began
     stragglers.py  ranks whose own work is slower than the median rank's (not their step time)
-    timeline.py    step-time regressions, memory growth, data stalls, restarts
+    timeline.py    memory growth, data stalls, restarts
+    episodes.py    slow episodes: the whole job's step time shifting up (and back), by change points
     goodput.py     the wall clock cut into productive time and badput buckets
     perstep.py     per-step facts over ranks, one lazy pass over ranks.parquet
 
@@ -26,7 +27,7 @@ __all__ = ["analyse_run", "FindingsOptions"]
 def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOptions, warnings: list[str]) -> dict:
     """``{"findings": [...], "goodput": {...}}`` for summary.json. A detector that fails on odd
     input costs its own findings and one warning, never the ingest."""
-    from kforge_dash.ingest.findings import goodput, nonfinite, perstep, spikes, stragglers, timeline
+    from kforge_dash.ingest.findings import episodes, goodput, nonfinite, perstep, spikes, stragglers, timeline
     from kforge_dash.ingest.findings.model import RunFacts, classify_phases, sort_key
 
     facts = RunFacts(steps=steps, ranks_path=os.path.join(out_dir, RANKS_FILE), launches=launches, summary=summary,
@@ -50,7 +51,7 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
     good = attempt("goodput", goodput.goodput, facts, med)
     for name, fn, args in (("spikes", spikes.spike_findings, ()), ("nonfinite", nonfinite.nonfinite_findings, ()),
                            ("stragglers", stragglers.straggler_findings, (blocks,)),
-                           ("step time", timeline.regression_findings, ()),
+                           ("slow episodes", episodes.slow_episode_findings, ()),
                            ("memory", timeline.memory_findings, ()),
                            ("data stalls", timeline.data_stall_findings, (med,)),
                            ("restarts", timeline.restart_findings, (good,))):

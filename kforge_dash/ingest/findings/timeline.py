@@ -1,4 +1,4 @@
-"""Findings along a launch's timeline: step-time regressions, memory growth, data stalls, restarts."""
+"""Findings along a launch's timeline: memory growth, data stalls, restarts (slow episodes: episodes.py)."""
 
 from __future__ import annotations
 
@@ -32,33 +32,6 @@ def _snap(s: pl.DataFrame, a: int, b: int) -> tuple[int, int]:
     while j < len(steps) - 1 and raw[j + 1]:
         j += 1
     return steps[i], steps[j]
-
-
-def regression_findings(facts: RunFacts) -> list[Finding]:
-    """Step time shifted up for a sustained stretch: a rolling median above the launch's early
-    baseline median + k * 1.4826 * MAD (Google's median + 3 MAD rule) and above (1 + min_rel) x it."""
-    opts, out = facts.opts, []
-    w = opts.regression_window
-    for att in facts.steps["attempt"].unique().sort().to_list():
-        s = facts.steps.filter((pl.col("attempt") == att) & pl.col("step_time_s").is_finite()).select("step", "step_time_s")
-        if s.height < 4 * w:
-            continue
-        base = s.head(max(w, s.height // 4)).tail(max(w, s.height // 4) - 2)  # the early stretch, warm-up steps off
-        m = base["step_time_s"].median()
-        mad = (base["step_time_s"] - m).abs().median()
-        thr = max(m + opts.regression_k * 1.4826 * mad, (1 + opts.regression_min_rel) * m)
-        s = s.with_columns(r=pl.col("step_time_s").rolling_median(window_size=w, min_samples=w // 2, center=True),
-                           raw=pl.col("step_time_s") > thr)
-        for a, b in _stretches(s.with_columns(flag=(pl.col("r") > thr).fill_null(False)), opts.regression_min_steps):
-            a, b = _snap(s, a, b)
-            slow = s.filter(pl.col("step").is_between(a, b))["step_time_s"].median()
-            out.append(Finding(
-                kind="step_time_regression", metric="step_time_s", severity="warning", first_step=a, last_step=b,
-                ranks=facts.ranks_of(att), hosts=facts.hosts_of(facts.ranks_of(att), {att}), score=slow / m if m else None,
-                message=(f"Step time rose to {slow:.3g} s (median) at {steps_range(a, b)}, {slow / m:.2f}x the "
-                         f"{m:.3g} s this launch started at: look for what changed then (data, other jobs, throttling)."),
-            ))
-    return out
 
 
 def memory_findings(facts: RunFacts) -> list[Finding]:

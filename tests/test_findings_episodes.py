@@ -1,0 +1,71 @@
+"""Slow episodes (findings/episodes.py): the whole job's step time shifting up and back, by change points."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from findings_fixtures import Clock, close_all, drive, install, open_ranks
+
+from kforge_dash import ingest_run
+from kforge_dash.ingest.findings.episodes import pelt_l2
+
+
+def _noise(s: int, k: int = 0) -> float:
+    """Deterministic noise in [-1, 1]."""
+    return math.sin(s * 12.9898 + k * 78.233) * 0.5 + math.sin(s * 4.1414 + k) * 0.5
+
+
+def _run(tmp_path, monkeypatch, name, slow, *, steps=1000, ranks=4, spike_every=None):
+    """Every rank's own work is 0.1 s (+-3% noise), x1.5 on the steps where ``slow(step)``."""
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(tmp_path / name, ranks, flush_every_steps=250)
+
+    def phases(r, s):
+        work = 0.1 * (1 + 0.03 * _noise(s, r)) * (1.5 if slow(s) else 1.0)
+        if spike_every and s % spike_every == 0:
+            work *= 10  # a checkpoint step: one slow step is no episode
+        return [("data", 0.002), ("fwd", work)]
+
+    drive(recs, range(1, steps + 1), clock, phases=phases, wait_phase="bwd")
+    close_all(recs)
+    return ingest_run(recs[0].run_dir).summary
+
+
+def _episodes(summary):
+    return [f for f in summary["findings"] if f["kind"] == "slow_episode"]
+
+
+def test_a_planted_slow_stretch_is_one_episode_with_its_bounds_and_factor(tmp_path, monkeypatch):
+    s = _run(tmp_path, monkeypatch, "slow", lambda s: 300 <= s <= 599)
+    (ep,) = _episodes(s)
+    assert abs(ep["first_step"] - 300) <= 20 and abs(ep["last_step"] - 599) <= 20
+    assert ep["score"] == pytest.approx(1.5, abs=0.1)
+    assert ep["ranks"] == [0, 1, 2, 3] and ep["metric"] == "step_time_s" and ep["severity"] == "warning"
+    assert "then came back" in ep["message"]
+    assert not [f for f in s["findings"] if f["kind"] in ("straggler", "step_time_regression")]  # one answer
+
+
+def test_a_clean_run_and_single_slow_steps_have_no_episode(tmp_path, monkeypatch):
+    assert _episodes(_run(tmp_path, monkeypatch, "clean", lambda s: False)) == []
+    assert _episodes(_run(tmp_path, monkeypatch, "ckpt", lambda s: False, spike_every=100)) == []
+
+
+def test_a_slowdown_that_lasts_to_the_end_is_an_open_episode(tmp_path, monkeypatch):
+    """What step_time_regression answered before: the job got slower and stayed slower."""
+    s = _run(tmp_path, monkeypatch, "regressed", lambda s: s >= 250, steps=400, ranks=2)
+    (ep,) = _episodes(s)
+    assert abs(ep["first_step"] - 250) <= 20 and ep["last_step"] == 400
+    assert ep["score"] == pytest.approx(1.5, abs=0.1)
+    assert "had not come back" in ep["message"]
+
+
+def test_pelt_finds_the_exact_change_points_of_a_piecewise_constant_signal():
+    rng = np.random.default_rng(0)
+    y = np.concatenate([np.zeros(100), np.full(50, 1.0), np.zeros(80), np.full(70, -0.5)]) + 0.05 * rng.standard_normal(300)
+    assert pelt_l2(y, penalty=3 * 0.05**2 * math.log(300) * 4, min_size=10) == [100, 150, 230]
+    assert pelt_l2(0.05 * rng.standard_normal(300), penalty=3 * 0.05**2 * math.log(300) * 4, min_size=10) == []
+    # no segment shorter than min_size, even around a 5-point bump
+    cps = pelt_l2(np.concatenate([np.zeros(100), np.ones(5), np.zeros(100)]), penalty=0.01, min_size=10)
+    assert cps and min(np.diff([0, *cps, 205])) >= 10
