@@ -12,7 +12,8 @@ the one before it by ``episode_min_rel`` (with any slow segments after it) is an
 3. PELT (Killick, Fearnhead & Eckley 2012, "Optimal detection of changepoints with a linear
    computational cost", JASA 107:1590) with the L2 cost (sum of squared deviations from the
    segment mean, from cumulative sums) and a BIC-like penalty ``PENALTY_BETA * sigma^2 * log(n)``,
-   sigma the robust noise of the series (1.4826 x MAD of its first differences / sqrt 2, at least
+   sigma the robust noise of the series (1.4826 x MAD of its first differences / sqrt 2, of the raw
+   log step times when they were only smoothed, at least
    ``MIN_SIGMA``); segments of at least ``episode_min_steps`` steps. With blocks, each change point
    is then moved to the best single split at full resolution within a block either side.
 4. A segment whose median step time is over (1 + ``episode_min_rel``) x that of the segment before
@@ -117,7 +118,7 @@ def change_points(step_time: np.ndarray, min_steps: int) -> list[int]:
     else:
         pad = (-n) % b
         y = np.nanmedian(np.concatenate([x, np.full(pad, np.nan)]).reshape(-1, b), axis=1)
-    diffs = np.diff(y)
+    diffs = np.diff(y if b > 1 else x)  # the noise of the points PELT cuts (the rolling median's is correlated: the raw)
     sigma = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs)))) / math.sqrt(2) if diffs.size else 0.0
     sigma = max(sigma, MIN_SIGMA)
     cps = pelt_l2(y, PENALTY_BETA * sigma**2 * math.log(max(len(y), 2)), max(2, math.ceil(min_steps / b)))
