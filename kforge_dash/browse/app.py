@@ -1,7 +1,7 @@
 """kforge-dash entry point: `streamlit run kforge_dash/browse/app.py` (or `kforge-dash RUNS_ROOT`).
 
 Only navigation lives here; each page renders data prepared by the plain functions of browse/.
-Every page has its own URL (/compare, /runs, /detail) that works when typed; the root URL is a
+Every page has its own URL (/compare, /runs, /detail, /hosts) that works when typed; the root URL is a
 hidden page that moves on to /compare with the same query parameters (Streamlit serves its
 default page only at "/", so /compare could not be the default page and a typed URL at once).
 """
@@ -21,5 +21,6 @@ page = st.navigation([
     COMPARE,
     st.Page("views/runs.py", title="Runs table", url_path="runs"),
     st.Page("views/run_detail.py", title="Run detail", url_path="detail"),
+    st.Page("views/hosts.py", title="Hosts", url_path="hosts"),
 ])
 page.run()

@@ -94,9 +94,11 @@ def _findings_lines(s: dict) -> list[str]:
 
 def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, json_lines: bool = False) -> None:
     """Print one pass: a screen per run (or JSON on stdout), errors on stderr."""
+    from kforge_dash.ingest.hosts import host_lines, host_table
     from kforge_dash.pipeline import failed_exports
 
     shown = [r for r in result.ok if not (only_changed and r.skipped)]
+    hosts = host_table(r.summary for r in result.ok)  # unchanged runs too: from their summary.json
     waiting = [] if only_changed else result.waiting  # --watch: said once, not on every poll
     if as_json:
         click.echo(json.dumps({
@@ -105,12 +107,15 @@ def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, j
             "failed": [{"run_dir": f.run_dir, "error": f.error} for f in result.failed]
             + [{"run_dir": None, "error": e} for e in result.errors],
             "waiting": [{"run_dir": w.run_dir, "reason": w.reason} for w in result.waiting],
+            "hosts": hosts,
         }, indent=None if json_lines else 2, default=str))  # --watch: one JSON document per line and pass
     elif not quiet:
         for r in shown:
             click.echo("\n".join(_screen(r)))
         for w in waiting:  # not an error: a job before its first flush
             click.echo(f"{w.run_dir}  [waiting: no part file yet]")
+        if len(result.ok) > 1 and shown:  # across runs: which hosts keep doing it
+            click.echo("\n".join(host_lines(hosts)))
     for msg in [f.error for f in result.failed] + result.errors + failed_exports(shown):  # even with --quiet
         click.echo(f"kforge-ingest: error: {msg}", err=True)
 

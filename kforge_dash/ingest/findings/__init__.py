@@ -25,8 +25,8 @@ __all__ = ["analyse_run", "FindingsOptions"]
 
 
 def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOptions, warnings: list[str]) -> dict:
-    """``{"findings": [...], "goodput": {...}}`` for summary.json. A detector that fails on odd
-    input costs its own findings and one warning, never the ingest."""
+    """``{"findings": [...], "goodput": {...}, "host_ranks": [...]}`` for summary.json. A detector that fails
+    on odd input costs its own findings and one warning, never the ingest."""
     from kforge_dash.ingest.findings import episodes, goodput, nonfinite, perstep, spikes, stragglers, timeline
     from kforge_dash.ingest.findings.model import RunFacts, classify_phases, sort_key
 
@@ -56,4 +56,14 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
                            ("data stalls", timeline.data_stall_findings, (med,)),
                            ("restarts", timeline.restart_findings, (good,))):
         found += attempt(name, fn, facts, *args) or []
-    return {"findings": [f.to_dict() for f in sorted(found, key=sort_key)], "goodput": good}
+    return {"findings": [f.to_dict() for f in sorted(found, key=sort_key)], "goodput": good,
+            "host_ranks": host_ranks(facts.hosts)}
+
+
+def host_ranks(hosts: dict) -> list[dict]:
+    """summary.json ``host_ranks``: ``[{host, ranks}]`` by host, from (attempt, rank) -> host (known hosts only)."""
+    by: dict[str, set[int]] = {}
+    for (_, rank), h in hosts.items():
+        if isinstance(h, str) and h:
+            by.setdefault(h, set()).add(rank)
+    return [{"host": h, "ranks": sorted(r)} for h, r in sorted(by.items())]

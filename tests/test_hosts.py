@@ -1,0 +1,120 @@
+"""Across runs: the hosts that keep doing it (kforge_dash/ingest/hosts.py, kforge-ingest --json, the Hosts page)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from findings_fixtures import Clock, close_all, drive, install
+from streamlit.testing.v1 import AppTest
+
+import kforge_record.env as env_mod
+from kforge_dash.browse import hosts as prep_hosts
+from kforge_dash.browse import runs as prep_runs
+from kforge_dash.cli.ingest import main
+from kforge_dash.ingest.hosts import host_table
+from kforge_record import Recorder
+
+APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
+NO_EXPORT = ["--no-wandb", "--no-tensorboard"]
+
+
+def _run(root: Path, name: str, monkeypatch, *, straggler: int | None):
+    """4 ranks, rank r on host node-(r+1); ``straggler``: the rank whose data phase takes 50 ms more."""
+    clock = install(monkeypatch, Clock())
+    recs = {}
+    for r in range(4):
+        monkeypatch.setattr(env_mod, "hostname", lambda r=r: f"node-{r + 1}")
+        recs[r] = Recorder(root / name, rank=r, world_size=4, flush_every_steps=50, flush_every_s=1e9,
+                           install_sigterm_handler=False)
+    drive(recs, range(1, 81), clock, wait_phase="bwd",
+          phases=lambda r, s: [("data", 0.01 + (0.05 if r == straggler else 0.0)), ("fwd", 0.1)])
+    close_all(recs)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    root = tmp_path_factory.mktemp("hosts") / "runs"
+    try:
+        _run(root, "job-a", mp, straggler=2)
+        _run(root, "job-b", mp, straggler=None)
+        _run(root, "job-c", mp, straggler=2)
+    finally:
+        mp.undo()
+    return root
+
+
+def _ingest_json(root):
+    r = CliRunner().invoke(main, [str(root), "--json", *NO_EXPORT])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_the_host_that_straggles_in_two_runs_comes_first_also_when_runs_are_unchanged(root):
+    for attempt in ("first ingest", "every run unchanged"):
+        out = _ingest_json(root)
+        assert all(x["skipped"] for x in out["runs"]) == (attempt == "every run unchanged")
+        hosts = out["hosts"]
+        assert [h["host"] for h in hosts][0] == "node-3", attempt
+        assert {h["host"]: (h["runs"], h["straggler_runs"], h["throttle_runs"]) for h in hosts} == {
+            "node-1": (3, 0, 0), "node-2": (3, 0, 0), "node-3": (3, 2, 0), "node-4": (3, 0, 0)}
+        # no run here has a what-if: its cost is unknown, not 0
+        assert all(h["cost_s"] is None and h["cost_runs"] == 0 for h in hosts)
+    summary = json.loads((root / "job-a" / "ingested" / "summary.json").read_text())
+    assert summary["host_ranks"] == [{"host": f"node-{r + 1}", "ranks": [r]} for r in range(4)]
+
+
+def test_the_screen_prints_the_top_hosts(root):
+    r = CliRunner().invoke(main, [str(root), *NO_EXPORT])
+    assert r.exit_code == 0, r.output
+    tail = r.output[r.output.index("hosts (4 across the runs"):]
+    assert tail.splitlines()[1].strip() == "node-3: in 3 run(s), straggling in 2, throttled in 0, cost unknown"
+
+
+def _summary(hosts_costs: dict | None, *, findings=()):
+    by_rank = None if hosts_costs is None else [{"rank": i, "host": h, "cost_s": c} for i, (h, c) in
+                                                 enumerate(hosts_costs.items())]
+    return {"host_ranks": [{"host": h, "ranks": [0]} for h in ("a", "b", "c")], "findings": list(findings),
+            "what_if": None if by_rank is None else {"total_s": 100.0, "without_stragglers_s": 90.0, "saved_s": 10.0,
+                                                     "by_rank": by_rank, "method": "median rank"}}
+
+
+def test_cost_is_summed_where_known_and_unknown_is_not_zero():
+    throttle = {"kind": "hw_throttle", "hosts": ["c"], "ranks": [0]}
+    hosts = host_table([
+        _summary({"a": 1.0, "b": 30.0, "c": None}, findings=[throttle]),
+        _summary({"a": 2.5, "b": 0.0}),
+        _summary(None),  # an older ingest, or what-if not computable
+    ])
+    by = {h["host"]: h for h in hosts}
+    assert [h["host"] for h in hosts] == ["b", "a", "c"]  # largest cost first, unknown last
+    assert (by["b"]["cost_s"], by["b"]["cost_runs"]) == (30.0, 2)
+    assert (by["a"]["cost_s"], by["a"]["cost_runs"]) == (3.5, 2)
+    assert (by["c"]["cost_s"], by["c"]["cost_runs"], by["c"]["throttle_runs"], by["c"]["runs"]) == (None, 0, 1, 3)
+
+
+def test_hosts_page_data_and_links(root):
+    _ingest_json(root)
+    runs = prep_runs.list_runs(root)
+    t = prep_hosts.hosts_table(runs)
+    assert t["host"].to_list()[0] == "node-3" and t["straggler_runs"].to_list()[0] == 2
+    assert t["findings"].to_list()[0] == "hosts?host=node-3"
+    f = prep_hosts.host_findings(runs, "node-3")
+    assert f["run"].to_list() == ["job-a", "job-c"] and set(f["kind"].to_list()) == {"straggler"}
+    assert f["open"].to_list()[0].startswith("detail?run=job-a&focus=")
+    assert prep_hosts.host_findings(runs, "node-1").is_empty()
+
+
+def test_hosts_page_renders_the_table_and_a_hosts_findings(root, monkeypatch):
+    _ingest_json(root)
+    monkeypatch.setenv(prep_runs.ROOT_ENV, str(root))
+    at = AppTest.from_file(str(APP.parent / "views" / "hosts.py"), default_timeout=60)
+    at.query_params["host"] = "node-3"
+    at.run()
+    assert not at.exception
+    table, found = at.dataframe
+    assert table.value["host"].tolist()[0] == "node-3"
+    assert found.value["run"].tolist() == ["job-a", "job-c"]
