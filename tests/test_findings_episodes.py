@@ -69,3 +69,18 @@ def test_pelt_finds_the_exact_change_points_of_a_piecewise_constant_signal():
     # no segment shorter than min_size, even around a 5-point bump
     cps = pelt_l2(np.concatenate([np.zeros(100), np.ones(5), np.zeros(100)]), penalty=0.01, min_size=10)
     assert cps and min(np.diff([0, *cps, 205])) >= 10
+
+
+def test_a_stretch_where_one_rank_straggles_is_the_stragglers_not_an_episode(tmp_path, monkeypatch):
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(tmp_path / "one-rank", 4, flush_every_steps=250)
+
+    def phases(r, s):  # rank 2 only, 1.5x at steps 200-399
+        return [("data", 0.002), ("fwd", 0.1 * (1 + 0.03 * _noise(s, r)) * (1.5 if r == 2 and 200 <= s < 400 else 1))]
+
+    drive(recs, range(1, 601), clock, wait_phase="bwd", phases=phases)
+    close_all(recs)
+    s = ingest_run(recs[0].run_dir).summary
+    (st,) = [f for f in s["findings"] if f["kind"] == "straggler"]
+    assert st["ranks"] == [2] and abs(st["first_step"] - 200) <= 10
+    assert _episodes(s) == []  # the job's step time rose 1.5x there too, but one answer: the straggler

@@ -51,11 +51,12 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
     good = attempt("goodput", goodput.goodput, facts, med)
     for name, fn, args in (("spikes", spikes.spike_findings, ()), ("nonfinite", nonfinite.nonfinite_findings, ()),
                            ("stragglers", stragglers.straggler_findings, (blocks,)),
-                           ("slow episodes", episodes.slow_episode_findings, ()),
                            ("memory", timeline.memory_findings, ()),
                            ("data stalls", timeline.data_stall_findings, (med,)),
                            ("restarts", timeline.restart_findings, (good,))):
         found += attempt(name, fn, facts, *args) or []
+    found += attempt("slow episodes", episodes.slow_episode_findings, facts,
+                     [f for f in found if f.kind == "straggler"]) or []  # a straggler's stretch is the straggler's
     return {"findings": [f.to_dict() for f in sorted(found, key=sort_key)], "goodput": good,
             "host_ranks": host_ranks(facts.hosts)}
 

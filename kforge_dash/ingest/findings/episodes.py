@@ -25,7 +25,9 @@ the one before it by ``episode_min_rel`` (with any slow segments after it) is an
    outside it: a job whose step time wanders by 1.5x all along (a shared machine) has no episode
    in a 1.5x bump; one that ran steadily has.
 
-The first segment of a launch is never an episode (nothing before it: warm-up, compilation).
+The first segment of a launch is never an episode (nothing before it: warm-up, compilation). An
+episode over half covered by straggler findings of the launch that began with it is theirs (the
+job waited for one rank: the straggler finding names it), not reported again.
 Limits: a slow drift (a staircase of steps each under the threshold) is not an episode; an
 episode shorter than ``episode_min_steps`` steps is not seen; one rank slowing is a straggler
 (stragglers.py), found by comparing ranks, not here.
@@ -159,7 +161,20 @@ def episodes(t: np.ndarray, cps: list[int], *, min_rel: float, k: float, min_ste
     return out
 
 
-def slow_episode_findings(facts: RunFacts) -> list[Finding]:
+def _straggled(first: int, last: int, att: int, facts: RunFacts, stragglers: list[Finding]) -> bool:
+    """Whether stragglers of this launch that began with the stretch (not over ``episode_min_steps``
+    steps before it: one that was there all along is in the level before too) cover over half of
+    steps first..last: then the job waited for one rank (the straggler finding says which)."""
+    launch = set(facts.ranks_of(att))
+    covered = set()
+    for f in stragglers:
+        if f.first_step is not None and set(f.ranks) & launch and f.first_step >= first - facts.opts.episode_min_steps:
+            covered.update(range(max(first, f.first_step), min(last, f.last_step) + 1))
+    return len(covered) > (last - first + 1) / 2
+
+
+def slow_episode_findings(facts: RunFacts, stragglers: list[Finding] = ()) -> list[Finding]:
+    """``stragglers``: the run's straggler findings (a stretch they explain is theirs)."""
     opts, out = facts.opts, []
     m = opts.episode_min_steps
     for att in facts.steps["attempt"].unique().sort().to_list():
@@ -170,6 +185,8 @@ def slow_episode_findings(facts: RunFacts) -> list[Finding]:
         t, steps = s["step_time_s"].to_numpy(), s["step"].to_numpy()
         for a, z, factor in episodes(t, change_points(t, m), min_rel=opts.episode_min_rel, k=opts.episode_k, min_steps=m):
             first, last = int(steps[a]), int(steps[z])
+            if _straggled(first, last, att, facts, stragglers):
+                continue
             slow = float(np.median(t[a:z + 1]))
             ended = z < len(t) - 1
             ranks = facts.ranks_of(att)
