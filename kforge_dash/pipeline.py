@@ -28,7 +28,8 @@ from kforge_dash.ingest.run import ingest_run
 from kforge_dash.progress import NullProgress
 from kforge_record.atomic import write_json_atomic
 
-__all__ = ["export_ingested", "failed_exports", "ingest_and_export", "ingest_path", "ingest_paths", "IngestPass",
+__all__ = ["export_ingested", "failed_exports", "ingest_and_export", "ingest_path", "ingest_paths", "IngestInterrupted",
+           "IngestPass",
            "runs_at", "watch"]
 
 
@@ -196,14 +197,17 @@ def ingest_paths(paths: Sequence[str], *, options: IngestOptions, exporters: Seq
     if changed is not None:
         progress = _Tracking(progress, changed)
     out = IngestPass()
-    for p in paths:
+    for k, p in enumerate(paths):
         try:
             runs = runs_at(p)
         except IngestError as e:
             out.errors.append(str(e))
             continue
-        for run in runs:
-            r = ingest_and_export(run, options=options, exporters=exporters, progress=progress)
+        for i, run in enumerate(runs):
+            try:
+                r = ingest_and_export(run, options=options, exporters=exporters, progress=progress)
+            except KeyboardInterrupt as e:
+                raise IngestInterrupted(out, run, runs[i + 1:], list(paths[k + 1:])) from e
             if isinstance(r, IngestFailure):
                 out.failed.append(r)
                 continue
@@ -214,6 +218,17 @@ def ingest_paths(paths: Sequence[str], *, options: IngestOptions, exporters: Seq
             if changed is not None and not r.skipped:
                 changed.add(r.run_dir)
     return out
+
+
+class IngestInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a pass of ingest_paths: what it had done (``done``: the runs finished), the run
+    it stopped in (its outputs from before stand: every output is published atomically), the runs
+    of that path not started and the paths not reached. A KeyboardInterrupt: whoever stops on Ctrl-C
+    still does."""
+
+    def __init__(self, done: IngestPass, stopped_in: str, not_started: list[str], paths_left: list[str]):
+        super().__init__(f"interrupted while ingesting {stopped_in}")
+        self.done, self.stopped_in, self.not_started, self.paths_left = done, stopped_in, not_started, paths_left
 
 
 def watch(paths: Sequence[str], *, interval_s: float, options: IngestOptions, exporters: Sequence[Exporter],

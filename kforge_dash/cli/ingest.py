@@ -167,24 +167,39 @@ def _note_stale_tensorboard(result) -> None:
                    "or local:N (N local worker processes, started and stopped here). Needs 'kforge[dask]'.")
 @click.option("--dask-connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
               metavar="SECONDS", help="Give up on an unreachable scheduler after SECONDS.")
+@click.option("--on-finding", default=None, metavar="CMD",
+              help="Run the shell command CMD once per new finding (with --watch: as they appear): the finding as JSON "
+                   "on stdin, KFORGE_FINDING_KIND, KFORGE_FINDING_SEVERITY, KFORGE_RUN_DIR, KFORGE_RUN_NAME set. Never twice "
+                   "for one finding (RUN/ingested/on_finding.json); a failure is reported and the watch goes on.")
+@click.option("--on-finding-timeout", type=click.FloatRange(0, min_open=True), default=60.0, show_default=True,
+              metavar="SECONDS", help="Kill an --on-finding command (and its children) after SECONDS.")
 @click.option("--quiet", "-q", is_flag=True, help="Only errors.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a machine-readable summary on stdout (with --watch: one JSON line per pass).")
 def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorboard, no_wandb, upload,
-         wandb_project, wandb_entity, dask_address, dask_connect_timeout, quiet, as_json, spike_k, spike_window,
+         wandb_project, wandb_entity, dask_address, dask_connect_timeout, on_finding, on_finding_timeout, quiet, as_json,
+         spike_k, spike_window,
          straggler_min_frac, straggler_min_steps, wait_phases, episode_min_rel, memory_growth_frac, data_stall_frac):
     """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
 
     Exit status: 0 all ingested (a run with no part file yet is waiting, not failed), 1 nothing could be
-    ingested, 2 usage error, 3 some runs or an --upload failed.
+    ingested, 2 usage error (a PATH that does not exist too), 3 some runs or an --upload failed,
+    130 interrupted (Ctrl-C: the runs finished are listed).
     """
     import warnings
 
+    from kforge_dash.cli.on_finding import OnFinding, after_pass
     from kforge_dash.export.exporters import choose_exporters
     from kforge_dash.ingest.options import IngestOptions, IngestWarning
-    from kforge_dash.pipeline import ingest_paths
+    from kforge_dash.pipeline import IngestInterrupted, ingest_paths
     from kforge_dash.pipeline import watch as watch_paths
     from kforge_dash.progress import progress_for
+
+    _check_paths(paths)
+    try:
+        hook = None if on_finding is None else OnFinding(on_finding, on_finding_timeout)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
     findings = FindingsOptions(
         spike_k=spike_k, spike_window=spike_window, straggler_min_frac=straggler_min_frac,
@@ -194,25 +209,70 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
                             findings=findings)
     exporters = choose_exporters(tensorboard=not no_tensorboard, wandb=not no_wandb, upload=upload,
                                  wandb_project=wandb_project, wandb_entity=wandb_entity)
+    if dask_address is not None and hook is not None:
+        raise click.UsageError("--on-finding runs with a local ingest, not with --dask")
     if dask_address is not None:
         if watch is not None:
             raise click.UsageError("--dask and --watch: a watch pass appends a few new part files, which one "
                                    "machine does faster; run --watch without --dask")
         sys.exit(_on_dask(paths, dask_address, dask_connect_timeout, options=options, exporters=exporters,
                           quiet=quiet, as_json=as_json))
-    with warnings.catch_warnings(), progress_for(quiet=quiet or as_json) as progress:
-        warnings.simplefilter("ignore", IngestWarning)  # they are in each run's summary, printed below
-        first = ingest_paths(paths, options=options, exporters=exporters, progress=progress)
-        _report(first, as_json=as_json, quiet=quiet, json_lines=watch is not None)
-        if no_tensorboard:
-            _note_stale_tensorboard(first)
-        if watch is None:
-            sys.exit(first.exit_code)
-        if any(x.name in ("wandb", "upload") for x in exporters) and not (quiet or as_json):
-            click.echo(f"watching every {watch:g}s; the W&B export of changed runs waits until Ctrl-C", err=True)
-        sys.exit(watch_paths(paths, interval_s=watch, options=options, exporters=exporters, progress=progress,
-                             report=lambda r: _report(r, as_json=as_json, quiet=quiet, only_changed=True,
-                                                      json_lines=True)))
+    try:
+        with warnings.catch_warnings(), progress_for(quiet=quiet or as_json) as progress:
+            warnings.simplefilter("ignore", IngestWarning)  # they are in each run's summary, printed below
+            try:
+                first = ingest_paths(paths, options=options, exporters=exporters, progress=progress)
+            except IngestInterrupted as e:  # Ctrl-C: what finished, where it stopped; 130 as a shell's SIGINT
+                _report(e.done, as_json=as_json, quiet=quiet)
+                click.echo("\n".join(_interrupted_lines(e)), err=True)
+                sys.exit(130)
+
+            def report(r, **kw) -> None:
+                _report(r, as_json=as_json, quiet=quiet, **kw)
+                if hook is not None:
+                    after_pass(hook, r, lambda msg: click.echo(f"kforge-ingest: on-finding: {msg}", err=True))
+
+            report(first, json_lines=watch is not None)
+            if no_tensorboard:
+                _note_stale_tensorboard(first)
+            if watch is None:
+                sys.exit(first.exit_code)
+            if any(x.name in ("wandb", "upload") for x in exporters) and not (quiet or as_json):
+                click.echo(f"watching every {watch:g}s; the W&B export of changed runs waits until Ctrl-C", err=True)
+            sys.exit(watch_paths(paths, interval_s=watch, options=options, exporters=exporters, progress=progress,
+                                 report=lambda r: report(r, only_changed=True, json_lines=True)))
+    except KeyboardInterrupt:  # outside a run's ingest (printing, an --on-finding command): nothing half-done
+        click.echo("kforge-ingest: interrupted (Ctrl-C)", err=True)
+        sys.exit(130)
+
+
+def _check_paths(paths) -> None:
+    """A PATH that does not exist is a usage error (exit 2), named, with the nearest names beside it."""
+    import difflib
+
+    for p in paths:
+        if os.path.exists(p):
+            continue
+        parent = os.path.dirname(os.path.abspath(p))
+        try:
+            near = difflib.get_close_matches(os.path.basename(os.path.normpath(p)), os.listdir(parent), n=3)
+        except OSError:
+            near = []
+        hint = f" (did you mean {', '.join(repr(os.path.join(os.path.dirname(p), n)) for n in near)}?)" if near else ""
+        raise click.UsageError(f"{p!r}: no such file or directory{hint}")
+
+
+def _interrupted_lines(e) -> list[str]:
+    """What a Ctrl-C during a pass leaves: the runs finished, the one it stopped in, those not started."""
+    done = [r.run_dir for r in e.done.ok] + [f.run_dir for f in e.done.failed] + [w.run_dir for w in e.done.waiting]
+    lines = [f"kforge-ingest: interrupted (Ctrl-C) while ingesting {e.stopped_in}: its outputs from before, "
+             "if any, stand (every output is replaced whole or not at all)",
+             f"  finished ({len(done)}): " + (", ".join(os.path.basename(d) for d in done) or "none")]
+    if e.not_started or e.paths_left:
+        lines.append(f"  not started ({len(e.not_started)}): " + (", ".join(os.path.basename(d) for d in e.not_started)
+                                                                  or "-")
+                     + (f"; paths not reached: {', '.join(e.paths_left)}" if e.paths_left else ""))
+    return lines
 
 
 def _on_dask(paths, address, connect_timeout, *, options, exporters, quiet, as_json) -> int:
