@@ -1,0 +1,127 @@
+"""kforge-ingest --on-finding CMD: a real command run once per new finding, across passes and restarts
+of the watcher; a failing or slow one is reported and the ingest (the watch) goes on."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+from findings_fixtures import Clock, drive, install, open_ranks
+
+from kforge_dash.cli.ingest import main
+
+REPO = Path(__file__).resolve().parent.parent
+CMD_SCRIPT = Path(__file__).resolve().parent / "on_finding_cmd.py"
+NO_EXPORT = ["--no-tensorboard", "--no-wandb"]
+
+
+def _cmd(out: Path, modes: str = "ok") -> str:
+    return " ".join(shlex.quote(str(x)) for x in (sys.executable, CMD_SCRIPT, out, modes))
+
+
+def _calls(out: Path) -> list[dict]:
+    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def _spike_nan(tmp_path) -> Path:
+    root = tmp_path / "runs"
+    shutil.copytree(REPO / "sample_runs" / "spike-nan", root / "spike-nan", ignore=shutil.ignore_patterns("ingested"))
+    return root
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def test_each_finding_is_sent_once_as_json_with_its_kind_also_after_a_rerun(tmp_path):
+    root, out = _spike_nan(tmp_path), tmp_path / "calls.jsonl"
+    r = CliRunner().invoke(main, [str(root), *NO_EXPORT, "--on-finding", _cmd(out)])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((root / "spike-nan" / "ingested" / "summary.json").read_text())
+    calls = _calls(out)
+    assert [c["finding"] for c in calls] == summary["findings"] and len(calls) == 4
+    assert all(c["kind_env"] == c["finding"]["kind"] and c["severity_env"] == c["finding"]["severity"]
+               and c["run"] == "spike-nan" for c in calls)
+    for again in (["--force"], []):  # a re-ingest from scratch, then an unchanged run: nothing new
+        r = CliRunner().invoke(main, [str(root), *NO_EXPORT, *again, "--on-finding", _cmd(out)])
+        assert r.exit_code == 0 and len(_calls(out)) == 4
+
+
+def test_a_failing_or_slow_command_is_reported_and_the_ingest_goes_on(tmp_path):
+    root, out = _spike_nan(tmp_path), tmp_path / "calls.jsonl"
+    r = CliRunner().invoke(main, [str(root), *NO_EXPORT, "--on-finding", _cmd(out, "slow-loss_spike,fail-nonfinite"),
+                                  "--on-finding-timeout", "1"])
+    assert r.exit_code == 0, r.output
+    assert "[warning] loss_spike" in r.stdout  # the run's screen is printed as ever
+    err = r.stderr.splitlines()
+    assert sum("on-finding: --on-finding for loss_spike" in e and "timed out after 1s (killed)" in e for e in err) == 2
+    assert sum("on-finding: --on-finding for nonfinite" in e and "exited with status 3: boom: cannot reach the chat server"
+               in e for e in err) == 2
+    calls = _calls(out)
+    assert sorted(c["finding"]["kind"] for c in calls) == ["loss_spike", "loss_spike", "nonfinite", "nonfinite"]
+    assert all(_gone(c["pid"]) for c in calls)  # the slow ones were killed, not left running
+    r = CliRunner().invoke(main, [str(root), *NO_EXPORT, "--on-finding", _cmd(out, "fail-nonfinite")])
+    assert r.exit_code == 0 and len(_calls(out)) == 4  # once: a failed command is not run again
+
+
+def _wait(cond, what: str, proc=None, timeout_s: float = 120):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert proc is None or proc.poll() is None, f"the watcher ended: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_watch_sends_new_findings_as_they_appear_and_never_twice_across_restarts(tmp_path, monkeypatch):
+    clock = install(monkeypatch, Clock())
+    root, out = tmp_path / "runs", tmp_path / "calls.jsonl"
+    recs = open_ranks(root / "live", 2, flush_every_steps=1000)
+    summary_path = root / "live" / "ingested" / "summary.json"
+
+    def record(steps, *, straggle: bool, nan_at=None):
+        drive(recs, steps, clock, wait_phase="bwd",
+              phases=lambda r, s: [("data", 0.01 + (0.05 if straggle and r == 1 else 0.0)), ("fwd", 0.1)],
+              values=lambda r, s: {"loss": math.nan if (r, s) == (0, nan_at) else 1.0 / s, "tokens": 100})
+        for rec in recs.values():
+            rec.flush()
+
+    record(range(1, 41), straggle=False)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", "from kforge_dash.cli.ingest import main; main()", str(root), "--watch", "0.2", *NO_EXPORT,
+         "--quiet", "--on-finding", _cmd(out, "fail-straggler")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(summary_path.exists, "the first pass", watcher)
+        assert _calls(out) == []  # 40 clean steps: nothing to send
+        record(range(41, 101), straggle=True)
+        _wait(lambda: len(_calls(out)) >= 1, "the straggler", watcher)
+        record(range(101, 141), straggle=True, nan_at=120)  # the straggler goes on; a NaN appears
+        _wait(lambda: len(_calls(out)) >= 2, "the NaN", watcher)
+        _wait(lambda: json.loads(summary_path.read_text())["last_step"] == 140, "steps 101-140", watcher)
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        _, err = watcher.communicate(timeout=120)
+    assert watcher.returncode == 0, err
+    assert "exited with status 3" in err  # the failing command was reported, and the watch went on
+    (st,) = [f for f in json.loads(summary_path.read_text())["findings"] if f["kind"] == "straggler"]
+    assert st["last_step"] == 140  # the straggler grew over two passes: still one finding
+    r = CliRunner().invoke(main, [str(root), *NO_EXPORT, "--force", "--on-finding", _cmd(out)])  # a restart
+    assert r.exit_code == 0, r.output
+    calls = _calls(out)
+    assert [(c["finding"]["kind"], c["finding"]["ranks"]) for c in calls] == [("straggler", [1]), ("nonfinite", [0])]
+    assert abs(calls[0]["finding"]["first_step"] - 41) <= 5 and calls[1]["finding"]["first_step"] == 120
+    for rec in recs.values():
+        rec.close()
