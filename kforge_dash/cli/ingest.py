@@ -215,8 +215,12 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
         if watch is not None:
             raise click.UsageError("--dask and --watch: a watch pass appends a few new part files, which one "
                                    "machine does faster; run --watch without --dask")
-        sys.exit(_on_dask(paths, dask_address, dask_connect_timeout, options=options, exporters=exporters,
-                          quiet=quiet, as_json=as_json))
+        try:
+            code = _on_dask(paths, dask_address, dask_connect_timeout, options=options, exporters=exporters,
+                            quiet=quiet, as_json=as_json)
+        except KeyboardInterrupt:
+            code = _interrupted()
+        sys.exit(code)
     try:
         with warnings.catch_warnings(), progress_for(quiet=quiet or as_json) as progress:
             warnings.simplefilter("ignore", IngestWarning)  # they are in each run's summary, printed below
@@ -242,8 +246,12 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
             sys.exit(watch_paths(paths, interval_s=watch, options=options, exporters=exporters, progress=progress,
                                  report=lambda r: report(r, only_changed=True, json_lines=True)))
     except KeyboardInterrupt:  # outside a run's ingest (printing, an --on-finding command): nothing half-done
-        click.echo("kforge-ingest: interrupted (Ctrl-C)", err=True)
-        sys.exit(130)
+        sys.exit(_interrupted())
+
+
+def _interrupted() -> int:
+    click.echo("kforge-ingest: interrupted (Ctrl-C)", err=True)
+    return 130
 
 
 def _check_paths(paths) -> None:
