@@ -32,10 +32,11 @@ Limits: a slow drift (a staircase of steps each under the threshold) is not an e
 episode shorter than ``episode_min_steps`` steps is not seen; one rank slowing is a straggler
 (stragglers.py), found by comparing ranks, not here.
 
-Why not the ``ruptures`` library: its PELT and binary segmentation with the L2 cost are Python
-loops of O(n^2) cost evaluations (2 s on 1,000 steps, 16 s on 2,000 for PELT); its C kernel
-version is fast but ruptures needs scipy (113 MB installed, ~2 s to import in every ingest) for what
-is here 40 lines of numpy on at most 2,000 points.
+Why not the ``ruptures`` library (benchmarks/bench_change_points.py, side by side): on the raw
+series its C kernel PELT takes 39 s and its binary segmentation 13 s on 100,000 steps (this: 0.2 s),
+its Python PELT 1.4 s on 2,000; fed the same <= 2,000 block medians its C PELT would be faster than
+this (19 vs 84 ms), but ruptures needs scipy (113 MB installed, 1.2 s to import in every ingest)
+for what is 40 lines of numpy here.
 """
 
 from __future__ import annotations
