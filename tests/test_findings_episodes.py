@@ -9,7 +9,7 @@ import pytest
 from findings_fixtures import Clock, close_all, drive, install, open_ranks
 
 from kforge_dash import ingest_run
-from kforge_dash.ingest.findings.episodes import pelt_l2
+from kforge_dash.ingest.findings.episodes import change_points, episodes, pelt_l2
 
 
 def _noise(s: int, k: int = 0) -> float:
@@ -84,3 +84,13 @@ def test_a_stretch_where_one_rank_straggles_is_the_stragglers_not_an_episode(tmp
     (st,) = [f for f in s["findings"] if f["kind"] == "straggler"]
     assert st["ranks"] == [2] and abs(st["first_step"] - 200) <= 10
     assert _episodes(s) == []  # the job's step time rose 1.5x there too, but one answer: the straggler
+
+
+def test_a_long_run_is_cut_on_block_medians_and_the_bounds_refined_to_the_step():
+    """Over 2,000 steps PELT sees block medians; each change point is then moved to the best split."""
+    n = 50_000  # blocks of 25 steps
+    t = 0.1 * (1 + 0.03 * np.array([_noise(s) for s in range(n)]))
+    t[20_013:21_007] *= 1.5  # bounds off the block grid
+    t[::1000] *= 10  # a checkpoint step every 1,000
+    (ep,) = episodes(t, change_points(t, 20), min_rel=0.25, k=4.0, min_steps=20)
+    assert (ep.first, ep.last) == (20_013, 21_006) and ep.factor == pytest.approx(1.5, abs=0.05)

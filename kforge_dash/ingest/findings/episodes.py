@@ -42,6 +42,7 @@ for what is 40 lines of numpy here.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -136,8 +137,15 @@ def _spread(level: np.ndarray, a: int, z: int) -> float:
     return 1.4826 * float(np.median(np.abs(o - np.median(o)))) if o.size else 0.0
 
 
-def episodes(t: np.ndarray, cps: list[int], *, min_rel: float, k: float, min_steps: int) -> list[tuple[int, int, float]]:
-    """(first index, last index, factor) of each episode of ``t`` (step times) cut at ``cps``."""
+@dataclass(frozen=True)
+class Episode:
+    first: int  # index into the launch's step times, inclusive
+    last: int
+    factor: float  # the episode's median step time / the median of the segments either side
+
+
+def episodes(t: np.ndarray, cps: list[int], *, min_rel: float, k: float, min_steps: int) -> list[Episode]:
+    """The episodes of ``t`` (step times) cut at ``cps``."""
     bounds = [0, *cps, len(t)]
     segs = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
     meds = [float(np.median(t[a:z])) for a, z in segs]
@@ -157,7 +165,7 @@ def episodes(t: np.ndarray, cps: list[int], *, min_rel: float, k: float, min_ste
             around = np.concatenate([around, t[segs[j + 1][0]:segs[j + 1][1]]])
         factor = float(np.median(t[a:z + 1])) / float(np.median(around))
         if factor > 1 + min_rel and math.log(factor) > k * _spread(level, a, z):
-            out.append((a, z, factor))
+            out.append(Episode(a, z, factor))
         i = j + 1
     return out
 
@@ -184,7 +192,8 @@ def slow_episode_findings(facts: RunFacts, stragglers: list[Finding] = ()) -> li
         if s.height < 3 * m:
             continue
         t, steps = s["step_time_s"].to_numpy(), s["step"].to_numpy()
-        for a, z, factor in episodes(t, change_points(t, m), min_rel=opts.episode_min_rel, k=opts.episode_k, min_steps=m):
+        for ep in episodes(t, change_points(t, m), min_rel=opts.episode_min_rel, k=opts.episode_k, min_steps=m):
+            a, z, factor = ep.first, ep.last, ep.factor
             first, last = int(steps[a]), int(steps[z])
             if _straggled(first, last, att, facts, stragglers):
                 continue
