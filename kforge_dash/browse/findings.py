@@ -70,6 +70,43 @@ def findings_table(run: str, summary: dict | None) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=_TABLE_SCHEMA)
 
 
+SEVERITY_ICON = {"error": "🔴", "warning": "🟠", "info": "🔵"}
+
+
+@dataclass(frozen=True)
+class FindingCard:
+    """One finding as the run detail page shows it: every field a person reads, none cut or raw.
+
+    `facts` holds only the fields the finding has (no "None"); `focus` is the ?focus= value of
+    its steps (None without steps); the page shows `message` in full, as text."""
+    severity: str
+    kind: str
+    facts: str
+    message: str
+    focus: str | None
+    steps: str | None
+
+
+def finding_cards(summary: dict | None) -> list[FindingCard]:
+    cards = []
+    for f in findings_of(summary):
+        first, last = f.get("first_step"), f.get("last_step")
+        first = first if isinstance(first, int) else None
+        last = last if isinstance(last, int) else first
+        steps = None if first is None else (f"step {first}" if first == last else f"steps {first}–{last}")
+        ranks = [str(r) for r in f.get("ranks") or []]
+        hosts = [str(h) for h in f.get("hosts") or []]
+        facts = [steps,
+                 (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}" if ranks else None),
+                 (f"on {', '.join(hosts)}" if hosts else None),
+                 (f"phase {f['phase']}" if f.get("phase") is not None else None)]
+        cards.append(FindingCard(
+            severity=str(f.get("severity") or "info"), kind=str(f.get("kind") or "finding").replace("_", " "),
+            facts=" · ".join(x for x in facts if x), message=str(f.get("message") or ""),
+            focus=None if first is None else f"{first}-{last}", steps=steps))
+    return cards
+
+
 @dataclass(frozen=True)
 class Waterfall:
     labels: list[str]
@@ -79,13 +116,14 @@ class Waterfall:
 
 
 def goodput_waterfall(summary: dict | None) -> Waterfall | None:
-    """Total wall time, minus each non-empty badput bucket (largest first), down to productive."""
+    """The job's wall clock (units.JOB_WALL_CLOCK), minus each non-empty badput bucket (largest
+    first), down to productive."""
     g = (summary or {}).get("goodput")
     if not isinstance(g, dict) or not isinstance(g.get("total_s"), (int, float)):
         return None
     buckets = sorted(((k, float(v)) for k, v in (g.get("buckets") or {}).items()
                       if isinstance(v, (int, float)) and v > 0), key=lambda kv: -kv[1])
-    labels = ["wall clock"] + [k.replace("_", " ") for k, _ in buckets] + ["productive"]
+    labels = ["job wall clock"] + [k.replace("_", " ") for k, _ in buckets] + ["productive"]
     values = [float(g["total_s"])] + [-v for _, v in buckets] + [float(g.get("productive_s") or 0.0)]
     measures = ["absolute"] + ["relative"] * len(buckets) + ["total"]
     return Waterfall(labels, values, measures, g.get("fraction"))
@@ -111,7 +149,12 @@ def focus_steps(steps_path: str | Path, first: int, last: int, *, pad: int = _PA
     return _reading(Path(steps_path), read)
 
 
-def spike_steps(summary: dict | None, metric: str) -> list[tuple[int, str]]:
-    """(first step, message) of each loss/grad-norm spike finding on ``metric``: compare-chart markers."""
-    return [(f["first_step"], str(f.get("message"))) for f in findings_of(summary)
-            if f.get("kind") == "loss_spike" and f.get("metric") == metric and isinstance(f.get("first_step"), int)]
+def spike_spans(summary: dict | None, metric: str) -> list[tuple[int, int, str]]:
+    """(first step, last step, message) of each loss/grad-norm spike finding on ``metric``: the
+    compare charts' ★ goes at the raw peak within those steps."""
+    out = []
+    for f in findings_of(summary):
+        first, last = f.get("first_step"), f.get("last_step")
+        if f.get("kind") == "loss_spike" and f.get("metric") == metric and isinstance(first, int):
+            out.append((first, last if isinstance(last, int) and last >= first else first, str(f.get("message"))))
+    return out

@@ -5,8 +5,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kforge_dash.browse import units
 from kforge_dash.browse.findings import Waterfall
 
+_LABELS = {"loss": "loss", "grad_norm": "grad norm", "step_time_s": "step time (s)"}
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=340, hovermode="closest")
 
 
@@ -15,12 +17,12 @@ def waterfall_figure(w: Waterfall) -> go.Figure:
     frac = "" if w.fraction is None else f": {100 * w.fraction:.1f}% goodput"
     fig = go.Figure(go.Waterfall(
         x=w.labels, y=w.values, measure=w.measures, textposition="outside",
-        text=[f"{abs(v):,.1f} s" for v in w.values],
+        text=[units.duration(abs(v)) for v in w.values],
         hovertemplate="%{x}: %{text}<extra></extra>",
         decreasing=dict(marker=dict(color="#d62728")), totals=dict(marker=dict(color="#2ca02c")),
         increasing=dict(marker=dict(color="#7f7f7f")),
     ))
-    fig.update_layout(title=dict(text=f"where the wall clock went{frac}", x=0), yaxis_title="s", showlegend=False,
+    fig.update_layout(title=dict(text=f"where the job's wall clock went{frac}", x=0), yaxis_title="s", showlegend=False,
                       **_LAYOUT)
     return fig
 
@@ -30,9 +32,9 @@ def focus_figure(df, first: int, last: int) -> go.Figure:
     metrics = [m for m in ("loss", "grad_norm", "step_time_s") if m in df.columns]
     fig = make_subplots(rows=len(metrics), cols=1, shared_xaxes=True, vertical_spacing=0.04)
     for i, m in enumerate(metrics, start=1):
-        fig.add_trace(go.Scatter(x=df["step"].to_list(), y=df[m].to_list(), mode="lines+markers", name=m,
-                                 hovertemplate=f"step %{{x}}<br>{m}: %{{y:.8g}}<extra></extra>"), row=i, col=1)
-        fig.update_yaxes(title_text=m, row=i, col=1)
+        fig.add_trace(go.Scatter(x=df["step"].to_list(), y=df[m].to_list(), mode="lines+markers", name=_LABELS[m],
+                                 hovertemplate=f"step %{{x}}<br>{_LABELS[m]}: %{{y:.8g}}<extra></extra>"), row=i, col=1)
+        fig.update_yaxes(title_text=_LABELS[m], row=i, col=1)
         fig.add_vrect(x0=first - 0.5, x1=last + 0.5, fillcolor="#ff7f0e", opacity=0.15, line_width=0, row=i, col=1)
     fig.update_layout(title=dict(text=f"steps {first}–{last}", x=0), showlegend=False,
                       **{**_LAYOUT, "height": 160 * max(1, len(metrics)) + 60})

@@ -11,6 +11,8 @@ import numpy as np
 import polars as pl
 
 from kforge_dash.contract import EMA_COLUMNS
+from kforge_dash.ingest.findings.model import classify_phases
+from kforge_dash.ingest.findings.options import FindingsOptions
 from kforge_record.schema import MEM_COLUMNS, PHASE_PREFIX, PHASE_SUFFIX
 
 
@@ -81,35 +83,68 @@ def rank_metrics(ranks_path: str | Path) -> list[str]:
 
 
 def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
-    """Mean seconds of each phase timer (columns named as recorded, time/NAME_s) and of the whole step per rank.
+    """Mean seconds of each phase timer and of the whole step per rank, columns labelled for a
+    person ('data (s)', 'fwd_bwd (s, incl. waiting)', 'step time (s)').
 
-    The straggler is the rank whose own work (data, fwd_bwd) is longest; the others' fwd_bwd
-    includes the time they wait for it in the gradient all-reduce.
+    The straggler is the rank whose own work (data, fwd_bwd) is longest; the others' wait phases
+    (fwd_bwd under DDP) include the time they wait for it in the gradient all-reduce.
     """
     lf = pl.scan_parquet(ranks_path, glob=False)
-    phases = phase_columns(lf.collect_schema())
+    schema = lf.collect_schema()
+    phases = phase_columns(schema)
     if not phases:
         return pl.DataFrame(schema={"rank": pl.Int64})
+    wait = set(classify_phases(list(schema), FindingsOptions()).wait)
+    labels = {"step_time_s": "step time (s)"}
+    for c in phases:
+        label = f"{phase_name(c)} (s{', incl. waiting' if c in wait else ''})"
+        labels[c] = label if label not in labels.values() else f"{label} [{c}]"  # a phase named 'step time'
     return (
         lf.group_by("rank")
-        .agg([pl.col(c).mean() for c in phases] + [pl.col("step_time_s").mean()])
+        .agg([pl.col(c).mean().alias(labels[c]) for c in (*phases, "step_time_s")])
         .sort("rank")
         .collect()
     )
 
 
-def slowest_rank_counts(steps_path: str | Path) -> pl.DataFrame:
-    """How many steps each rank set the pace (was the slowest), most often first."""
-    return (
-        pl.scan_parquet(steps_path, glob=False)
-        .filter(pl.col("slowest_rank").is_not_null())
-        .group_by("slowest_rank")
+@dataclass(frozen=True)
+class SlowestOwnWork:
+    """How often each rank's own work (its non-wait phases) was the longest of a step."""
+    counts: pl.DataFrame          # rank, steps_slowest, share; most often first
+    phases: tuple[str, ...]       # the own-work phase columns summed per rank and step
+
+
+def own_work_phases(schema) -> tuple[str, ...]:
+    """The phases that are a rank's own work, as the straggler finding classes them (ingest's
+    findings/model.classify_phases with the default wait phases): not a wait phase (those hold the
+    collective, so every rank's includes waiting for the others), not checkpoint or eval."""
+    return classify_phases(list(schema), FindingsOptions()).own
+
+
+def slowest_own_work(ranks_path: str | Path) -> SlowestOwnWork | None:
+    """Per step, the rank whose own work (the sum of its own-work phases) was the longest; how many
+    steps each rank was that one. None when the run timed no own-work phase.
+
+    Not the step time's argmax: under data parallelism every rank waits for the others in the
+    collective, so all ranks' step times are equal up to noise and "the slowest" is a coin toss,
+    which contradicted the straggler finding (issue 21, item 3)."""
+    lf = pl.scan_parquet(ranks_path, glob=False)
+    own = own_work_phases(lf.collect_schema())
+    if not own:
+        return None
+    work = pl.when(pl.any_horizontal(pl.col(own).is_not_null())).then(pl.sum_horizontal(pl.col(own)))
+    counts = (
+        lf.select("step", "rank", work.alias("own"))
+        .filter(pl.col("own").is_not_null())
+        .group_by("step")
+        .agg(pl.col("rank").sort_by("rank").get(pl.col("own").sort_by("rank").arg_max()).alias("rank"))
+        .group_by("rank")
         .agg(pl.len().cast(pl.Int64).alias("steps_slowest"))
         .with_columns((pl.col("steps_slowest") / pl.col("steps_slowest").sum()).alias("share"))
-        .rename({"slowest_rank": "rank"})
         .sort(["steps_slowest", "rank"], descending=[True, False])
         .collect()
     )
+    return SlowestOwnWork(counts, own)
 
 
 _MEM = ("mem_peak_bytes", *(c for c in MEM_COLUMNS if c != "mem_peak_bytes"))  # peak first: the bar drawn
@@ -143,13 +178,38 @@ def phase_name(col: str) -> str:
     return col[len(PHASE_PREFIX):-len(PHASE_SUFFIX)]
 
 
-def phase_breakdown(steps_path: str | Path, *, windows: int = 200) -> pl.DataFrame:
+OTHER = "other"  # the step time no phase timer covered
+_OTHER_COL = "time/other_s"
+# Phases whose sum exceeds the step time by more than this share of it (timer noise aside) overlap or nest.
+_OVERLAP_TOL = 1e-3
+
+
+def _phase_frame(lf: pl.LazyFrame, phases: list[str]) -> pl.LazyFrame:
+    """Ended steps with each phase's seconds (null -> 0: a timer that did not run in a step took
+    no time in it) and 'other' = step time minus the phases, clipped at 0, and by how much it was."""
+    rest = pl.col("step_time_s") - pl.sum_horizontal(pl.col(phases).fill_null(0.0))
+    return (
+        lf.filter(pl.col("step_time_s").is_not_null())
+        .select("step", "step_time_s", *[pl.col(c).fill_null(0.0) for c in phases],
+                *[pl.col(c).is_not_null().alias(f"{c}\0ran") for c in phases])
+        .with_columns(rest.clip(lower_bound=0.0).alias(_OTHER_COL), (-rest).clip(lower_bound=0.0).alias("_over"))
+    )
+
+
+def phase_breakdown(path: str | Path, *, windows: int = 200) -> pl.DataFrame:
     """Mean seconds per step of each phase in about `windows` step windows, long format
     (window_start, phase, seconds), plus 'other' = step time minus the timed phases.
 
-    'other' is null in a window where a phase was not timed (null), rather than a guess.
+    `path`: ranks.parquet (each rank's own step: the mean over ranks and steps, what the average
+    rank spent), or steps.parquet where the run has no per-rank file. ranks.parquet is the right
+    one: steps.parquet's phase is the mean over the ranks that timed it, so a checkpoint only
+    rank 0 writes would count as if every rank wrote it, while step_time_s is the slowest rank's.
+
+    Every step counts in each phase's mean: a phase that did not run in a step (null: not timed
+    there, e.g. a checkpoint every 50 steps) took 0 s in it. 'other' is clipped at 0 where the
+    phases add up to more than the step time (they overlap or nest; phase_totals says so).
     """
-    lf = pl.scan_parquet(steps_path, glob=False)
+    lf = pl.scan_parquet(path, glob=False)
     phases = phase_columns(lf.collect_schema())
     empty = pl.DataFrame(schema={"window_start": pl.Int64, "phase": pl.String, "seconds": pl.Float64})
     span = _step_span(lf)
@@ -157,13 +217,11 @@ def phase_breakdown(steps_path: str | Path, *, windows: int = 200) -> pl.DataFra
         return empty
     first, last = span
     width = _window_width(first, last, windows)
-    other = (pl.col("step_time_s") - pl.sum_horizontal(pl.col(phases), ignore_nulls=False)).alias("time/other_s")
     wide = (
-        lf.select("step", "step_time_s", *phases)
-        .with_columns(other)
+        _phase_frame(lf, phases)
         .with_columns((first + (pl.col("step") - first) // width * width).alias("window_start"))
         .group_by("window_start")
-        .agg([pl.col(c).mean() for c in (*phases, "time/other_s")])
+        .agg([pl.col(c).mean() for c in (*phases, _OTHER_COL)])
         .sort("window_start")
     )
     return (
@@ -173,15 +231,48 @@ def phase_breakdown(steps_path: str | Path, *, windows: int = 200) -> pl.DataFra
     )
 
 
-def phase_totals(breakdown: pl.DataFrame) -> pl.DataFrame:
-    """Share of the step time spent in each phase (mean over windows)."""
-    if breakdown.is_empty():
-        return pl.DataFrame(schema={"phase": pl.String, "mean_seconds": pl.Float64, "share": pl.Float64})
-    return (
-        breakdown.lazy().group_by("phase").agg(pl.col("seconds").mean().alias("mean_seconds"))
-        .with_columns((pl.col("mean_seconds") / pl.col("mean_seconds").sum()).alias("share"))
-        .sort("mean_seconds", descending=True).collect()
-    )
+@dataclass(frozen=True)
+class PhaseTotals:
+    """Each phase's share of the run's step time; `note` says why 'other' was clipped, if it was."""
+    table: pl.DataFrame  # phase, total_s, mean_s (per step, over every step), share, steps_ran
+    note: str | None
+
+
+def phase_totals(path: str | Path) -> PhaseTotals:
+    """Each phase's seconds summed over every ended step (of every rank with ranks.parquet, as
+    phase_breakdown), its mean per step and its share; steps_ran: in how many steps it ran.
+
+    Shares add up to 1: of the step time, or, where phases overlap or nest (their sum exceeds the
+    step time), of the phases' sum with 'other' clipped at 0 there (`note` says in how many steps).
+    """
+    lf = pl.scan_parquet(path, glob=False)
+    phases = phase_columns(lf.collect_schema())
+    empty = pl.DataFrame(schema={"phase": pl.String, "total_s": pl.Float64, "mean_s": pl.Float64,
+                                 "share": pl.Float64, "steps_ran": pl.Int64})
+    if not phases:
+        return PhaseTotals(empty, None)
+    cols = (*phases, _OTHER_COL)
+    sums = _phase_frame(lf, phases).select(
+        *[pl.col(c).sum() for c in cols], *[pl.col("step").filter(pl.col(f"{c}\0ran")).n_unique().alias(f"{c}\0ran") for c in phases],
+        pl.len().alias("_n"), pl.col("step").n_unique().alias("_steps"), pl.col("step_time_s").sum().alias("_step"),
+        (pl.col("_over") > _OVERLAP_TOL * pl.col("step_time_s")).sum().alias("_n_over"), pl.col("_over").max().alias("_max_over"),
+    ).collect().row(0, named=True)
+    n, total = sums["_n"], sum(sums[c] for c in cols)  # n: rows (steps, or rank-steps)
+    if not n:
+        return PhaseTotals(empty, None)
+    table = pl.DataFrame({
+        "phase": [phase_name(c) if c != _OTHER_COL else OTHER for c in cols],
+        "total_s": [float(sums[c]) for c in cols],
+        "mean_s": [sums[c] / n for c in cols],
+        "share": [sums[c] / total if total else None for c in cols],
+        "steps_ran": [int(sums[f"{c}\0ran"]) for c in phases] + [sums["_steps"]],
+    }, schema=empty.schema).sort("total_s", descending=True)
+    note = None
+    if sums["_n_over"]:
+        note = (f"In {sums['_n_over']:,} of {n:,} {'rank-' if n > sums['_steps'] else ''}steps the phase timers add up to more than the step time "
+                f"(by up to {sums['_max_over']:.3g} s): phases overlap or nest. 'other' is 0 there, and each share "
+                f"is of the phases' sum ({total:.4g} s), not of the step time ({sums['_step']:.4g} s).")
+    return PhaseTotals(table, note)
 
 
 _FLOATS = (pl.Float32, pl.Float64)
@@ -226,10 +317,10 @@ class RunDetail:
     """Everything the run detail page draws; ranks-based parts are None without ranks.parquet."""
     heatmap: Heatmap | None
     phase_by_rank: pl.DataFrame | None
-    slowest: pl.DataFrame
+    slowest: SlowestOwnWork | None  # None without ranks.parquet or own-work phase timers
     memory: tuple[list[int], list[int], str] | None
     phases: pl.DataFrame
-    phase_totals: pl.DataFrame
+    phase_totals: PhaseTotals
     timeline: pl.DataFrame
     nonfinite: pl.DataFrame
 
@@ -246,14 +337,14 @@ def run_detail(steps_path: str | Path, ranks_path: str | Path, summary: dict, *,
                metric: str = "step_time_s") -> RunDetail:
     steps_path, ranks_path = Path(steps_path), Path(ranks_path)
     has_ranks = ranks_path.is_file()
-    phases = _reading(steps_path, phase_breakdown)
+    phase_path = ranks_path if has_ranks else steps_path  # each rank's own phases (phase_breakdown)
     return RunDetail(
         heatmap=_reading(ranks_path, rank_heatmap, relative=relative, metric=metric) if has_ranks else None,
         phase_by_rank=_reading(ranks_path, phase_per_rank) if has_ranks else None,
-        slowest=_reading(steps_path, slowest_rank_counts),
+        slowest=_reading(ranks_path, slowest_own_work) if has_ranks else None,
         memory=memory_bars(_reading(ranks_path, memory_per_rank)) if has_ranks else None,
-        phases=phases,
-        phase_totals=phase_totals(phases),
+        phases=_reading(phase_path, phase_breakdown),
+        phase_totals=_reading(phase_path, phase_totals),
         timeline=restart_timeline(summary),
         nonfinite=_reading(steps_path, nonfinite_steps),
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kforge_dash.browse import figures as prep_figures
+from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
@@ -96,12 +97,13 @@ def runs_table_html(runs: list[prep_runs.RunInfo]) -> str:
     rows = []
     for r in runs:
         s = r.summary or {}
+        train_s, clock_s = units.wall_times(s)
         rows.append([r.name, units.number(s.get("steps"), "{:,}"), units.number(s.get("tokens"), "{:,}"),
-                     units.hms(s.get("wall_time_s")), units.number(s.get("final_loss"), "{:.4f}"),
+                     units.duration(train_s), units.duration(clock_s), units.number(s.get("final_loss"), "{:.4f}"),
                      units.number(s.get("best_loss"), "{:.4f}"), units.percent(s.get("mean_mfu")),
                      units.gib(s.get("peak_mem_bytes")), units.device_label(s), str(len(s.get("restarts") or [])),
                      str(len(s.get("warnings") or [])), ", ".join(r.tags) or units.MISSING])
-    return _table(["run", "steps", "tokens", "wall time", "final loss", "best loss", "mean MFU", "peak mem",
+    return _table(["run", "steps", "tokens", units.TRAINING_TIME, units.JOB_WALL_CLOCK, "final loss", "best loss", "mean MFU", "peak mem",
                    "hardware", "restarts", "warnings", "tags"], rows, cls="runs")
 
 
@@ -111,8 +113,9 @@ def config_diff_html(runs: list[prep_runs.RunInfo]) -> str:
     diff = prep_runs.config_diff(runs)
     if diff.is_empty():
         return "<p>These runs have the same configuration.</p>"
-    rows = [[units.MISSING if v is None else v for v in row] for row in diff.iter_rows()]
-    return _table(diff.columns, rows, cls="diff")
+    text = units.config_diff_text(diff)
+    return (_table(text.columns, [list(row) for row in text.iter_rows()], cls="diff")
+            + f"<p>Values as JSON; {_esc(units.NOT_SET)}: the run has no such key.</p>")
 
 
 def _script_json(obj) -> str:
@@ -131,31 +134,52 @@ def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions) -> tuple[
     data = prep_series.prepare_compare(sources, metrics, x_axis=options.x_axis, smoothing=options.smoothing,
                                        max_points=options.max_points)
     colours = prep_runs.run_colours(prep_runs.claim_order(runs))
-    parts = []
-    for i, metric in enumerate(data.drawn_metrics()):
-        fig = prep_figures.metric_figure(data, metric, colours)
-        spec = json.loads(plotly.io.to_json(fig, validate=False))
-        config = {**prep_figures.chart_config(metric), "responsive": True}
-        parts.append(f'<div class="chart" id="chart-{i}"></div><script>Plotly.newPlot("chart-{i}", '
-                     f'{_script_json(spec["data"])}, {_script_json(spec["layout"])}, {_script_json(config)});</script>')
-    return "\n".join(parts), data.drawn_metrics(), data.notes
+    specs = []
+    for metric in data.drawn_metrics():
+        spec = json.loads(plotly.io.to_json(prep_figures.metric_figure(data, metric, colours), validate=False))
+        specs.append({"data": spec["data"], "layout": spec["layout"],
+                      "config": {**prep_figures.chart_config(metric), "responsive": True}})
+    cells = "".join(f'<div class="chart" id="chart-{i}"></div>' for i in range(len(specs)))
+    return (f'<div class="charts">{cells}</div><script type="application/json" id="chart-specs">'
+            f"{_script_json(specs)}</script>"), data.drawn_metrics(), data.notes
+
+
+# Each chart is drawn once the whole grid is laid out (plotly sizes a chart to its cell when drawn:
+# drawn while the page was still being parsed, the first cell was the page's only one, full width,
+# and plotly's `responsive` follows window resizes only, so the chart overflowed its cell until one).
+# A ResizeObserver keeps each chart to its cell after that (a narrower window, a font loaded late).
+_DRAW = """document.addEventListener("DOMContentLoaded", function () {
+  var specs = JSON.parse(document.getElementById("chart-specs").textContent);
+  specs.forEach(function (s, i) {
+    var cell = document.getElementById("chart-" + i);
+    Plotly.newPlot(cell, s.data, s.layout, s.config).then(function () {
+      if (window.ResizeObserver) {
+        var w = cell.clientWidth;
+        new ResizeObserver(function () {
+          if (cell.clientWidth !== w) { w = cell.clientWidth; Plotly.Plots.resize(cell); }
+        }).observe(cell);
+      }
+    });
+  });
+});"""
 
 
 def _findings_html(s: dict) -> str:
     out = []
     goodput = s.get("goodput")
     if isinstance(goodput, dict):
-        out.append(f"<p><b>Goodput</b>: {_esc(units.percent(goodput.get('fraction')))}</p>")
+        out.append(f"<p><b>Goodput</b>: {_esc(units.percent(goodput.get('fraction')))} of the job's wall clock "
+                   f"({_esc(units.duration(goodput.get('total_s')))})</p>")
         buckets = goodput.get("buckets")
         if isinstance(buckets, dict) and buckets:
-            out.append(_table(["bucket", "value"], [[k, units.number(v, "{:.4g}") if isinstance(v, (int, float))
-                                                     else json.dumps(v)] for k, v in buckets.items()]))
-    findings = s.get("findings")
-    if isinstance(findings, list) and findings:
-        keys = ["kind", "severity", "message", "first_step", "last_step", "ranks"]
-        rows = [[units.MISSING if f.get(k) is None else (", ".join(map(str, f[k])) if isinstance(f[k], list) else f[k])
-                 for k in keys] for f in findings if isinstance(f, dict)]
-        out.append(f"<h4>Findings ({len(rows)})</h4>" + _table(keys, rows, cls="findings"))
+            out.append(_table(["where the wall clock went", "time"], [
+                [str(k).replace("_", " "), units.duration(v) if isinstance(v, (int, float)) else json.dumps(v)]
+                for k, v in buckets.items()]))
+    cards = prep_findings.finding_cards(s)
+    if cards:
+        rows = [[c.severity, c.kind, c.facts or units.MISSING, c.message] for c in cards]
+        out.append(f"<h4>Findings ({len(rows)})</h4>" + _table(["severity", "finding", "where", "message"], rows,
+                                                               cls="findings"))
     return "".join(out)
 
 
@@ -165,7 +189,8 @@ def _restarts_html(s: dict) -> str:
         return "<p>No restarts.</p>"
     keys = ["attempt", "resumed_at_step", "previous_last_step", "superseded_steps"]
     rows = [[units.MISSING if r.get(k) is None else r.get(k) for k in keys] for r in restarts]
-    return f"<h4>Restarts ({len(rows)})</h4>" + _table(keys, rows)
+    return f"<h4>Restarts ({len(rows)})</h4>" + _table(["attempt", "resumed at step", "previous last step",
+                                                        "steps recomputed"], rows)
 
 
 def _nonfinite_html(r: prep_runs.RunInfo) -> str:
@@ -186,9 +211,10 @@ def run_section_html(r: prep_runs.RunInfo) -> str:
     s = r.summary or {}
     warnings = s.get("warnings") or []
     warn = "".join(f"<li>{_esc(w)}</li>" for w in warnings)
+    train_s, clock_s = units.wall_times(s)
     return (f'<section class="run"><h3>{_esc(r.name)}</h3>'
-            f"<p>{_esc(units.device_label(s))} · {_esc(units.hms(s.get('wall_time_s')))} · "
-            f"MFU inputs: {_esc(units.flops_origin(s))}</p>"
+            f"<p>{_esc(units.device_label(s))} · {units.TRAINING_TIME} {_esc(units.duration(train_s))} · "
+            f"{units.JOB_WALL_CLOCK} {_esc(units.duration(clock_s))} · MFU inputs: {_esc(units.flops_origin(s))}</p>"
             + _findings_html(s) + _restarts_html(s) + _nonfinite_html(r)
             + (f"<h4>Ingest warnings ({len(warnings)})</h4><ul>{warn}</ul>" if warnings else "")
             + "</section>")
@@ -197,7 +223,8 @@ def run_section_html(r: prep_runs.RunInfo) -> str:
 _STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;
 margin:.5em 0;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f4f4f4}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:12px}.chart{height:380px;min-width:0}
-.warn{color:#a40}section.run{border-top:1px solid #ccc;margin-top:1em}"""
+.warn{color:#a40}section.run{border-top:1px solid #ccc;margin-top:1em}table.findings td:last-child{min-width:30em}
+.key{font-size:13px;color:#555}"""
 
 
 def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = None,
@@ -214,9 +241,10 @@ def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = Non
     body = (
         f"<h1>{_esc(options.title)}</h1><p>{len(chosen)} run(s), generated {when}. Charts: up to "
         f"{options.max_points:,} points per line (MinMaxLTTB keeps every local extreme); drag to zoom, "
-        "double-click to reset; the camera button saves a chart as PNG. ◆ restart · × NaN · ▲/▼ ±inf</p>"
+        "double-click to reset; the camera button saves a chart as PNG. Key: ◆ restart · × NaN · ▲/▼ ±inf · "
+        "★ loss or grad-norm spike (a finding, at its raw peak)</p>"
         + "".join(f"<p class=warn>{_esc(n)}</p>" for n in notes)
-        + f'<h2>Charts</h2><div class="charts">{charts}</div>'
+        + f"<h2>Charts</h2>{charts}<script>{_DRAW}</script>"
         + f"<h2>Runs</h2>{runs_table_html(chosen)}<h2>Config diff</h2>{config_diff_html(chosen)}"
         + "<h2>Each run</h2>" + "".join(run_section_html(r) for r in chosen)
     )
@@ -230,8 +258,17 @@ def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = Non
 
 def write_report(paths: list[str | os.PathLike], out: str | os.PathLike, *, runs: list[str] | None = None,
                  options: ReportOptions = ReportOptions()) -> Report:
-    """build_report, written atomically to `out`."""
+    """build_report, written atomically to `out`; its folder is created when missing (as `mkdir -p`).
+
+    OSError (a folder that cannot be made, `out` a directory, no permission) names the path."""
     report = build_report(paths, runs=runs, options=options)
+    folder = Path(out).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot create the folder {folder} ({e.strerror or e})") from None
+    if Path(out).is_dir():
+        raise IsADirectoryError(f"{out} is a directory, not a file to write")
     with atomic_path(str(out)) as tmp:
         Path(tmp).write_text(report.html, encoding="utf-8")
     return report

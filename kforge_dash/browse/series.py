@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 from tsdownsample import MinMaxLTTBDownsampler
 
-from kforge_dash.browse.findings import spike_steps
+from kforge_dash.browse.findings import spike_spans
 from kforge_dash.browse.smoothing import MIN_SMOOTH_POINTS, series_weight, smooth_columns  # noqa: F401 (re-exported)
 from kforge_dash.contract import EMA_COLUMNS
 
@@ -280,13 +280,20 @@ def _restart_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker
 
 
 def _spike_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker | None:
-    spikes = spike_steps(summary, metric)
+    """A ★ at each spike finding's raw peak: the highest finite raw value within its steps (`y` is
+    the raw line, never the smoothed one, whose rising edge would hide the peak), else its first step."""
+    spikes = spike_spans(summary, metric)
     if not spikes or len(step) == 0:
         return None
-    at = np.array([s for s, _ in spikes], dtype=np.int64)
-    pos = np.clip(np.searchsorted(step, at), 0, len(step) - 1)
-    return Marker(run, metric, "spike", x[pos], _finite_neighbour(y, np.isfinite(y), pos), step[pos],
-                  [msg for _, msg in spikes])
+    finite = np.isfinite(y)
+    pos = []
+    for first, last, _ in spikes:
+        a, b = np.searchsorted(step, first), np.searchsorted(step, last, side="right")
+        inside = np.flatnonzero(finite[a:b])
+        pos.append(a + inside[np.argmax(y[a:b][inside])] if len(inside) else min(a, len(step) - 1))
+    idx = np.array(pos, dtype=np.int64)
+    return Marker(run, metric, "spike", x[idx], _finite_neighbour(y, finite, idx), step[idx],
+                  [msg for _, _, msg in spikes])
 
 
 def _break_at_restarts(s: Series, restarts: np.ndarray) -> Series:
@@ -311,6 +318,7 @@ def _metric_lines(data: CompareData, f: RunFrame, m: str, keep, x_all, step_all,
         lines.append(("smoothed", f.df[f"{m}__smoothed"].to_numpy()))
     x, step = (x_all, step_all) if keep is None else (x_all[keep], step_all[keep])
     restarts = _restart_steps(f.src.summary) if data.x_axis in TIME_AXES else None
+    raw = None
     for kind, values in lines:
         values = values.astype(np.float64, copy=False)
         values = values if keep is None else values[keep]
@@ -318,11 +326,13 @@ def _metric_lines(data: CompareData, f: RunFrame, m: str, keep, x_all, step_all,
         idx = downsample_indices(values, max_points, finite=finite)
         s = Series(f.src.name, m, kind, x[idx], values[idx], step[idx], int(np.count_nonzero(finite)))
         data.series.append(s if restarts is None or len(restarts) == 0 else _break_at_restarts(s, restarts))
-        if kind == "raw" and not finite.all():
-            data.markers += _nonfinite_markers(f.src.name, m, x, values, step, finite)
-    # Restarts sit on the line the eye follows: the smoothed one when there is one.
-    for marks in (_restart_markers, _spike_markers):
-        marker = marks(f.src.name, m, f.src.summary, x, values, step)
+        if kind == "raw":
+            raw = values
+            if not finite.all():
+                data.markers += _nonfinite_markers(f.src.name, m, x, values, step, finite)
+    # Restarts sit on the line the eye follows: the smoothed one when there is one; a spike's ★ at its raw peak.
+    for marks, on in ((_restart_markers, values), (_spike_markers, raw)):
+        marker = marks(f.src.name, m, f.src.summary, x, on, step)
         if marker is not None:
             data.markers.append(marker)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 MISSING = "—"
+NOT_SET = "(not set)"  # a config key a run does not have (JSON null shows as null)
 GIB = 2**30
 
 
@@ -22,6 +23,32 @@ def hms(seconds) -> str:
     s = int(round(seconds))
     sign, s = ("-", -s) if s < 0 else ("", s)
     return f"{sign}{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def duration(seconds) -> str:
+    """One format for every duration a page shows: '44.2 s' under 100 s, else as hms ('1:02:05')."""
+    if not _known(seconds):
+        return MISSING
+    return f"{seconds:.1f} s" if abs(seconds) < 100 else hms(seconds)
+
+
+def wall_times(summary: dict) -> tuple[float | None, float | None]:
+    """(training time, job wall clock) of a run's summary.json, each None where unknown.
+
+    Training time = the sum of the kept steps' times (`wall_time_s`); job wall clock = the first
+    launch's start to the last record, startup and downtime between launches included (`goodput.total_s`).
+    """
+    train = summary.get("wall_time_s")
+    g = summary.get("goodput")
+    clock = g.get("total_s") if isinstance(g, dict) else None
+    return (train if _known(train) else None, clock if _known(clock) else None)
+
+
+TRAINING_TIME = "training time"
+JOB_WALL_CLOCK = "job wall clock"
+WALL_TIMES_HELP = ("training time: the kept steps' own times added up (no startup, no downtime between launches, "
+                   "nothing between steps); job wall clock: from the first launch's start to the last record, "
+                   "incl. startup, downtime between launches, recomputed steps and time between steps")
 
 
 def percent(fraction, digits: int = 1) -> str:
@@ -94,3 +121,11 @@ def frame_missing_as_dash(df, fmt=lambda v: f"{v:.6g}"):
     formats = {c: (fmt if df[c].dtype.is_numeric() else str) for c in df.columns}
     rows = with_missing_as_dash(df.to_dicts(), formats)
     return pl.DataFrame(rows, schema={c: (pl.String if df[c].null_count() else df[c].dtype) for c in df.columns})
+
+
+def config_diff_text(diff):
+    """browse.runs.config_diff for display: a key a run lacks (null there) reads "(not set)", so the
+    table never mixes Python's None with JSON's null (a key set to null)."""
+    import polars as pl
+
+    return diff.with_columns(pl.exclude("key").fill_null(NOT_SET)) if diff.width > 1 else diff

@@ -21,7 +21,8 @@ except ImportError as e:  # optional dependency, imported at the edge
 def main(paths, output, runs, metrics, smoothing, title) -> None:
     """One self-contained HTML report of the ingested runs under PATH (a runs root or a run directory).
 
-    Exit status: 0 written, 1 nothing to report, 2 usage error.
+    Exit status: 0 written, 1 nothing to report, 2 usage error (e.g. an output path that cannot be
+    written). A missing output folder is created.
     """
     from kforge_dash.browse.report import ReportOptions, write_report
 
@@ -31,6 +32,10 @@ def main(paths, output, runs, metrics, smoothing, title) -> None:
     except ValueError as e:
         click.echo(f"kforge-report: error: {e}", err=True)
         sys.exit(1)
+    except OSError as e:  # the -o path: one line naming it, no traceback
+        reason = e.strerror if e.filename is None and e.strerror else str(e)
+        click.echo(f"kforge-report: error: -o {output}: cannot write it: {reason}", err=True)
+        sys.exit(2)
     for note in report.notes:
         click.echo(f"kforge-report: {note}", err=True)
     size = len(report.html.encode("utf-8"))

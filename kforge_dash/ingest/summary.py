@@ -59,10 +59,12 @@ def build_summary(inp: SummaryInput) -> dict:
 
 
 def _warn_mixed_launches(live: list, warnings: list[str]) -> None:
-    for key in ("flops_per_token", "peak_tflops"):
-        vals = {launch.flops[key] for launch in live}
-        if len(vals) > 1:
-            warnings.append(f"{key} differs between attempts ({sorted(vals, key=str)}); MFU uses each attempt's own")
+    for key, what in (("flops_per_token", "FLOPs per token"), ("peak_tflops", "peak TFLOPS per GPU")):
+        vals = [launch.flops[key] for launch in live]
+        if len(set(vals)) > 1:
+            # Read by a person (dashboard, report): each launch's value to 4 significant digits, in launch order.
+            shown = " -> ".join("none" if v is None else f"{v:.4g}" for v in vals)
+            warnings.append(f"{what} ({key}) differs between attempts ({shown}); MFU uses each attempt's own")
     sizes = [world_size_of(launch) for launch in live]
     if len(set(sizes)) > 1:
         warnings.append(f"world size changed across attempts ({' -> '.join(map(str, sizes))}); MFU uses each attempt's own")

@@ -69,6 +69,11 @@ def load_runs(root) -> list[RunInfo]:
     return _list_runs(str(root))
 
 
+def clear_listing() -> None:
+    """Forget the cached listing (a page found it disagreeing with the disk)."""
+    _list_runs.clear()
+
+
 def file_stamp(path) -> tuple:
     """Changes whenever a run is re-ingested, so cached preparations are not served stale."""
     try:

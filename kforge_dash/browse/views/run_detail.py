@@ -1,7 +1,8 @@
-"""One run in detail: ranks, memory, phases, restarts, non-finite steps, warnings. Render only."""
+"""One run in detail: findings, goodput, ranks, memory, phases, restarts, non-finite steps, warnings. Render only."""
 
 import streamlit as st
 
+from kforge_dash.browse import detail as prep_detail
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import findings_figures, units
@@ -10,44 +11,80 @@ from kforge_dash.browse.units import md_text
 from kforge_dash.browse.views import common
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
 
+MAX_OPEN_FINDINGS = 6  # shown at once; the rest in an expander
+
+
+def _go_to_run():
+    st.query_params["run"] = st.session_state["other_run"]
+
+
+def _open_focus(value: str):
+    st.session_state["focus"] = value
+
+
 st.title("Run detail")
 root = common.runs_root()
-runs = {r.name: r for r in common.load_runs(root) if r.ingested}
-if not runs:
-    st.info(f"No ingested runs under {md_text(root)} yet.")
+listing = common.load_runs(root)
+wanted = st.query_params.get("run")
+if prep_detail.listing_is_stale(root, listing, wanted):  # deleted, re-ingested or new since the cached listing
+    common.clear_listing()
+    listing = common.load_runs(root)
+choice = prep_detail.choose_run(root, listing, wanted)
+runs = {r.name: r for r in listing if r.ingested}
+if choice.run is None:
+    (st.warning if choice.ingest is not None or not runs else st.error)(md_text(choice.problem))
+    if choice.ingest is not None:
+        common.ingest_panel(root, [choice.ingest])
+    if runs:
+        st.selectbox("Run", list(runs), index=None, key="other_run", on_change=_go_to_run,
+                     placeholder="pick another run")
     st.stop()
 name = st.selectbox("Run", list(runs), key="run", bind="query-params")
 run = runs[name]
 s = run.summary
 
-c = st.columns(6)
+train_s, clock_s = units.wall_times(s)
+goodput = s.get("goodput") if isinstance(s.get("goodput"), dict) else {}
+c = st.columns(4)
 c[0].metric("steps", units.number(s.get("steps"), "{:,}"))
 c[1].metric("hardware", units.device_label(s))
-c[2].metric("wall time", units.hms(s.get("wall_time_s")))
-c[3].metric("mean MFU", units.percent(s.get("mean_mfu")))
-c[4].metric("final loss", units.number(s.get("final_loss"), "{:.5g}"))
-c[5].metric("restarts", len(s.get("restarts") or []))
+c[2].metric("mean MFU", units.percent(s.get("mean_mfu")))
+c[3].metric("final loss", units.number(s.get("final_loss"), "{:.5g}"), help=f"final loss {s.get('final_loss')!r}")
+c = st.columns(4)
+c[0].metric(units.TRAINING_TIME, units.duration(train_s), help=units.WALL_TIMES_HELP)
+c[1].metric(units.JOB_WALL_CLOCK, units.duration(clock_s), help=units.WALL_TIMES_HELP)
+c[2].metric("goodput", units.percent(goodput.get("fraction")))
+c[3].metric("restarts", len(s.get("restarts") or []))
 # Where MFU's two inputs came from: a wrong one makes every MFU figure quietly wrong.
 st.caption("MFU inputs: " + md_text(units.flops_origin(s)))
 
 st.subheader("Findings")
-found = prep_findings.findings_table(name, s)
+cards = prep_findings.finding_cards(s)
 if "findings" not in s:
     st.info("Ingested before findings existed: re-ingest the run (kforge-ingest) to see them.")
-elif found.is_empty():
+elif not cards:
     st.success("No findings: no spike, NaN, straggler, slow episode, memory growth, data stall or restart.")
-else:
-    st.dataframe(found.drop("first_step", "last_step"), hide_index=True, key="findings",
-                 column_config={"open": st.column_config.LinkColumn("steps", display_text="open steps")})
+for i, card in enumerate(cards):
+    box = st.container(border=True) if i < MAX_OPEN_FINDINGS else None
+    if box is None:
+        if i == MAX_OPEN_FINDINGS:
+            more = st.expander(f"{len(cards) - MAX_OPEN_FINDINGS} more finding(s)")
+        box = more.container(border=True)
+    text, button = box.columns([5, 1], vertical_alignment="center")
+    icon = prep_findings.SEVERITY_ICON.get(card.severity, "")
+    text.markdown(f"{icon} **{md_text(card.kind)}** ({md_text(card.severity)}) · {md_text(card.facts)}")
+    text.markdown(md_text(card.message))  # in full, wrapped: never cut at a table's width
+    if card.focus is not None:
+        button.button(f"Open {card.steps}", key=f"open_{i}", on_click=_open_focus, args=(card.focus,),
+                      help="Loss, grad norm and step time around these steps, below")
 waterfall = prep_findings.goodput_waterfall(s)
 if waterfall is not None:
     st.plotly_chart(findings_figures.waterfall_figure(waterfall), key="goodput")
 
 try:  # a damaged ingested file, or one leading outside the run: name it, keep the app up
     steps_path, ranks_path = run.file(STEPS_FILE), run.file(RANKS_FILE)
-    # The table's links and this box set the same ?focus=FIRST-LAST: a link reproduces the view.
+    # The buttons above and this box set the same ?focus=FIRST-LAST: a URL reproduces the view.
     options = prep_findings.focus_options(s)
-    # Options are the plain "FIRST-LAST" (a bound widget keeps its label in the URL); the table says what each is.
     picked = st.selectbox("Open the steps of a finding (first-last)", options, index=None, key="focus",
                           bind="query-params", placeholder="pick a finding's steps") if options else None
     focus = prep_findings.parse_focus(picked)
@@ -75,13 +112,20 @@ else:
     st.plotly_chart(prep_figures.heatmap_figure(d.heatmap), key="heatmap")
 if d.phase_by_rank is not None and d.phase_by_rank.width > 1:
     st.caption("Mean seconds per phase and rank. Under data parallelism all ranks share one step time; "
-               "a straggler shows as the rank with the longest own work (data, fwd_bwd) while the others wait.")
+               "a straggler shows as the rank with the longest own work (data, optimizer) while the others "
+               "wait in the collective (the phases marked 'incl. waiting').")
     st.dataframe(units.frame_missing_as_dash(d.phase_by_rank, lambda v: f"{v:.4f}"), hide_index=True,
                  key="phase_by_rank")
 left, right = st.columns(2)
-left.plotly_chart(prep_figures.bar_figure(d.slowest["rank"].to_list(), d.slowest["steps_slowest"].to_list(),
-                                          x_title="rank", y_title="steps", title="how often each rank was the slowest"),
-                  key="slowest")
+if d.slowest is None:
+    left.info("No phase timers of a rank's own work (data, forward, optimizer...): which rank is slowest cannot "
+              "be told apart from waiting in the collective, so it is not drawn.")
+else:
+    own = ", ".join(prep_ranks.phase_name(p) for p in d.slowest.phases)
+    left.plotly_chart(prep_figures.bar_figure(
+        d.slowest.counts["rank"].to_list(), d.slowest.counts["steps_slowest"].to_list(), x_title="rank",
+        y_title="steps", title=f"steps where each rank's own work ({prep_figures.text(own)}) was the longest"),
+        key="slowest")
 if d.memory is None:
     right.info("No memory samples (CPU run, memory sampling off, or no ranks.parquet).")
 else:
@@ -94,8 +138,15 @@ if d.phases.is_empty():
     st.info("No phase timers recorded in this run.")
 else:
     st.plotly_chart(prep_figures.phase_figure(d.phases), key="phases")
-    st.dataframe(d.phase_totals, hide_index=True, key="phase_totals",
-                 column_config={"share": st.column_config.NumberColumn(format="percent")})
+    st.caption("Share of the average rank's step time. A phase that did not run in a step (a checkpoint every "
+               "N steps) counts 0 s there; 'other' is the step time no timer covered.")
+    if d.phase_totals.note:
+        st.info(md_text(d.phase_totals.note))
+    st.dataframe(d.phase_totals.table, hide_index=True, key="phase_totals", column_config={
+        "phase": "phase", "total_s": st.column_config.NumberColumn("total (s)", format="%.3f"),
+        "mean_s": st.column_config.NumberColumn("per step (s)", format="%.5f"),
+        "share": st.column_config.NumberColumn("share", format="percent"),
+        "steps_ran": st.column_config.NumberColumn("steps it ran")})
 
 st.subheader("Restarts")
 st.plotly_chart(prep_figures.timeline_figure(d.timeline), key="timeline")
