@@ -177,9 +177,17 @@ def test_run_detail_page(app, root):
     assert decode(heat["data"][0]["y"]).tolist() == s["ranks"]
     assert {h.value for h in at.subheader} >= {"Per rank", "Phase breakdown", "Restarts",
                                                "Non-finite steps", "Warnings"}
-    slow = next(spec for t, spec in charts(at).items() if t.startswith("how often"))
+    slow = next(spec for t, spec in charts(at).items() if t.startswith("steps where each rank's own work"))
     st = steps(root, pick)
-    counts = np.bincount(st["slowest_rank"])
+    # Expected independently (pyarrow): per step, the rank with the longest data + optimizer time
+    # (the own-work phases of the sample runs; fwd_bwd holds the all-reduce, checkpoint is goodput's).
+    t = pq.read_table(root / pick / "ingested" / "ranks.parquet").to_pydict()
+    best: dict[int, tuple[float, int]] = {}
+    for step, rank, data, opt in zip(t["step"], t["rank"], t["time/data_s"], t["time/optimizer_s"]):
+        own = (data or 0.0) + (opt or 0.0)
+        if step not in best or own > best[step][0]:
+            best[step] = (own, rank)
+    counts = np.bincount([r for _, r in best.values()])
     assert dict(zip(decode(slow["data"][0]["x"]).tolist(), decode(slow["data"][0]["y"]).tolist())) == {
         r: int(c) for r, c in enumerate(counts) if c}
     assert len(frame_with(at, "attempt_ids")) == len(s["attempts"])
@@ -189,12 +197,13 @@ def test_run_detail_page(app, root):
     if nonfinite:
         table = frame_with(at, "metric")
         assert (table["metric"] == "loss").sum() == nonfinite
-    # A run name from the URL that is not a run of the root is ignored.
+    # A run name from the URL that is not a run of the root: said so, and no other run shown under it.
     app2 = AppTest.from_file(str(APP), default_timeout=60)
     app2.query_params["run"] = "../../etc"
     at2 = app2.run()
     at2.switch_page("views/run_detail.py").run()
-    assert not at2.exception and at2.selectbox(key="run").value == names[0]
+    assert not at2.exception and not at2.get("plotly_chart") and not at2.metric
+    assert any("'../../etc' is not under" in shown(e.value) for e in at2.error)
 
 
 def test_run_detail_finds_the_straggler_in_its_phase_timers(app, root):
@@ -217,8 +226,8 @@ def test_run_detail_finds_the_straggler_in_its_phase_timers(app, root):
     assert slow == 1 and per_rank[1] >= 0.04 > per_rank[0]
     rows = {r: z[i] for i, r in enumerate(ranks)}
     assert np.nanmean(rows[1]) > np.nanmean(rows[0])  # the heatmap lights up rank 1
-    by_rank = frame_with(at, "time/data_s")
-    assert by_rank.set_index("rank")["time/data_s"].idxmax() == 1
+    by_rank = frame_with(at, "data (s)")
+    assert by_rank.set_index("rank")["data (s)"].idxmax() == 1
 
 
 def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_path, monkeypatch):

@@ -44,7 +44,7 @@ def test_goodput_waterfall_steps_down_to_productive(root):
     s = summary(root, "preempted")
     w = prep_findings.goodput_waterfall(s)
     g = s["goodput"]
-    assert w.labels[0] == "wall clock" and w.labels[-1] == "productive" and "downtime" in w.labels
+    assert w.labels[0] == "job wall clock" and w.labels[-1] == "productive" and "downtime" in w.labels
     assert w.values[0] == pytest.approx(g["total_s"]) and w.values[-1] == pytest.approx(g["productive_s"])
     assert w.values[0] + sum(w.values[1:-1]) == pytest.approx(w.values[-1], abs=1e-6)
     assert w.measures == ["absolute"] + ["relative"] * (len(w.values) - 2) + ["total"]
@@ -64,8 +64,22 @@ def test_compare_charts_mark_spikes(root):
     src = [r.source() for r in prep_runs.list_runs(root) if r.name in ("spike-nan", "baseline-lr3e-3")]
     data = prep_series.prepare_compare(src, ["loss", "grad_norm"], smoothing=0.6)
     spikes = [m for m in data.markers if m.kind == "spike"]
-    assert sorted((m.run, m.metric, m.step.tolist()) for m in spikes) == [
-        ("spike-nan", "grad_norm", [151]), ("spike-nan", "loss", [151])]
+    # The ★ sits at the raw peak within the finding's steps (issue 21, item 9), not on the smoothed
+    # line's rising edge at its first step: expected from steps.parquet and summary.json directly.
+    import polars as pl
+
+    s = summary(root, "spike-nan")
+    raw = pl.read_parquet(root / "spike-nan" / "ingested" / "steps.parquet")
+    want = []
+    for f in s["findings"]:
+        if f["kind"] == "loss_spike":
+            span = raw.filter(pl.col("step").is_between(f["first_step"], f["last_step"]))
+            peak = span.row(span[f["metric"]].arg_max(), named=True)
+            want.append(("spike-nan", f["metric"], [peak["step"]], [peak[f["metric"]]]))
+    got = sorted((m.run, m.metric, m.step.tolist(), m.y.tolist()) for m in spikes)
+    assert got == sorted(want) and all(y > 3.5 for *_, (y,) in got)  # 3.8 in the issue, not ~2.5
+    smoothed = next(x for x in data.series if x.run == "spike-nan" and x.metric == "loss" and x.kind == "smoothed")
+    assert smoothed.y[np.searchsorted(smoothed.step, got[1][2][0])] < got[1][3][0]
     kinds = {line.split(" is ", 1)[1].split(" at ")[0] for line in data.nonfinite_lines()}
     assert kinds == {"nan"}  # a spike is marked, not listed among the non-finite values
 
@@ -87,10 +101,13 @@ def test_run_detail_opens_with_findings_and_the_straggler_view(app, root):
     at.switch_page("views/run_detail.py").run()
     assert not at.exception
     assert at.subheader[0].value == "Findings"  # the page opens with them
-    table = next(d.value for d in at.dataframe if "message" in d.value.columns)
-    assert table["kind"].tolist() == ["straggler"] and table["ranks"].tolist() == ["1"]
-    assert table["open"].tolist() == ["detail?run=straggler&focus=1-250"]
-    waterfall = next(spec for t, spec in _charts(at).items() if t and t.startswith("where the wall clock went"))
+    # Each finding in full (not cut at a table's width), its facts without a "None", and a real button.
+    message = next(f["message"] for f in summary(root, "straggler")["findings"])
+    texts = [m.value.replace("\\", "") for m in at.markdown]
+    assert message in texts and any("straggler" in t and "rank 1" in t and "phase data" in t for t in texts)
+    assert not any("None" in t for t in texts)
+    assert [b.label for b in at.button if b.key.startswith("open_")] == ["Open steps 1–250"]
+    waterfall = next(spec for t, spec in _charts(at).items() if t and t.startswith("where the job's wall clock went"))
     assert waterfall["data"][0]["type"] == "waterfall" and "straggler wait" in waterfall["data"][0]["x"]
     # the per-rank view opens where the straggler shows: its data phase, not step time
     assert at.selectbox(key="metric").value == "time/data_s"
@@ -112,3 +129,6 @@ def test_a_finding_link_opens_its_steps(app):
     # the same through the page's own control: the NaN finding at step 200
     at.selectbox(key="focus").set_value("200-200").run()
     assert not at.exception and "steps 200–200" in _charts(at) and "steps 151–162" not in _charts(at)
+    # and through a finding's own button (a real button: keyboard and find-in-page reach it)
+    next(b for b in at.button if b.label == "Open steps 151–159").click().run()
+    assert not at.exception and at.selectbox(key="focus").value == "151-159" and "steps 151–159" in _charts(at)

@@ -15,7 +15,7 @@ MAX_OPEN_FINDINGS = 6  # shown at once; the rest in an expander
 
 
 def _go_to_run():
-    st.query_params["run"] = st.session_state["other_run"]
+    st.session_state["run"] = st.session_state["other_run"]  # the bound widget puts it in the URL
 
 
 def _open_focus(value: str):
@@ -25,7 +25,8 @@ def _open_focus(value: str):
 st.title("Run detail")
 root = common.runs_root()
 listing = common.load_runs(root)
-wanted = st.query_params.get("run")
+# The run picker's value (also set by "pick another run" below), else the URL's ?run= on a session's first page.
+wanted = st.session_state.get("run") or st.query_params.get("run")
 if prep_detail.listing_is_stale(root, listing, wanted):  # deleted, re-ingested or new since the cached listing
     common.clear_listing()
     listing = common.load_runs(root)

@@ -1,0 +1,109 @@
+"""The run detail page through Streamlit's AppTest (issue 21 items 7-8, issue 23's vanished and
+never-ingested runs): expected values read from summary.json, not from the page's prep code."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from dash_fixtures import SAMPLE_RUNS, shown, write_run
+from streamlit.testing.v1 import AppTest
+
+from kforge_dash.browse import units
+
+APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    from dash_fixtures import copy_and_ingest_sample_runs
+
+    return copy_and_ingest_sample_runs(tmp_path_factory.mktemp("detail") / "runs")
+
+
+def _detail(root, monkeypatch, run):
+    monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params["run"] = run
+    at.run()
+    return at.switch_page("views/run_detail.py").run()
+
+
+def _charts(at):
+    return {json.loads(c.proto.spec)["layout"].get("title", {}).get("text"): json.loads(c.proto.spec)
+            for c in at.get("plotly_chart")}
+
+
+def test_two_wall_times_each_labelled_and_the_waterfall_starts_at_the_job_clock(root, monkeypatch):
+    """preempted: the header said 0:00:33 and the waterfall 44.2 s, both as 'wall time'."""
+    s = json.loads((root / "preempted" / "ingested" / "summary.json").read_text())
+    at = _detail(root, monkeypatch, "preempted")
+    assert not at.exception
+    got = {m.label: m.value for m in at.metric}
+    assert "wall time" not in got
+    assert got["training time"] == f"{s['wall_time_s']:.1f} s" and got["job wall clock"] == f"{s['goodput']['total_s']:.1f} s"
+    assert s["goodput"]["total_s"] - s["wall_time_s"] > 5  # downtime between the launches: two numbers, two labels
+    waterfall = next(spec for t, spec in _charts(at).items() if t and t.startswith("where the job's wall clock went"))
+    assert waterfall["data"][0]["x"][0] == "job wall clock"
+    assert waterfall["data"][0]["text"][0] == got["job wall clock"]  # one number, one format, one label
+
+
+def test_text_is_whole_and_human(root, monkeypatch):
+    """No raw float lists in warnings, no raw column names in tables, the final loss uncut."""
+    at = _detail(root, monkeypatch, "preempted")
+    warnings = [shown(w.value) for w in at.warning]
+    assert any("peak TFLOPS per GPU" in w for w in warnings)
+    assert not any(re.search(r"\d\.\d{6,}", w) for w in warnings), warnings  # [0.10882826149463654, ...]
+    for df in at.dataframe:
+        assert not any(str(c).startswith("time/") for c in df.value.columns), df.value.columns
+    s = json.loads((root / "preempted" / "ingested" / "summary.json").read_text())
+    final = next(m.value for m in at.metric if m.label == "final loss")
+    assert len(final) <= 7 and float(final) == pytest.approx(s["final_loss"], rel=1e-4)
+
+
+def test_config_diff_says_not_set_instead_of_none(tmp_path, monkeypatch):
+    write_run(tmp_path, "a", n=5, hparams={"lr": 1e-3, "nan_step": None})
+    write_run(tmp_path, "b", n=5, hparams={"lr": 3e-3})
+    monkeypatch.setenv("KFORGE_DASH_ROOT", str(tmp_path))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    at.switch_page("views/runs.py").run()
+    assert not at.exception
+    diff = next(d.value for d in at.dataframe if "key" in d.value.columns).set_index("key")
+    assert diff.loc["hparams.nan_step", "a"] == "null" and diff.loc["hparams.nan_step", "b"] == units.NOT_SET
+    assert not diff.isna().any().any()
+
+
+def test_a_run_deleted_while_its_page_is_open_is_said_gone_and_no_other_run_shows(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    for name, seed in (("alpha", 1), ("beta", 2)):
+        write_run(root, name, n=50, seed=seed)
+    at = _detail(root, monkeypatch, "beta")
+    assert not at.exception and at.selectbox(key="run").value == "beta" and at.metric
+    shutil.rmtree(root / "beta")
+    at.run()  # a reload, while the cached listing (10 s) still lists it
+    assert not at.exception
+    errors = [shown(e.value) for e in at.error]
+    assert any("'beta' is not under" in e and "deleted" in e for e in errors), errors
+    assert not any("re-ingest" in e for e in errors)
+    assert not at.metric and not at.get("plotly_chart")  # alpha's data is not shown under beta's name
+    assert at.query_params["run"] == "beta"  # the URL still names the run it was about
+    other = at.selectbox(key="other_run")
+    assert other.options == ["alpha"] and other.value is None
+    other.set_value("alpha").run()  # the way on: pick another run
+    assert not at.exception and at.selectbox(key="run").value == "alpha" and at.metric
+
+
+def test_a_never_ingested_run_offers_the_ingest_button(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    write_run(root, "done", n=30)
+    shutil.copytree(SAMPLE_RUNS / "straggler", root / "fresh", ignore=shutil.ignore_patterns("ingested"))
+    at = _detail(root, monkeypatch, "fresh")
+    assert not at.exception and not at.metric
+    hint = " ".join(shown(w.value) for w in at.warning)
+    assert "'fresh' has no ingested outputs" in hint and "kforge-ingest" in hint
+    at.button(key="ingest").click().run()
+    assert not at.exception and (root / "fresh" / "ingested" / "summary.json").is_file()
+    at.run()
+    assert at.selectbox(key="run").value == "fresh" and {m.label for m in at.metric} >= {"steps", "training time"}
