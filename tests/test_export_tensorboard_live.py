@@ -100,3 +100,37 @@ def test_a_running_tensorboard_follows_appends_and_rewrites(tmp_path, monkeypatc
             tb.wait()
         for rec in recs.values():
             rec.close()
+
+
+@pytest.mark.slow
+def test_findings_are_in_tensorboards_text_tab_not_among_its_scalar_cards(tmp_path):
+    """A real TensorBoard on the straggler sample run (issue 21, item 10): its scalar cards are the
+    training metrics only; the finding is served by the text plugin at its first step."""
+    import shutil
+
+    from dash_fixtures import SAMPLE_RUNS
+
+    root = tmp_path / "runs"
+    run = root / "straggler"
+    shutil.copytree(SAMPLE_RUNS / "straggler", run, ignore=shutil.ignore_patterns("ingested", "events.out.*"))
+    ingest_run(run)
+    assert export_run(str(run), wandb=False).tensorboard.ok
+    port = _free_port()
+    tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--host", "127.0.0.1",
+                           "--port", str(port), "--reload_interval", "1", "--load_fast", "false"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(port, "straggler", "train/loss", _want(str(run), "loss"))
+        scalars = _get(port, "/data/plugin/scalars/tags")["straggler"]
+        assert "train/loss" in scalars and not [t for t in scalars if t.startswith("findings/")]
+        assert _get(port, "/data/plugin/text/tags") == {"straggler": ["findings/straggler"]}
+        (entry,) = _get(port, "/data/plugin/text/text", run="straggler", tag="findings/straggler")
+        assert entry["step"] == 1 and "straggler" in entry["text"] and "rank 1" in entry["text"]
+        assert "<script" not in entry["text"]
+    finally:
+        tb.terminate()
+        try:
+            tb.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            tb.kill()
+            tb.wait()

@@ -73,28 +73,40 @@ def test_kforge_ingest_prints_findings_and_goodput(ingested):
     assert "findings: none" in r.output
 
 
-def test_tensorboard_carries_findings_markers(ingested):
+def _texts(ea, tag):
+    """(step, text) of a text-plugin tag, read back as TensorBoard's text plugin reads it."""
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in ea.Tensors(tag)]
+
+
+def test_tensorboard_carries_findings_as_text_not_scalar_cards(ingested):
+    """Findings are text summaries (the TEXT tab), not 1-point scalar cards sorting before train/
+    on TensorBoard's first screen (issue 21, item 10)."""
     root, runs = ingested
     (path,) = glob.glob(str(root / "spike-nan" / "events.out.tfevents.*"))
-    ea = EventAccumulator(path, size_guidance={"scalars": 0})
+    ea = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
     ea.Reload()
-    # two spike findings (loss, grad norm) start at step 151: one point of value 2 there
-    assert [(e.step, e.value) for e in ea.Scalars("findings/loss_spike")] == [(151, 2.0)]
-    assert [(e.step, e.value) for e in ea.Scalars("findings/nonfinite")] == [(200, 2.0)]
+    assert not [t for t in ea.Tags()["scalars"] if t.startswith("findings/")]
+    assert ea.SummaryMetadata("findings/loss_spike").plugin_data.plugin_name == "text"
+    # two spike findings (loss, grad norm) start at step 151: one text there, a line for each
+    ((step, text),) = _texts(ea, "findings/loss_spike")
+    assert step == 151 and text.count("loss spike · from step 151") == 2 and "metric grad\\_norm" in text
+    assert [s for s, _ in _texts(ea, "findings/nonfinite")] == [200]
     (st,) = glob.glob(str(root / "straggler" / "events.out.tfevents.*"))
-    ea = EventAccumulator(st, size_guidance={"scalars": 0})
+    ea = EventAccumulator(st, size_guidance={"tensors": 0})
     ea.Reload()
-    assert [(e.step, e.value) for e in ea.Scalars("findings/straggler")] == [(1, 1.0)]
+    finding = runs["straggler"]["findings"][0]
+    assert _texts(ea, "findings/straggler") == [(1, f"**warning** · straggler · from step 1 · rank 1 · on "
+                                                    f"{finding['hosts'][0]} · phase data")]
     # a run with no findings has no findings tags
     (clean,) = glob.glob(str(root / "baseline-lr3e-3" / "events.out.tfevents.*"))
     ea = EventAccumulator(clean)
     ea.Reload()
-    assert not [t for t in ea.Tags()["scalars"] if t.startswith("findings/")]
+    assert not [t for kind in ("scalars", "tensors") for t in ea.Tags()[kind] if t.startswith("findings/")]
     assert "train/loss" in ea.Tags()["scalars"]
 
 
 def test_new_steps_after_a_finding_are_appended_to_the_event_file(tmp_path, monkeypatch):
-    """The markers sit at the findings' first steps and do not change while the run goes on, so an
+    """The findings' texts sit at their first steps and do not change while the run goes on, so an
     ingest of new steps still appends to TensorBoard's event file (tensorboard.py) instead of
     rewriting it."""
     from findings_fixtures import Clock, close_all, drive, install, open_ranks
@@ -116,7 +128,7 @@ def test_new_steps_after_a_finding_are_appended_to_the_event_file(tmp_path, monk
     assert ingest_run(recs[0].run_dir).appended
     second = export_run(recs[0].run_dir, wandb=False).tensorboard
     assert second.path == first.path and os.path.getsize(second.path) > size  # appended, same file
-    ea = EventAccumulator(second.path, size_guidance={"scalars": 0})
+    ea = EventAccumulator(second.path, size_guidance={"scalars": 0, "tensors": 0})
     ea.Reload()
-    assert [(e.step, e.value) for e in ea.Scalars("findings/nonfinite")] == [(20, 1.0)]
+    assert [s for s, _ in _texts(ea, "findings/nonfinite")] == [20]
     assert [e.step for e in ea.Scalars("train/loss")] == list(range(1, 61))

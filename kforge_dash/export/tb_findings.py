@@ -1,23 +1,54 @@
-"""summary.json findings as TensorBoard markers (docs/CONTRACT.md, "Exports").
+"""summary.json findings as TensorBoard text summaries (docs/CONTRACT.md, "Exports").
 
-``findings/<kind>``: a scalar point at each finding's first step, in that step's own Event; its
-value is how many findings of that kind start there (1.0 mostly). Markers on the step axis next to
-``train/loss``, and stable across re-exports while the findings stand: a value that changed every
-pass (a score, the goodput fraction) would rewrite earlier events and turn tensorboard.py's
-append of new steps into a rewrite of the whole file.
+``findings/<kind>``: a text summary (TensorBoard's text plugin: its TEXT tab, not a scalar card) in
+the Event of each finding's first step, one line per finding of that kind starting there. They no
+longer take TensorBoard's first screen: as 1-point scalar cards, ``findings/*`` sorted before
+``train/`` (issue 21, item 10).
+
+What a line says is stable while the finding stands: severity, kind, first step, ranks, hosts,
+phase, metric. Not its message, last step or score: those grow with each ingest of a running job,
+and an earlier event that changed would turn tensorboard.py's append of new steps into a rewrite
+of the whole file. The full finding is in summary.json and the dashboard's run detail page.
+
+The text plugin renders Markdown: names from disk (hosts, phases, metrics) are backslash-escaped,
+so they show as typed.
 """
 
 from __future__ import annotations
 
+TEXT_PLUGIN = "text"  # the plugin_name of the summaries' metadata (tensorboard.plugins.text.metadata)
+_MD_SPECIAL = frozenset("\\`*_[]<>#!$~|{}&:@()+-.")
 
-def findings_by_step(summary: dict | None) -> dict[int, list[tuple[str, float]]]:
-    """{step: [(tag, value)]} of the findings markers."""
-    counts: dict[tuple[int, str], int] = {}
+
+def _md(s) -> str:
+    flat = str(s).replace("\r", " ").replace("\n", " ")
+    return "".join("\\" + c if c in _MD_SPECIAL else c for c in flat)
+
+
+def finding_line(f: dict) -> str:
+    """One finding as one Markdown line of stable facts (module doc)."""
+    ranks = [str(r) for r in f.get("ranks") or []]
+    hosts = [str(h) for h in f.get("hosts") or []]
+    parts = [f"**{_md(f.get('severity') or 'info')}**", _md(str(f["kind"]).replace("_", " ")),
+             f"from step {f['first_step']}"]
+    if ranks:
+        parts.append(f"rank{'s' if len(ranks) > 1 else ''} {_md(', '.join(ranks))}")
+    if hosts:
+        parts.append(f"on {_md(', '.join(hosts))}")
+    if f.get("phase") is not None:
+        parts.append(f"phase {_md(f['phase'])}")
+    elif f.get("metric") is not None:
+        parts.append(f"metric {_md(f['metric'])}")
+    return " · ".join(parts)
+
+
+def findings_by_step(summary: dict | None) -> dict[int, list[tuple[str, str]]]:
+    """{step: [(tag, Markdown text)]}: per first step and kind, the lines of its findings."""
+    lines: dict[tuple[int, str], list[str]] = {}
     for f in (summary or {}).get("findings") or []:
         if isinstance(f, dict) and isinstance(f.get("first_step"), int) and isinstance(f.get("kind"), str):
-            key = (f["first_step"], f"findings/{f['kind']}")
-            counts[key] = counts.get(key, 0) + 1
-    out: dict[int, list[tuple[str, float]]] = {}
-    for (step, tag), n in sorted(counts.items()):
-        out.setdefault(step, []).append((tag, float(n)))
+            lines.setdefault((f["first_step"], f"findings/{f['kind']}"), []).append(finding_line(f))
+    out: dict[int, list[tuple[str, str]]] = {}
+    for (step, tag), texts in sorted(lines.items()):
+        out.setdefault(step, []).append((tag, "\n\n".join(texts)))
     return out

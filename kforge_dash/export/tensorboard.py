@@ -57,6 +57,17 @@ def _protos():
     return event_pb2, record_writer.RecordWriter
 
 
+def _text_value(add, tag: str, text: str) -> None:
+    """A text-plugin summary value (what tensorboard's text_pb writes: a scalar DT_STRING tensor)."""
+    from tensorboard.compat.proto import types_pb2
+    from tensorboard.plugins.text import metadata as text_metadata
+
+    v = add(tag=tag, metadata=text_metadata.create_summary_metadata(display_name=None, description=None))
+    v.tensor.dtype = types_pb2.DT_STRING
+    v.tensor.tensor_shape.SetInParent()  # a scalar string, as text_pb writes it
+    v.tensor.string_val.append(text.encode("utf-8"))
+
+
 def _masked_crc32c_c():
     """google-crc32c's C checksum with TFRecord's masking, or None when it is not installed."""
     try:
@@ -122,15 +133,15 @@ def _events(history: History, w, with_ranks: bool, event_pb2) -> int:
         start.session_log.status = event_pb2.SessionLog.START  # a rewrite replaces what was read before
         w.write(start.SerializeToString())
     points = 0
-    marks = findings_by_step(history.summary)  # findings/<kind> markers (tb_findings.py)
+    marks = findings_by_step(history.summary)  # findings/<kind> text summaries (tb_findings.py)
     for row in history.rows(with_ranks=with_ranks):
         ev = Event(step=row[0], wall_time=row[1])
         add = ev.summary.value.add  # in place: building Values then a Summary copies each twice
         for tag, v in zip(tags, row[2:]):
             if v is not None:
                 add(tag=tag, simple_value=v)
-        for tag, v in marks.get(row[0], ()):
-            add(tag=tag, simple_value=v)
+        for tag, text in marks.get(row[0], ()):
+            _text_value(add, tag, text)
         points += len(ev.summary.value)
         w.write(ev.SerializeToString())
     return points
