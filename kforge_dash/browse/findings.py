@@ -70,7 +70,8 @@ def findings_table(run: str, summary: dict | None) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=_TABLE_SCHEMA)
 
 
-SEVERITY_ICON = {"error": "🔴", "warning": "🟠", "info": "🔵"}
+# Streamlit Markdown badges per known severity (the text is ours, never a string from disk).
+SEVERITY_BADGE = {"error": ":red-badge[error]", "warning": ":orange-badge[warning]", "info": ":blue-badge[info]"}
 
 
 @dataclass(frozen=True)

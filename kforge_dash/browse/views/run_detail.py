@@ -12,6 +12,9 @@ from kforge_dash.browse.views import common
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
 
 MAX_OPEN_FINDINGS = 6  # shown at once; the rest in an expander
+TIMELINE_LABELS = {"attempt": "attempt", "first_step": "first step", "last_step": "last step", "start_time": "started",
+                   "world_size": "ranks", "resumed_at_step": "resumed at step", "previous_last_step": "previous last step",
+                   "superseded_steps": "steps run again", "attempt_ids": "attempt ids"}
 
 
 def _go_to_run():
@@ -72,8 +75,8 @@ for i, card in enumerate(cards):
             more = st.expander(f"{len(cards) - MAX_OPEN_FINDINGS} more finding(s)")
         box = more.container(border=True)
     text, button = box.columns([5, 1], vertical_alignment="center")
-    icon = prep_findings.SEVERITY_ICON.get(card.severity, "")
-    text.markdown(f"{icon} **{md_text(card.kind)}** ({md_text(card.severity)}) · {md_text(card.facts)}")
+    badge = prep_findings.SEVERITY_BADGE.get(card.severity) or md_text(card.severity)
+    text.markdown(f"{badge} **{md_text(card.kind)}** · {md_text(card.facts)}")
     text.markdown(md_text(card.message))  # in full, wrapped: never cut at a table's width
     if card.focus is not None:
         button.button(f"Open {card.steps}", key=f"open_{i}", on_click=_open_focus, args=(card.focus,),
@@ -151,7 +154,7 @@ else:
 
 st.subheader("Restarts")
 st.plotly_chart(prep_figures.timeline_figure(d.timeline), key="timeline")
-st.dataframe(units.frame_missing_as_dash(d.timeline, str), hide_index=True, key="restarts")
+st.dataframe(units.frame_missing_as_dash(d.timeline, str), hide_index=True, key="restarts", column_config=TIMELINE_LABELS)
 
 st.subheader("Non-finite steps")
 if d.nonfinite.is_empty():

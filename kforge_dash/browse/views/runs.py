@@ -32,10 +32,10 @@ shown = table.style.format(numeric, na_rep=units.MISSING)
 st.dataframe(
     shown, hide_index=True, key="runs_table",
     column_config={
-        "wall_time_h": cfg.Column("wall time"), "final_loss": cfg.Column("final loss"),
+        "wall_time_h": cfg.Column(units.TRAINING_TIME, help=units.WALL_TIMES_HELP), "final_loss": cfg.Column("final loss"),
         "best_loss": cfg.Column("best loss"), "mean_mfu": cfg.Column("mean MFU"),
         "peak_mem_gib": cfg.Column("peak mem"), "gpus": cfg.Column("ranks"),
-        "goodput": cfg.Column("goodput", help="productive share of the wall clock"),
+        "goodput": cfg.Column("goodput", help=f"productive share of the {units.JOB_WALL_CLOCK} (Run detail shows both times)"),
         "findings": cfg.Column("findings", help="spikes, NaNs, stragglers ... (Run detail lists them)"),
     },
 )
