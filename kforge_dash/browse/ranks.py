@@ -253,7 +253,8 @@ def phase_totals(path: str | Path) -> PhaseTotals:
         return PhaseTotals(empty, None)
     cols = (*phases, _OTHER_COL)
     sums = _phase_frame(lf, phases).select(
-        *[pl.col(c).sum() for c in cols], *[pl.col("step").filter(pl.col(f"{c}\0ran")).n_unique().alias(f"{c}\0ran") for c in phases],
+        *[pl.col(c).sum() for c in cols],
+        *[pl.col("step").filter(pl.col(f"{c}\0ran")).n_unique().alias(f"{c}\0ran") for c in phases],
         pl.len().alias("_n"), pl.col("step").n_unique().alias("_steps"), pl.col("step_time_s").sum().alias("_step"),
         (pl.col("_over") > _OVERLAP_TOL * pl.col("step_time_s")).sum().alias("_n_over"), pl.col("_over").max().alias("_max_over"),
     ).collect().row(0, named=True)
@@ -269,7 +270,8 @@ def phase_totals(path: str | Path) -> PhaseTotals:
     }, schema=empty.schema).sort("total_s", descending=True)
     note = None
     if sums["_n_over"]:
-        note = (f"In {sums['_n_over']:,} of {n:,} {'rank-' if n > sums['_steps'] else ''}steps the phase timers add up to more than the step time "
+        rows = f"{'rank-' if n > sums['_steps'] else ''}steps"
+        note = (f"In {sums['_n_over']:,} of {n:,} {rows} the phase timers add up to more than the step time "
                 f"(by up to {sums['_max_over']:.3g} s): phases overlap or nest. 'other' is 0 there, and each share "
                 f"is of the phases' sum ({total:.4g} s), not of the step time ({sums['_step']:.4g} s).")
     return PhaseTotals(table, note)

@@ -103,8 +103,8 @@ def runs_table_html(runs: list[prep_runs.RunInfo]) -> str:
                      units.number(s.get("best_loss"), "{:.4f}"), units.percent(s.get("mean_mfu")),
                      units.gib(s.get("peak_mem_bytes")), units.device_label(s), str(len(s.get("restarts") or [])),
                      str(len(s.get("warnings") or [])), ", ".join(r.tags) or units.MISSING])
-    return _table(["run", "steps", "tokens", units.TRAINING_TIME, units.JOB_WALL_CLOCK, "final loss", "best loss", "mean MFU", "peak mem",
-                   "hardware", "restarts", "warnings", "tags"], rows, cls="runs")
+    return _table(["run", "steps", "tokens", units.TRAINING_TIME, units.JOB_WALL_CLOCK, "final loss",
+                   "best loss", "mean MFU", "peak mem", "hardware", "restarts", "warnings", "tags"], rows, cls="runs")
 
 
 def config_diff_html(runs: list[prep_runs.RunInfo]) -> str:
