@@ -12,7 +12,7 @@ import polars as pl
 
 from kforge_dash.contract import EMA_COLUMNS
 from kforge_dash.ingest.findings.model import classify_phases
-from kforge_dash.ingest.findings.options import FindingsOptions
+from kforge_dash.ingest.findings_options import FindingsOptions
 from kforge_record.schema import MEM_COLUMNS, PHASE_PREFIX, PHASE_SUFFIX
 
 
