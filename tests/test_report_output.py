@@ -1,0 +1,26 @@
+"""kforge-report's -o path (issue 23): a missing folder is made; a path that cannot be written is a
+usage error on one line naming it, never a traceback."""
+
+from click.testing import CliRunner
+from dash_fixtures import write_run
+
+from kforge_dash.cli.report import main
+
+
+def test_a_missing_output_folder_is_created(tmp_path):
+    write_run(tmp_path / "runs", "a", n=30)
+    out = tmp_path / "MISSING" / "deeper" / "r.html"
+    r = CliRunner().invoke(main, [str(tmp_path / "runs"), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.is_file() and out.read_text().startswith("<!DOCTYPE html>")
+    assert not [p for p in out.parent.iterdir() if p.name != "r.html"]  # no temp file left
+
+
+def test_an_output_path_that_cannot_be_written_is_a_usage_error_naming_it(tmp_path):
+    write_run(tmp_path / "runs", "a", n=30)
+    (tmp_path / "afile").write_text("not a folder")
+    bad = tmp_path / "afile" / "deeper" / "r.html"
+    r = CliRunner().invoke(main, [str(tmp_path / "runs"), "-o", str(bad)])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in r.output, r.output
