@@ -60,6 +60,13 @@ def test_run_detail_findings_are_whole_and_their_buttons_work_from_the_keyboard(
     shot = Path(os.environ.get("KFORGE_SCREENSHOT_DETAIL") or tmp_path / "screenshot-detail.png")
     with serve(sample_runs_copy, tmp_path / "server.log") as url:
         page, left = new_page(browser, width=1400, height=1000)
+        # The picture: the straggler run (one finding, then the goodput waterfall) as a user first sees it.
+        page.goto(url + "/detail?run=straggler")
+        page.get_by_role("button", name="Open steps 1–250").wait_for()
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2")
+        page.wait_for_timeout(500)  # let plotly finish its transitions before the picture
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot))
         page.goto(url + "/detail?run=spike-nan")
         page.get_by_role("heading", name="Run detail", exact=True).wait_for()
         page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2")
@@ -71,9 +78,6 @@ def test_run_detail_findings_are_whole_and_their_buttons_work_from_the_keyboard(
         page.get_by_test_id("stMetricValue").first.wait_for()
         for value in page.get_by_test_id("stMetricValue").all():  # header values are not cut ("2.4894…")
             assert value.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), value.inner_text()
-        page.wait_for_timeout(500)  # let plotly finish its transitions before the picture
-        shot.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(shot))
         button = page.get_by_role("button", name="Open steps 151–162")
         button.focus()  # a real button in the page's tab order, not a link drawn in a canvas grid
         assert page.evaluate("() => document.activeElement.innerText").strip() == "Open steps 151–162"
