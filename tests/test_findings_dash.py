@@ -26,18 +26,20 @@ def summary(root, name):
     return json.loads((root / name / "ingested" / "summary.json").read_text())
 
 
-def test_findings_table_and_links(root):
+def test_finding_cards_and_focus(root):
     s = summary(root, "spike-nan")
-    t = prep_findings.findings_table("spike-nan", s)
-    assert t["severity"].to_list() == ["error", "error", "warning", "warning"]
-    row = t.filter((t["kind"] == "loss_spike") & t["message"].str.starts_with("Loss")).row(0, named=True)
-    assert row["steps"] == f"{row['first_step']}–{row['last_step']}" and row["first_step"] == 151
-    assert row["open"] == f"detail?run=spike-nan&focus=151-{row['last_step']}"
+    cards = prep_findings.finding_cards(s)
+    assert [c.severity for c in cards] == ["error", "error", "warning", "warning"]
+    f = next(f for f in s["findings"] if f["kind"] == "loss_spike" and f["message"].startswith("Loss"))
+    card = next(c for c in cards if c.message == f["message"])  # the message whole
+    assert card.kind == "loss spike" and f["first_step"] == 151
+    assert card.steps == f"steps 151–{f['last_step']}" and card.focus == f"151-{f['last_step']}"
+    assert card.facts == f"steps 151–{f['last_step']} · ranks 0, 1 · on {f['hosts'][0]}"  # no phase: not "None"
     assert prep_findings.parse_focus("151-162") == (151, 162) and prep_findings.parse_focus("../x") is None
-    assert prep_findings.focus_options(s) == ["200-200", f"151-{row['last_step']}", "151-159"]  # each once
+    assert prep_findings.focus_options(s) == ["200-200", f"151-{f['last_step']}", "151-159"]  # each once
     focus = prep_findings.focus_steps(root / "spike-nan" / "ingested" / "steps.parquet", 151, 162)
     assert focus["step"].to_list() == list(range(131, 183))
-    assert prep_findings.findings_table("baseline-lr3e-3", summary(root, "baseline-lr3e-3")).is_empty()
+    assert prep_findings.finding_cards(summary(root, "baseline-lr3e-3")) == []
 
 
 def test_goodput_waterfall_steps_down_to_productive(root):

@@ -5,7 +5,6 @@ Text in a finding (its message, hosts) comes from disk and is shown as text, nev
 
 from __future__ import annotations
 
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,23 +15,11 @@ from kforge_dash.browse.ranks import _reading
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 _PAD = 20  # steps shown either side of a finding's steps
 
-_TABLE_SCHEMA = {"severity": pl.String, "kind": pl.String, "steps": pl.String, "ranks": pl.String,
-                 "phase": pl.String, "hosts": pl.String, "message": pl.String, "open": pl.String,
-                 "first_step": pl.Int64, "last_step": pl.Int64}
-
 
 def findings_of(summary: dict | None) -> list[dict]:
     """The summary's findings that are well-formed dicts, most severe first (as ingest sorted them)."""
     out = [f for f in (summary or {}).get("findings") or [] if isinstance(f, dict)]
     return sorted(out, key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 3))
-
-
-def focus_link(run: str, first: int | None, last: int | None) -> str | None:
-    """The run-detail URL (relative) that opens ``first..last`` of ``run``."""
-    if first is None:
-        return None
-    q = urllib.parse.urlencode({"run": run, "focus": f"{first}-{last if last is not None else first}"})
-    return f"detail?{q}"
 
 
 def focus_options(summary: dict | None) -> list[str]:
@@ -52,22 +39,6 @@ def parse_focus(value: str | None) -> tuple[int, int] | None:
     except (TypeError, ValueError):
         return None
     return (min(a, b), max(a, b))
-
-
-def findings_table(run: str, summary: dict | None) -> pl.DataFrame:
-    rows = []
-    for f in findings_of(summary):
-        first, last = f.get("first_step"), f.get("last_step")
-        rows.append({
-            "severity": f.get("severity"), "kind": f.get("kind"),
-            "steps": None if first is None else (str(first) if first == last else f"{first}–{last}"),
-            "ranks": ", ".join(str(r) for r in f.get("ranks") or []) or None,
-            "phase": f.get("phase"), "hosts": ", ".join(str(h) for h in f.get("hosts") or []) or None,
-            "message": f.get("message"), "open": focus_link(run, first, last),
-            "first_step": first if isinstance(first, int) else None,
-            "last_step": last if isinstance(last, int) else None,
-        })
-    return pl.DataFrame(rows, schema=_TABLE_SCHEMA)
 
 
 # Streamlit Markdown badges per known severity (the text is ours, never a string from disk).

@@ -18,7 +18,7 @@ if not runs:
 
 cfg = st.column_config
 FORMATS = {
-    "wall_time_h": lambda h: units.hms(h * 3600), "final_loss": "{:.4f}".format, "best_loss": "{:.4f}".format,
+    "wall_time_h": lambda h: units.duration(h * 3600), "final_loss": "{:.4f}".format, "best_loss": "{:.4f}".format,
     "mean_mfu": units.percent, "peak_mem_gib": "{:.2f} GiB".format, "tokens": "{:,.0f}".format,
     "steps": "{:,.0f}".format, "gpus": "{:.0f}".format, "restarts": "{:.0f}".format, "warnings": "{:.0f}".format,
     "goodput": units.percent, "findings": "{:.0f}".format,
