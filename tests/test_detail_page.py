@@ -63,8 +63,8 @@ def test_text_is_whole_and_human(root, monkeypatch):
 
 
 def test_config_diff_says_not_set_instead_of_none(tmp_path, monkeypatch):
-    write_run(tmp_path, "a", n=5, hparams={"lr": 1e-3, "nan_step": None})
-    write_run(tmp_path, "b", n=5, hparams={"lr": 3e-3})
+    write_run(tmp_path, "a", n=5, hparams={"lr": 1e-3, "nan_step": None, "peak": 0.10882826149463654, "eps": 1.0000001})
+    write_run(tmp_path, "b", n=5, hparams={"lr": 3e-3, "peak": 0.111696757376194, "eps": 1.0000002})
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(tmp_path))
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.run()
@@ -73,6 +73,8 @@ def test_config_diff_says_not_set_instead_of_none(tmp_path, monkeypatch):
     diff = next(d.value for d in at.dataframe if "key" in d.value.columns).set_index("key")
     assert diff.loc["hparams.nan_step", "a"] == "null" and diff.loc["hparams.nan_step", "b"] == units.NOT_SET
     assert not diff.isna().any().any()
+    assert diff.loc["hparams.peak"].tolist() == ["0.108828", "0.111697"]  # read as a person reads them
+    assert diff.loc["hparams.eps"].tolist() == ["1.0000001", "1.0000002"]  # but never two differing values alike
 
 
 def test_a_run_deleted_while_its_page_is_open_is_said_gone_and_no_other_run_shows(tmp_path, monkeypatch):

@@ -123,9 +123,28 @@ def frame_missing_as_dash(df, fmt=lambda v: f"{v:.6g}"):
     return pl.DataFrame(rows, schema={c: (pl.String if df[c].null_count() else df[c].dtype) for c in df.columns})
 
 
+def _short_json(text: str | None) -> str | None:
+    """A JSON float to 6 significant digits (0.10822273790836334 -> 0.108223); anything else as it is."""
+    import json
+
+    try:
+        v = json.loads(text) if text is not None else None
+    except ValueError:
+        return text
+    return f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else text
+
+
 def config_diff_text(diff):
     """browse.runs.config_diff for display: a key a run lacks (null there) reads "(not set)", so the
-    table never mixes Python's None with JSON's null (a key set to null)."""
+    table never mixes Python's None with JSON's null (a key set to null); floats read to 6
+    significant digits, unless that would make two differing values of a key look the same."""
     import polars as pl
 
-    return diff.with_columns(pl.exclude("key").fill_null(NOT_SET)) if diff.width > 1 else diff
+    if diff.width <= 1:
+        return diff
+    rows = []
+    for key, *vals in diff.iter_rows():
+        short = [_short_json(v) for v in vals]
+        shown = short if len(set(short)) == len(set(vals)) else vals
+        rows.append([key, *(NOT_SET if v is None else v for v in shown)])
+    return pl.DataFrame(rows, schema={c: pl.String for c in diff.columns}, orient="row")
