@@ -109,3 +109,14 @@ def test_a_never_ingested_run_offers_the_ingest_button(tmp_path, monkeypatch):
     assert not at.exception and (root / "fresh" / "ingested" / "summary.json").is_file()
     at.run()
     assert at.selectbox(key="run").value == "fresh" and {m.label for m in at.metric} >= {"steps", "training time"}
+
+
+def test_the_straggler_pages_phase_shares_add_to_100_percent_with_checkpoint_under_1(root, monkeypatch):
+    """What the page shows (issue 21, item 2: it showed checkpoint 8.14 % and 'other' -0.48 %)."""
+    at = _detail(root, monkeypatch, "straggler")
+    assert not at.exception
+    table = next(d.value for d in at.dataframe if "share" in d.value.columns).set_index("phase")
+    assert table["share"].sum() == pytest.approx(1.0) and (table["share"] >= 0).all()
+    assert table.loc["checkpoint", "share"] < 0.01 and table.loc["checkpoint", "steps_ran"] == 5
+    slow = next(spec for t, spec in _charts(at).items() if t and t.startswith("steps where each rank's own work"))
+    assert list(slow["data"][0]["x"]) == [1]  # rank 1, as the straggler finding says
