@@ -24,3 +24,17 @@ def test_an_output_path_that_cannot_be_written_is_a_usage_error_naming_it(tmp_pa
     assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
     lines = [line for line in r.output.splitlines() if line.strip()]
     assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in r.output, r.output
+
+
+def test_the_default_charts_skip_a_metric_no_run_has(sample_runs_copy, tmp_path):
+    """CPU runs have memory columns that are null throughout: no chart for them and no note saying so
+    for every run (the report used to open with 'no mem_peak_bytes in' all seven runs)."""
+    import polars as pl
+
+    from kforge_dash.browse.report import write_report
+
+    steps = pl.read_parquet(sample_runs_copy / "straggler" / "ingested" / "steps.parquet")
+    assert "mem_peak_bytes" in steps.columns and steps["mem_peak_bytes"].null_count() == len(steps)
+    report = write_report([sample_runs_copy], tmp_path / "r.html")
+    assert "mem_peak_bytes" not in report.metrics and not [n for n in report.notes if "mem_peak_bytes" in n]
+    assert {"loss", "grad_norm", "lr"} <= set(report.metrics)
