@@ -120,3 +120,16 @@ def test_the_straggler_pages_phase_shares_add_to_100_percent_with_checkpoint_und
     assert table.loc["checkpoint", "share"] < 0.01 and table.loc["checkpoint", "steps_ran"] == 5
     slow = next(spec for t, spec in _charts(at).items() if t and t.startswith("steps where each rank's own work"))
     assert list(slow["data"][0]["x"]) == [1]  # rank 1, as the straggler finding says
+
+
+def test_many_findings_the_first_open_the_rest_in_an_expander(tmp_path, monkeypatch):
+    findings = [{"kind": "nonfinite", "severity": "error", "message": f"loss NaN at step {s}", "first_step": s,
+                 "last_step": s, "ranks": [0]} for s in range(1, 131)]
+    write_run(tmp_path, "diverged", n=200, findings=findings)
+    at = _detail(tmp_path, monkeypatch, "diverged")
+    assert not at.exception
+    (more,) = at.expander
+    assert more.label == "124 more finding(s)"
+    buttons = [b for b in at.button if b.key.startswith("open_")]
+    assert len(buttons) == 100 and buttons[0].label == "Open step 1"
+    assert any("30 more" in c.value and "summary.json" in c.value for c in at.caption)

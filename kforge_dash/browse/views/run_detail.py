@@ -12,6 +12,7 @@ from kforge_dash.browse.views import common
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
 
 MAX_OPEN_FINDINGS = 6  # shown at once; the rest in an expander
+MAX_FINDINGS = 100  # a diverged run can have hundreds: the page shows this many (most severe first)
 TIMELINE_LABELS = {"attempt": "attempt", "first_step": "first step", "last_step": "last step", "start_time": "started",
                    "world_size": "ranks", "resumed_at_step": "resumed at step", "previous_last_step": "previous last step",
                    "superseded_steps": "steps run again", "attempt_ids": "attempt ids"}
@@ -68,7 +69,7 @@ if "findings" not in s:
     st.info("Ingested before findings existed: re-ingest the run (kforge-ingest) to see them.")
 elif not cards:
     st.success("No findings: no spike, NaN, straggler, slow episode, memory growth, data stall or restart.")
-for i, card in enumerate(cards):
+for i, card in enumerate(cards[:MAX_FINDINGS]):
     box = st.container(border=True) if i < MAX_OPEN_FINDINGS else None
     if box is None:
         if i == MAX_OPEN_FINDINGS:
@@ -81,6 +82,9 @@ for i, card in enumerate(cards):
     if card.focus is not None:
         button.button(f"Open {card.steps}", key=f"open_{i}", on_click=_open_focus, args=(card.focus,),
                       help="Loss, grad norm and step time around these steps, below")
+if len(cards) > MAX_FINDINGS:
+    more.caption(f"{len(cards) - MAX_FINDINGS:,} more, the least severe: every finding is in "
+                 f"{md_text(run.name)}/ingested/summary.json and in kforge-report.")
 waterfall = prep_findings.goodput_waterfall(s)
 if waterfall is not None:
     st.plotly_chart(findings_figures.waterfall_figure(waterfall), key="goodput")
