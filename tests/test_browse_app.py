@@ -104,8 +104,9 @@ def test_run_page_shows_units_and_where_mfu_inputs_came_from(tmp_path, monkeypat
     at.switch_page("views/run_detail.py").run()
     assert not at.exception
     got = {m.label: m.value for m in at.metric}
-    assert got["hardware"] == "CPU ×2" and got["training time"] == "1:02:05" and got["mean MFU"] == "41.2 %"
+    assert got["ranks"] == "2" and got["training time"] == "1:02:05" and got["mean MFU"] == "41.2 %"
     cap = " ".join(shown(c.value) for c in at.caption)
+    assert "Hardware: CPU ×2" in cap
     assert "FLOPs/token from n_params" in cap and "peak 989 TFLOPS/GPU from table" in cap
     at.switch_page("views/runs.py").run()
     table = at.dataframe[0].value.set_index("run")

@@ -52,7 +52,7 @@ train_s, clock_s = units.wall_times(s)
 goodput = s.get("goodput") if isinstance(s.get("goodput"), dict) else {}
 c = st.columns(4)
 c[0].metric("steps", units.number(s.get("steps"), "{:,}"))
-c[1].metric("hardware", units.device_label(s))
+c[1].metric("ranks", units.number(s.get("world_size"), "{:,}"))
 c[2].metric("mean MFU", units.percent(s.get("mean_mfu")))
 c[3].metric("final loss", units.number(s.get("final_loss"), "{:.5g}"), help=f"final loss {s.get('final_loss')!r}")
 c = st.columns(4)
@@ -61,7 +61,8 @@ c[1].metric(units.JOB_WALL_CLOCK, units.duration(clock_s), help=units.WALL_TIMES
 c[2].metric("goodput", units.percent(goodput.get("fraction")))
 c[3].metric("restarts", len(s.get("restarts") or []))
 # Where MFU's two inputs came from: a wrong one makes every MFU figure quietly wrong.
-st.caption("MFU inputs: " + md_text(units.flops_origin(s)))
+# Hardware here, not as a metric: "NVIDIA H100 80GB HBM3 ×8" does not fit a metric's quarter of the page.
+st.caption(f"Hardware: {md_text(units.device_label(s))} · MFU inputs: {md_text(units.flops_origin(s))}")
 
 st.subheader("Findings")
 cards = prep_findings.finding_cards(s)
