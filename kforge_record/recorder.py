@@ -25,7 +25,7 @@ import threading
 import time
 from time import perf_counter
 
-from . import env, lifecycle
+from . import env, heartbeat, lifecycle
 from .convert import capture, rows_to_table, safe_repr
 from .model import ModelSpec
 from .options import STEP_MAX, STEP_MIN, RecorderOptions, as_step, checked_run_dir, rank_and_world
@@ -91,6 +91,7 @@ class Recorder:
         self._cuda = env.cuda_in_use()
         self._meta = self._initial_meta(now, launch, local_rank)
         self._init_loop_state()
+        self._hb_step, self._hb_time = heartbeat.open_heartbeat(self.attempt_dir, self._warn)
         self._start_writer()
         self._closed = False
         self._register(install_sigterm_handler)
@@ -203,6 +204,8 @@ class Recorder:
                     mem = self._memory() or _NO_MEM
                     row = (step, time.time(), step_time, loss, grad_norm, lr, tokens, *mem, scalars, phases)
                 self._rows.append(row)
+                self._hb_step[1] = step  # the heartbeat (heartbeat.py): two stores, no syscall
+                self._hb_time[2] = row[1]
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
                     self._handoff(t)
         except Exception as e:  # the loop must go on
@@ -357,6 +360,7 @@ class Recorder:
         self._lock = threading.RLock()
         self._rows = []
         del self._pending[:]  # the same list: the phase timers hold it
+        self._hb_step, self._hb_time = heartbeat.detached()  # never the parent's heartbeat
 
     def _close_at_exit(self) -> None:
         self.close(reason="exit")

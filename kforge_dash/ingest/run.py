@@ -54,7 +54,7 @@ from kforge_dash.progress import NullProgress  # noqa: E402
 __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce_steps", "WindowTask"]
 
 # Bump when the outputs' meaning changes: a new version re-ingests unchanged shards.
-INGEST_VERSION = "3"
+INGEST_VERSION = "4"
 
 
 def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, windows=None,
@@ -157,7 +157,9 @@ def _list_inputs(run_dir: str, out_dir: str, opts: IngestOptions, warnings: list
     stats = _shards.stat_inputs(listing)
     option_key = {"v": INGEST_VERSION, "alpha": opts.alpha, "peak": opts.peak_tflops, "fpt": opts.flops_per_token,
                   "findings": opts.findings.to_dict()}
-    return IngestInputs(run_dir, out_dir, listing, stats, option_key, _shards.input_digest(run_dir, stats, option_key))
+    # The folder's name is the run's name (summary.json): a renamed run is summarised again.
+    digest = _shards.input_digest(run_dir, stats, {**option_key, "run_name": os.path.basename(run_dir)})
+    return IngestInputs(run_dir, out_dir, listing, stats, option_key, digest)
 
 
 def _unchanged_summary(inputs: IngestInputs) -> dict | None:

@@ -27,6 +27,7 @@ from kforge_dash.ingest.parquet_io import (
 )
 from kforge_dash.ingest.parquet_io import interned as _interned  # noqa: F401 (manifest.py's name for it)
 from kforge_dash.ingest.second_writers import warn_second_writers
+from kforge_record.heartbeat import HEARTBEAT_FILE, Heartbeat, read_heartbeat
 from kforge_record.schema import (
     END_FILE,
     META_FILE,
@@ -84,6 +85,7 @@ class Attempt:
     start_time: float | None  # None: unknown (no meta.json, no time in the attempt id, no file times)
     end: dict | None
     parts: tuple[PartInfo, ...] = field(default=())
+    heartbeat: Heartbeat | None = None  # the last step it ended, kept by a SIGKILL (kforge_record/heartbeat.py)
 
     @property
     def world_size(self) -> int | None:
@@ -321,7 +323,18 @@ def read_attempt(af: AttemptFiles, warnings: list[str], part_reader=None) -> Att
     reader = part_reader or read_part
     parts = _readable_parts(af, reader, warnings)
     start = None if meta["start_time"] is None else float(meta["start_time"])
-    return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, start, read_end(af, warnings), parts)
+    return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, start, read_end(af, warnings), parts,
+                   _heartbeat(af, warnings))
+
+
+def _heartbeat(af: AttemptFiles, warnings: list[str]) -> Heartbeat | None:
+    """The attempt's heartbeat.bin; None when absent (older shards), empty, or unreadable (warned)."""
+    path = os.path.join(af.dir, HEARTBEAT_FILE)
+    try:
+        return read_heartbeat(path)
+    except (OSError, ValueError) as e:
+        warnings.append(f"{path}: unreadable ({e}); how far this rank got past its last row is unknown")
+        return None
 
 
 def _readable_parts(af: AttemptFiles, reader, warnings: list[str]) -> tuple[PartInfo, ...]:

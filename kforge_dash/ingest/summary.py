@@ -10,6 +10,7 @@ import polars as pl
 
 from kforge_dash.contract import EMA_METRICS, OUTPUT_SCHEMA_VERSION
 from kforge_dash.ingest.launches import lead_meta, start_of, world_size_of
+from kforge_dash.ingest.restarts import launch_timeline
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,18 @@ def build_summary(inp: SummaryInput) -> dict:
     if dropped_rows:
         inp.warnings.append(f"the recorder dropped {dropped_rows} row(s) on disk errors (see end.json / part metadata)")
     meta = lead_meta(cur)
+    timeline = launch_timeline(inp.launches, inp.first_ended, inp.last_ended, inp.warnings)
     return {
         "schema_version": OUTPUT_SCHEMA_VERSION,
-        "run_name": meta.get("run_name") or os.path.basename(inp.run_dir),
+        # The folder's name, not meta.json's: a run folder renamed after recording is its new name.
+        "run_name": os.path.basename(os.path.abspath(inp.run_dir)),
         "ingested_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "world_size": world_size_of(cur),
         "ranks": inp.ranks,
-        "attempts": _attempt_entries(inp),
-        "restarts": _restarts(inp),
+        "attempts": _attempt_entries(inp, timeline.reach),
+        "restarts": timeline.restarts,
+        "unrecorded": timeline.unrecorded,
+        "overlaps": timeline.overlaps,
         **_step_figures(inp.steps),
         **_flops_entries(cur.flops),
         "alpha": inp.alpha,
@@ -93,34 +98,16 @@ def _nonfinite_counts(steps: pl.DataFrame) -> dict[str, int]:
     return nonfinite
 
 
-def _attempt_entries(inp: SummaryInput) -> list[dict]:
+def _attempt_entries(inp: SummaryInput, reach: dict) -> list[dict]:
     return [{
         "attempt": launch.index,
         "attempt_ids": sorted({a.attempt_id for a in launch.attempts}),
         "start_time": start_of(launch),
         "first_step": inp.first_ended[launch.index],
         "last_step": inp.last_ended[launch.index],
+        "reached_step": reach[launch.index].reached,
         "world_size": world_size_of(launch),
     } for launch in inp.launches]
-
-
-def _restarts(inp: SummaryInput) -> list[dict]:
-    restarts = []
-    prev_last = None
-    for launch in inp.launches:
-        first, last = inp.first_ended[launch.index], inp.last_ended[launch.index]
-        if launch.index and first is not None and prev_last is not None:
-            restarts.append({
-                "attempt": launch.index,
-                "resumed_at_step": first,
-                "previous_last_step": prev_last,
-                # step numbers the earlier attempt(s) had reached and this one redid
-                "superseded_steps": max(0, prev_last - first + 1),
-                "time": start_of(launch),
-            })
-        if last is not None:
-            prev_last = last if prev_last is None else max(prev_last, last)
-    return restarts
 
 
 def _step_figures(steps: pl.DataFrame) -> dict:

@@ -13,7 +13,13 @@ The timeline is cut into consecutive pieces, each in exactly one bucket, so
   shards without it, the recorder's ``start_time``) to the start of its first step (its end minus
   its step time).
 - ``wasted_progress``: an earlier launch's time after its last kept step, i.e. the steps a later
-  launch recomputed after resuming from an older checkpoint (``wasted_steps`` counts them).
+  launch recomputed after resuming from an older checkpoint (``wasted_steps`` counts them). Steps
+  a killed launch ended after its last flushed row are known from its heartbeat
+  (kforge_record/heartbeat.py): the time from its last row to its heartbeat is shared out pro
+  rata by steps, those a later launch recomputed to ``wasted_progress``, those none redid
+  (trained, not recorded) to ``productive`` (docs/restarts.md).
+- A launch that overlaps the next (still writing after it started: restarts.py) is on the clock
+  only until the next one starts; what it did after that ran beside it, not after it.
 - Per step, the interval since the previous step's end (the last rank's) is cut in this order,
   never more than is left: ``checkpoint`` (the longest ``checkpoint*``/``ckpt*`` phase of any
   rank), ``eval`` (``eval*`` phases); then the step of the *critical rank* (the one that waited
@@ -113,6 +119,11 @@ def goodput(facts: RunFacts, med: pl.DataFrame) -> dict:
     steps = steps.select("step", "time", "step_time_s", "attempt", has_eval.alias("_eval")).sort("step")
     att = {a["attempt"]: a for a in summary.get("attempts") or []}
     live = [L for L in facts.launches if L.parts()]
+    caps = {}  # launch -> (time the next launch started while it still wrote, step it had reached by then)
+    for o in summary.get("overlaps") or []:
+        k = o["attempts"][0]
+        if k not in caps or o["time"] < caps[k][0]:
+            caps[k] = (o["time"], o["reached_step"])
     t0 = t = None
     per_attempt = []
     for i, L in enumerate(live):
@@ -151,12 +162,19 @@ def goodput(facts: RunFacts, med: pl.DataFrame) -> dict:
         later = [att[M.index]["first_step"] for M in live[i + 1:] if att.get(M.index, {}).get("first_step") is not None]
         cutoff = min(later) if later else None
         mine = att.get(L.index, {})
+        cap = caps.get(L.index)
+        last_row, end, beat, reached = _capped(L, mine, last_row, end, cap)
         wasted_steps = 0
-        if cutoff is not None and mine.get("last_step") is not None:
-            wasted_steps = max(0, mine["last_step"] - cutoff + 1)
+        if cutoff is not None and reached is not None:
+            wasted_steps = max(0, reached - cutoff + 1)
         if wasted_steps and last_row is not None and last_row > t:
             b["wasted_progress"] += last_row - t
             t = last_row
+        if beat is not None and beat > t:  # ended steps its rows do not hold (a kill): from the heartbeat
+            w = _recomputed_share(mine.get("last_step"), reached, cutoff)
+            b["wasted_progress"] += (beat - t) * w
+            b_prod += (beat - t) * (1 - w)
+            t = beat
         tail = max(0.0, end - t) if end is not None else 0.0  # after the last row: shutdown (and a last eval)
         shutdown = tail if i < len(live) - 1 else 0.0
         b["downtime" if shutdown else "eval" if last_eval else "other"] += tail
@@ -173,6 +191,30 @@ def goodput(facts: RunFacts, med: pl.DataFrame) -> dict:
     out.pop("attempt")
     out["per_attempt"] = per_attempt
     return out
+
+
+def _capped(L, mine: dict, last_row, end, cap):
+    """(last row, last record, heartbeat time, step reached) of launch ``L``, each cut at ``cap``
+    (the next launch's start and the step reached by then) when the two overlap."""
+    beats = [a.heartbeat.time for a in L.attempts if a.heartbeat is not None]
+    beat = max(beats) if beats else None
+    reached = mine.get("reached_step", mine.get("last_step"))
+    if beat is not None and end is not None:
+        end = max(end, beat)
+    if cap is None:
+        return last_row, end, beat, reached
+    at, step = cap
+    return (*(None if x is None else min(x, at) for x in (last_row, end, beat)), step)
+
+
+def _recomputed_share(recorded, reached, cutoff) -> float:
+    """Of the steps after a launch's last row up to the one its heartbeat reached, the share a later
+    launch recomputed (from ``cutoff`` on): the rest were trained and kept, though not recorded."""
+    if reached is None or cutoff is None or reached < cutoff:
+        return 0.0
+    if recorded is None or reached <= recorded:
+        return 1.0
+    return (reached - max(recorded, cutoff - 1)) / (reached - recorded)
 
 
 def _entry(attempt, start, end, productive, buckets, wasted_steps) -> dict:

@@ -104,24 +104,38 @@ def data_stall_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
 
 
 def restart_findings(facts: RunFacts, good: dict | None) -> list[Finding]:
-    """Each relaunch: where it resumed, the steps it recomputed, the time lost and the time down."""
+    """Each relaunch: where it resumed, the steps it recomputed, the time lost and the time down
+    (docs/restarts.md). A launch that started while an earlier one still wrote had no downtime."""
     per = {a["attempt"]: a for a in (good or {}).get("per_attempt", [])}
+    firsts = {a["attempt"]: a.get("first_step") for a in facts.summary.get("attempts") or []}
+    overlapped = {o["attempts"][1]: o["attempts"][0] for o in facts.summary.get("overlaps") or []}
     out = []
     for r in facts.summary.get("restarts") or []:
         k = r["attempt"]
         before = [a for i, a in per.items() if i < k]
-        # down: the previous launch's shutdown after its last row, then the wait for this one
+        # down: the previous launch's shutdown after its last record, then the wait for this one
         down = (before[-1]["shutdown_s"] if before else 0.0) + (per[k]["downtime_before_s"] if k in per else 0.0)
-        lost = sum(a["buckets"]["wasted_progress"] for a in before)
+        # the progress lost to this restart: of the launches whose recomputed steps it set
+        lost = sum(a["buckets"]["wasted_progress"] for i, a in per.items() if _resumed_by(i, firsts) == k)
         n = r["superseded_steps"]
         first = r["resumed_at_step"]
         last = r["previous_last_step"] if n else first
         ranks = facts.ranks_of(k)
+        if k in overlapped:
+            how = (f"Launch {k} started while launch {overlapped[k]} still wrote this run (no downtime between them) "
+                   f"and resumed at step {first}, where launch {overlapped[k]} had reached step {r['previous_last_step']}: ")
+        else:
+            how = f"Launch {k} resumed at step {first} after the job had reached step {r['previous_last_step']}: "
         out.append(Finding(
             kind="restart", severity="info", first_step=first, last_step=last, ranks=ranks,
             hosts=facts.hosts_of(ranks, {k}), score=down,
-            message=(f"Launch {k} resumed at step {first} after the job had reached step {r['previous_last_step']}: "
-                     f"{n} step{'s' if n != 1 else ''} recomputed ({lost:.1f} s of lost progress) and {down:.1f} s "
-                     "down between launches; checkpoint more often to lose less."),
+            message=(f"{how}{n} step{'s' if n != 1 else ''} recomputed ({lost:.1f} s of wasted progress) and "
+                     f"{down:.1f} s down between launches; checkpoint more often to lose less."),
         ))
     return out
+
+
+def _resumed_by(i: int, firsts: dict) -> int | None:
+    """The later launch that superseded launch ``i``'s rows: the one with the lowest first step."""
+    later = [(f, k) for k, f in firsts.items() if k > i and f is not None]
+    return min(later)[1] if later else None

@@ -1,0 +1,50 @@
+"""Findings of killed and overlapping launches: steps trained but not recorded, launches that
+wrote one run at the same time (summary.json ``unrecorded`` and ``overlaps``, from restarts.py)."""
+
+from __future__ import annotations
+
+from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
+
+
+def unrecorded_findings(facts: RunFacts) -> list[Finding]:
+    """A launch killed after its last flush: the steps it trained that no row records and no later
+    launch redid (a hole in steps.parquet that nothing else explains)."""
+    out = []
+    for u in facts.summary.get("unrecorded") or []:
+        first, last = u["first_step"], u["last_step"]
+        what = steps_range(first, last) if first is not None else f"steps up to {last}"
+        n = last - first + 1 if first is not None else None
+        rows = "no step" if u["recorded_step"] is None else f"step {u['recorded_step']}"
+        ranks = tuple(u["ranks"])
+        out.append(Finding(
+            kind="unrecorded_steps", severity="warning", first_step=first if first is not None else last, last_step=last,
+            ranks=ranks, hosts=facts.hosts_of(ranks, {u["attempt"]}), score=n,
+            message=(f"{what[0].upper()}{what[1:]} were trained by launch {u['attempt']} but not recorded: it reached "
+                     f"step {u['reached_step']} (its heartbeat) while its rows stop at {rows}, the rest lost with the "
+                     "unflushed rows when it was killed; flush more often (flush_every_steps) or stop jobs with SIGTERM."),
+        ))
+    return out
+
+
+def overlap_findings(facts: RunFacts) -> list[Finding]:
+    """Two launches writing one run at the same time (a killed launcher's orphaned workers and a relaunch)."""
+    out = []
+    for o in facts.summary.get("overlaps") or []:
+        a, b = o["attempts"]
+        ids = {x["attempt"]: x.get("attempt_ids") or [] for x in facts.summary.get("attempts") or []}
+        ranks = tuple(o["ranks"])
+        both = "" if o["first_step"] is None else f"; {steps_range(o['first_step'], o['last_step'])} ran in both"
+        out.append(Finding(
+            kind="overlapping_launches", severity="warning",
+            first_step=o["first_step"] if o["first_step"] is not None else o["reached_step"],
+            last_step=o["last_step"] if o["last_step"] is not None else o["reached_step"],
+            ranks=ranks, hosts=facts.hosts_of(ranks, {a, b}), score=o["seconds"],
+            message=(f"Launches {a} ({_first(ids.get(a))}) and {b} ({_first(ids.get(b))}) wrote this run at the same "
+                     f"time: launch {a} still wrote {o['seconds']:.1f} s after launch {b} started{both}; kill the "
+                     "workers of a launch (its process group or job step), not only its launcher, before relaunching."),
+        ))
+    return out
+
+
+def _first(ids) -> str:
+    return "?" if not ids else ids[0] if len(ids) == 1 else f"{ids[0]} and {len(ids) - 1} more"

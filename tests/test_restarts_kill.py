@@ -1,0 +1,73 @@
+"""A job SIGKILLed after its last flush and resumed from an older checkpoint: ingest tells exactly
+how far it got (the heartbeat), what was recomputed and which steps were trained but not recorded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+from findings_fixtures import T0
+
+from kforge_dash import ingest_run
+from kforge_dash.ingest.options import IngestWarning
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEP_S = 0.1
+
+
+def _launch(run, t_start, first, last, flush_at, kill) -> float:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, os.path.join(HERE, "kill_child.py"), str(run), repr(t_start), str(first),
+                        str(last), str(flush_at), "1" if kill else "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == (-signal.SIGKILL if kill else 0), p.stderr
+    return float(p.stdout.split("clock ")[1])
+
+
+def test_kill_after_the_last_flush_then_resume(tmp_path):
+    """Killed after step 140 with rows flushed to step 92, resumed from the step-100 checkpoint."""
+    run = tmp_path / "killed"
+    killed_at = _launch(run, T0, 1, 140, 92, kill=True)
+    assert killed_at == pytest.approx(T0 + 140 * STEP_S)
+    _launch(run, killed_at + 30.0, 101, 200, 0, kill=False)  # requeued: processes 25 s later, Recorders 5 s after
+
+    with pytest.warns(IngestWarning, match=r"steps 93-100 were trained but not recorded"):
+        s = ingest_run(run).summary
+    steps = pl.read_parquet(run / "ingested" / "steps.parquet")["step"].to_list()
+    assert steps == list(range(1, 93)) + list(range(101, 201))  # the hole is there ...
+    assert s["attempts"][0]["last_step"] == 92 and s["attempts"][0]["reached_step"] == 140
+    (r,) = s["restarts"]
+    assert (r["resumed_at_step"], r["previous_last_step"], r["superseded_steps"]) == (101, 140, 40)
+    assert s["unrecorded"] == [{"attempt": 0, "first_step": 93, "last_step": 100, "reached_step": 140,  # ... and said
+                                "recorded_step": 92, "ranks": [0, 1]}]
+    assert any("steps 93-100 were trained but not recorded" in w for w in s["warnings"])
+
+    (u,) = [f for f in s["findings"] if f["kind"] == "unrecorded_steps"]
+    assert (u["first_step"], u["last_step"], u["ranks"], u["severity"], u["score"]) == (93, 100, [0, 1], "warning", 8)
+    assert "Steps 93-100 were trained by launch 0 but not recorded" in u["message"]
+    (f,) = [f for f in s["findings"] if f["kind"] == "restart"]
+    assert (f["first_step"], f["last_step"]) == (101, 140)
+    # 101-140 ran for 4.0 s before the kill: wasted progress, not downtime; down: 30 s less the 5 s startup
+    assert "reached step 140: 40 steps recomputed (4.0 s of wasted progress) and 25.0 s down" in f["message"]
+
+    g = s["goodput"]
+    assert g["wasted_steps"] == 40
+    assert g["buckets"]["wasted_progress"] == pytest.approx(40 * STEP_S, abs=1e-4)
+    assert g["buckets"]["downtime"] == pytest.approx(25.0, abs=1e-4)
+    assert g["buckets"]["startup"] == pytest.approx(10.0, abs=1e-4)
+    # productive: every kept step, and steps 93-100 (trained, kept by the checkpoint, not recorded)
+    assert g["productive_s"] == pytest.approx((92 + 8 + 100) * STEP_S, abs=1e-4)
+    assert g["productive_s"] + sum(g["buckets"].values()) == pytest.approx(g["total_s"], abs=1e-4)
+
+
+def test_kill_of_the_last_launch_is_told_once_its_process_is_gone(tmp_path):
+    """No relaunch: the heartbeat of the killed (gone) process says how far it got past its rows."""
+    run = tmp_path / "killed-last"
+    _launch(run, T0, 1, 57, 40, kill=True)
+    with pytest.warns(IngestWarning, match=r"steps 41-57 were trained but not recorded"):
+        s = ingest_run(run).summary
+    assert s["unrecorded"][0]["first_step"] == 41 and s["unrecorded"][0]["last_step"] == 57
+    assert s["restarts"] == [] and s["goodput"]["productive_s"] == pytest.approx(57 * STEP_S, abs=1e-4)
