@@ -149,8 +149,8 @@ class Recorder:
     def _register(self, install_sigterm_handler: bool) -> None:
         lifecycle.LIVE.add(self)
         atexit.register(self._close_at_exit)  # strong: a recorder dropped without close() still flushes
-        if install_sigterm_handler:
-            lifecycle.install_sigterm_handler()
+        if install_sigterm_handler and not lifecycle.install_sigterm_handler():
+            lifecycle.install_at_first_main_call(self)  # built off the main thread
 
     # -- hot path ----------------------------------------------------------------------------
     def start_step(self) -> None:

@@ -1,6 +1,7 @@
 """A stand-in training loop run as a child process by the crash tests.
 
 Usage: python record_child.py RUN_DIR MODE [options as key=value]
+MODE off-main: the Recorder is built on another thread, then used from the main thread.
 Prints "step N" after each end_step so the parent knows how far it got (mode flush-each also
 calls flush() every step and prints "flushed N" once it returned).
 start_at=UNIX_TIME: busy-wait until then before building the Recorder (children started together).
@@ -13,6 +14,7 @@ import resource
 import signal
 import struct
 import sys
+import threading
 import time
 
 from kforge_record import Recorder
@@ -38,10 +40,22 @@ start_at = float(opts.get("start_at", 0))
 while time.time() < start_at:  # several children building their Recorder in the same instant
     pass
 
-rec = Recorder(run_dir, rank=0, world_size=1,
-               flush_every_steps=int(opts.get("flush_every_steps", 20)),
-               flush_every_s=float(opts.get("flush_every_s", 3600)),
-               max_backlog_rows=int(opts.get("max_backlog_rows", 100_000)))
+def build():
+    return Recorder(run_dir, rank=0, world_size=1,
+                    flush_every_steps=int(opts.get("flush_every_steps", 20)),
+                    flush_every_s=float(opts.get("flush_every_s", 3600)),
+                    max_backlog_rows=int(opts.get("max_backlog_rows", 100_000)))
+
+
+if mode == "off-main":
+    # Built on a setup thread, used from the main thread's loop below.
+    built = []
+    setup = threading.Thread(target=lambda: built.append(build()))
+    setup.start()
+    setup.join()
+    rec = built[0]
+else:
+    rec = build()
 
 if mode == "disk-full":
     # Past meta.json, no file may grow beyond 1 byte: every part write fails with EFBIG,

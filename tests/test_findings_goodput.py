@@ -65,7 +65,7 @@ def test_goodput_buckets_of_a_resumed_run(tmp_path, monkeypatch):
     assert per[1]["buckets"]["downtime"] == pytest.approx(25.0, abs=1e-4)
     (f,) = [f for f in s["findings"] if f["kind"] == "restart"]
     assert (f["first_step"], f["last_step"], f["ranks"], f["severity"]) == (101, 130, [0, 1], "info")
-    assert "30 steps recomputed (4.0 s of lost progress) and 25.0 s down" in f["message"]
+    assert "30 steps recomputed (4.0 s of wasted progress) and 25.0 s down" in f["message"]
     # rank 1 waited for rank 0's checkpoints in its all-reduce: not a straggler, nor is rank 0
     assert [f for f in s["findings"] if f["kind"] == "straggler"] == []
 

@@ -168,7 +168,8 @@ def _overlap(L: Launch, M: Launch) -> dict | None:
         since = b.start_time if since is None else min(since, b.start_time)
     if not ranks:
         return None
-    before, first, last = _ended_around(L, since)
+    # meta.json's start_time has microsecond resolution (datetime): a row at that instant came before
+    before, first, last = _ended_around(L, since + 1e-6)
     return {"attempts": [L.index, M.index], "ranks": sorted(ranks), "time": since, "seconds": seconds,
             "reached_step": before, "first_step": first, "last_step": last}
 
