@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kforge_record import Recorder
+from kforge_record.heartbeat import read_heartbeat
 
 CHILD = os.path.join(os.path.dirname(__file__), "record_child.py")
 
@@ -210,6 +211,8 @@ rec.close()
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     assert _steps_on_disk(run) == [1, 2, 3, 4, 5]
     assert len(list(run.glob("rank-*/*"))) == 1
+    (beat,) = run.glob("rank-*/*/heartbeat.bin")
+    assert read_heartbeat(str(beat)).step == 5  # nor the parent's heartbeat (a shared mapping)
 
 
 def test_a_hung_write_bounds_waiting_rows_and_the_loop_goes_on(tmp_path):
