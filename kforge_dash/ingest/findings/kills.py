@@ -19,9 +19,10 @@ def unrecorded_findings(facts: RunFacts) -> list[Finding]:
         out.append(Finding(
             kind="unrecorded_steps", severity="warning", first_step=first if first is not None else last, last_step=last,
             ranks=ranks, hosts=facts.hosts_of(ranks, {u["attempt"]}), score=n,
-            message=(f"{what[0].upper()}{what[1:]} were trained by launch {u['attempt']} but not recorded: it reached "
-                     f"step {u['reached_step']} (its heartbeat) while its rows stop at {rows}, the rest lost with the "
-                     "unflushed rows when it was killed; flush more often (flush_every_steps) or stop jobs with SIGTERM."),
+            message=(f"{what[0].upper()}{what[1:]} were trained by launch {u['attempt']} but not recorded: its rows "
+                     f"stop at {rows}, its heartbeat at step {u['reached_step']} (the unflushed rows were lost when it "
+                     "was killed) and no later launch redid them; flush more often (flush_every_steps) or stop jobs "
+                     "with SIGTERM."),
         ))
     return out
 
