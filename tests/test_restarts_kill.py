@@ -71,3 +71,25 @@ def test_kill_of_the_last_launch_is_told_once_its_process_is_gone(tmp_path):
         s = ingest_run(run).summary
     assert s["unrecorded"][0]["first_step"] == 41 and s["unrecorded"][0]["last_step"] == 57
     assert s["restarts"] == [] and s["goodput"]["productive_s"] == pytest.approx(57 * STEP_S, abs=1e-4)
+
+
+def test_a_kill_after_the_last_ingest_is_told_by_the_next(tmp_path):
+    """Ingested while it ran (its heartbeat ahead of its rows by the unflushed window: no loss),
+    then killed with no file changed: the next ingest sees the kill, not an unchanged run."""
+    run = tmp_path / "watched"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "kill_child.py"), str(run), repr(T0), "1", "57", "40",
+                             "1", "50"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "paused"
+        live = ingest_run(run).summary  # the job runs: steps 41-50 are only not flushed yet
+        assert live["attempts"][0]["reached_step"] == 50 and live["unrecorded"] == []
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        proc.kill()
+    with pytest.warns(IngestWarning, match=r"steps 41-57 were trained but not recorded"):
+        res = ingest_run(run)
+    assert not res.skipped and res.summary["unrecorded"][0]["last_step"] == 57
+    assert ingest_run(run).skipped  # told once: unchanged from then on

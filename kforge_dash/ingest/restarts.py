@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from kforge_dash.ingest.launches import Launch
 from kforge_dash.ingest.parquet_io import column_max, read_columns
 from kforge_dash.ingest.plan import ended_bound
+from kforge_record.heartbeat import HEARTBEAT_FILE, read_heartbeat
 from kforge_record.leftovers import folder_writer_gone
 
 # Clocks of different hosts agree to about this (NTP): a smaller overlap is taken for none.
@@ -228,3 +229,26 @@ def _ranks(ranks) -> str:
 
 def _span(a: int, b: int) -> str:
     return str(a) if a == b else f"{a}-{b}"
+
+
+def killed_since(prev: dict, listing: list) -> bool:
+    """True when the last launch of a run whose inputs are unchanged since summary ``prev`` was
+    killed since: its heartbeats moved past the step ``prev`` says it reached and its writer is gone.
+    (A kill writes no file: the fingerprint cannot see it.) One probe of the lowest rank's writer,
+    then, only for a gone one, the launch's heartbeats: a live run costs one meta.json read."""
+    attempts = prev.get("attempts") or []
+    if not attempts or not isinstance(attempts[-1], dict):
+        return False
+    ids = set(attempts[-1].get("attempt_ids") or ())
+    dirs = [af.dir for af in sorted(listing, key=lambda af: af.rank) if af.attempt_id in ids]
+    if not dirs or folder_writer_gone(dirs[0]) is not True:
+        return False
+    steps = []
+    for d in dirs:
+        try:
+            hb = read_heartbeat(os.path.join(d, HEARTBEAT_FILE))
+        except (OSError, ValueError):
+            continue
+        if hb is not None:
+            steps.append(hb.step)
+    return bool(steps) and max(steps) != attempts[-1].get("reached_step")

@@ -45,6 +45,7 @@ from kforge_dash.ingest.options import (  # noqa: E402
 from kforge_dash.ingest.plan import IngestInputs, IngestPlan, make_plan  # noqa: E402
 from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402  (public here too: see __all__)
 from kforge_dash.ingest.reduce import ema_expr, reduce_steps  # noqa: E402
+from kforge_dash.ingest.restarts import killed_since  # noqa: E402
 from kforge_dash.ingest.rows import Rows, read_rows  # noqa: E402
 from kforge_dash.ingest.summary import SummaryInput, build_summary  # noqa: E402
 from kforge_dash.ingest.temps import remove_stale_temps  # noqa: E402
@@ -173,7 +174,7 @@ def _unchanged_summary(inputs: IngestInputs) -> dict | None:
         return None  # unreadable summary: ingest again
     if prev.get("fingerprint") == inputs.digest and all(
             os.path.exists(os.path.join(inputs.out_dir, n)) for n in (STEPS_FILE, RANKS_FILE)):
-        return prev
+        return None if killed_since(prev, inputs.listing) else prev
     return None
 
 
