@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 
@@ -32,6 +33,13 @@ def test_kill_after_the_last_flush_then_resume(tmp_path):
     run = tmp_path / "killed"
     killed_at = _launch(run, T0, 1, 140, 92, kill=True)
     assert killed_at == pytest.approx(T0 + 140 * STEP_S)
+    beats = sorted(run.glob("rank-*/*/heartbeat.bin"))
+    assert len(beats) == 2  # one per rank, in its attempt folder; read as docs/CONTRACT.md lays it out:
+    for b in beats:
+        data = b.read_bytes()
+        assert len(data) == 24 and data[:4] == b"KFHB" and struct.unpack_from("<I", data, 4) == (1,)
+        step, t = struct.unpack_from("<qd", data, 8)
+        assert step == 140 and t == pytest.approx(killed_at)  # the SIGKILL kept the last store
     _launch(run, killed_at + 30.0, 101, 200, 0, kill=False)  # requeued: processes 25 s later, Recorders 5 s after
 
     with pytest.warns(IngestWarning, match=r"steps 93-100 were trained but not recorded"):
