@@ -53,7 +53,8 @@ class Timeline:
 
 def launch_timeline(launches: list[Launch], first_ended: dict, last_ended: dict, warnings: list[str]) -> Timeline:
     reach = {L.index: _reach(L, last_ended[L.index]) for L in launches}
-    overlaps = [o for i, L in enumerate(launches) for M in launches[i + 1:] if (o := _overlap(L, M)) is not None]
+    ends = _Ends()
+    overlaps = [o for i, L in enumerate(launches) for M in launches[i + 1:] if (o := _overlap(L, M, ends)) is not None]
     for o in overlaps:
         steps = "" if o["first_step"] is None else f"; steps {_span(o['first_step'], o['last_step'])} were run by both"
         warnings.append(
@@ -138,14 +139,17 @@ def _restarts(launches: list[Launch], first_ended: dict, reach: dict, overlaps: 
 
 
 def attempt_end(a) -> float | None:
-    """The attempt's last sign of life: its last row, its heartbeat or end.json, whichever is latest."""
+    """The attempt's last sign of life: its last row, its heartbeat or end.json, whichever is latest.
+    end.json comes after every row, and the heartbeat holds the last ended row's time, so the last
+    part's footer is opened only for shards without either (a log row after the last ended step
+    of a killed launch is missed: an overlap can only look shorter for it, or go unseen)."""
     times = []
     if a.heartbeat is not None:
         times.append(a.heartbeat.time)
     if a.end and isinstance(a.end.get("end_time"), (int, float)):
         times.append(float(a.end["end_time"]))
     parts = [p for p in a.parts if p.num_rows]
-    if parts:
+    if parts and not times:
         try:
             v = column_max(parts[-1].path, "time")  # the last written part: rows are written in time order
         except Exception:  # unreadable: ingest warned about that part already
@@ -155,17 +159,26 @@ def attempt_end(a) -> float | None:
     return max(times, default=None)
 
 
-def _overlap(L: Launch, M: Launch) -> dict | None:
+class _Ends(dict):
+    """attempt_end of each attempt (by folder), each found once."""
+
+    def of(self, a) -> float | None:
+        if a.dir not in self:
+            self[a.dir] = attempt_end(a)
+        return self[a.dir]
+
+
+def _overlap(L: Launch, M: Launch, ends: _Ends) -> dict | None:
     """The overlap of earlier launch L with later launch M on their common ranks, or None."""
     later = {a.rank: a for a in M.attempts if a.start_time is not None}
     ranks, seconds, since = [], 0.0, None
     for a in L.attempts:
         b = later.get(a.rank)
-        end = attempt_end(a) if b is not None else None
+        end = ends.of(a) if b is not None else None
         if end is None or end <= b.start_time + CLOCK_SLACK_S:
             continue
         ranks.append(a.rank)
-        seconds = max(seconds, min(end, attempt_end(b) or end) - b.start_time)
+        seconds = max(seconds, min(end, ends.of(b) or end) - b.start_time)
         since = b.start_time if since is None else min(since, b.start_time)
     if not ranks:
         return None
