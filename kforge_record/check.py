@@ -13,6 +13,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .heartbeat import HEARTBEAT_FILE, read_heartbeat
 from .schema import (
     FIXED_COLUMNS,
     META_FILE,
@@ -70,6 +71,10 @@ def check_attempt(path: str, *, rank_name: str | None = None) -> list[str]:
     parts = sorted(n for n in os.listdir(path) if is_part_file(n))
     for name in parts:
         problems += _check_part(os.path.join(path, name))
+    try:
+        read_heartbeat(os.path.join(path, HEARTBEAT_FILE))  # absent (older shards) is fine
+    except (OSError, ValueError) as e:
+        problems.append(f"{os.path.join(path, HEARTBEAT_FILE)}: {e}")
     return problems
 
 

@@ -101,3 +101,21 @@ def test_a_kill_after_the_last_ingest_is_told_by_the_next(tmp_path):
         res = ingest_run(run)
     assert not res.skipped and res.summary["unrecorded"][0]["last_step"] == 57
     assert ingest_run(run).skipped  # told once: unchanged from then on
+
+
+def test_a_damaged_heartbeat_is_said_and_the_run_ingested(tmp_path):
+    from kforge_record import Recorder
+    from kforge_record.check import check_run
+
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
+    for s in range(1, 6):
+        rec.end_step(s, loss=1.0)
+    rec.close()
+    assert check_run(tmp_path / "run") == []
+    (beat,) = (tmp_path / "run").glob("rank-*/*/heartbeat.bin")
+    beat.write_bytes(beat.read_bytes()[:10])  # cut short
+    (problem,) = check_run(tmp_path / "run")
+    assert "heartbeat.bin" in problem and "10 bytes" in problem
+    with pytest.warns(IngestWarning, match=r"heartbeat\.bin: unreadable"):
+        s = ingest_run(tmp_path / "run").summary
+    assert s["steps"] == 5 and s["attempts"][0]["reached_step"] == 5 and s["unrecorded"] == []
