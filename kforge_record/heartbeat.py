@@ -14,7 +14,9 @@ kernel owns the page, so a SIGKILL loses nothing written; only a crash of the wh
 A SIGKILL between the two stores leaves the new step beside the previous step's time.
 
 Never raises into the loop: a heartbeat that cannot be made is warned once and the stores go to a
-private buffer instead, so the hot path has no branch for it.
+private buffer instead, so the hot path has no branch for it. (The one thing that could hurt: a
+file truncated to 0 bytes while the job runs makes the next store a SIGBUS, as for any mapped
+file; nothing in kforge truncates it, and deleting it is harmless.)
 """
 
 from __future__ import annotations
