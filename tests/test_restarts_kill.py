@@ -50,7 +50,7 @@ def test_kill_after_the_last_flush_then_resume(tmp_path):
     (r,) = s["restarts"]
     assert (r["resumed_at_step"], r["previous_last_step"], r["superseded_steps"]) == (101, 140, 40)
     assert s["unrecorded"] == [{"attempt": 0, "first_step": 93, "last_step": 100, "reached_step": 140,  # ... and said
-                                "recorded_step": 92, "ranks": [0, 1]}]
+                                "recorded_step": 92, "ranks": [0, 1], "killed": True}]
     assert any("steps 93-100 were trained but not recorded" in w for w in s["warnings"])
 
     (u,) = [f for f in s["findings"] if f["kind"] == "unrecorded_steps"]
@@ -119,3 +119,20 @@ def test_a_damaged_heartbeat_is_said_and_the_run_ingested(tmp_path):
     with pytest.warns(IngestWarning, match=r"heartbeat\.bin: unreadable"):
         s = ingest_run(tmp_path / "run").summary
     assert s["steps"] == 5 and s["attempts"][0]["reached_step"] == 5 and s["unrecorded"] == []
+
+
+def test_steps_ended_after_close_are_trained_not_recorded_and_not_a_kill(tmp_path):
+    from kforge_record import Recorder
+
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
+    for s in range(1, 6):
+        rec.end_step(s, loss=1.0)
+    rec.close()
+    rec.end_step(6, loss=1.0)  # the loop went on after close(): not recorded, but the heartbeat knows
+    with pytest.warns(IngestWarning, match=r"step 6 was trained but not recorded \(it closed cleanly"):
+        s = ingest_run(tmp_path / "run").summary
+    assert s["unrecorded"] == [{"attempt": 0, "first_step": 6, "last_step": 6, "reached_step": 6, "recorded_step": 5,
+                                "ranks": [0], "killed": False}]
+    (f,) = [f for f in s["findings"] if f["kind"] == "unrecorded_steps"]
+    assert f["message"].startswith("Step 6 was trained by launch 0 but not recorded")
+    assert "it closed cleanly" in f["message"] and "killed" not in f["message"]

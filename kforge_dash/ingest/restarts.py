@@ -106,13 +106,18 @@ def _unrecorded(launches: list[Launch], first_ended: dict, reach: dict, warnings
                 warnings.append(f"launch {L.index} reached step {r.reached} (heartbeat) with rows recorded to step "
                                 f"{r.recorded}{redone}")
             continue
+        behind = set(r.ranks_behind)
+        killed = any(a.end is None for a in L.attempts if a.rank in behind)
         out.append({"attempt": L.index, "first_step": first, "last_step": last, "reached_step": r.reached,
-                    "recorded_step": r.recorded, "ranks": list(r.ranks_behind)})
-        what = f"steps {_span(first, last)} were" if first is not None else f"steps up to {last} were"
+                    "recorded_step": r.recorded, "ranks": list(r.ranks_behind), "killed": killed})
+        what = (f"step {first} was" if first == last else f"steps {first}-{last} were") if first is not None \
+            else f"steps up to {last} were"
+        why = ("lost with the unflushed rows when it was killed" if killed else
+               "it closed cleanly: rows the recorder dropped (dropped_rows) or steps ended after close()")
         warnings.append(
             f"launch {L.index} reached step {r.reached} (heartbeat of rank(s) {_ranks(r.ranks_behind)}) but its rows "
             f"stop at {'no step' if r.recorded is None else f'step {r.recorded}'}: {what} trained but not recorded "
-            f"(lost with the unflushed rows when it was killed){redone}")
+            f"({why}){redone}")
     return out
 
 

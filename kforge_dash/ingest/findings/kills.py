@@ -12,19 +12,30 @@ def unrecorded_findings(facts: RunFacts) -> list[Finding]:
     out = []
     for u in facts.summary.get("unrecorded") or []:
         first, last = u["first_step"], u["last_step"]
-        what = steps_range(first, last) if first is not None else f"steps up to {last}"
         n = last - first + 1 if first is not None else None
+        what = f"{steps_range(first, last)} {'was' if n == 1 else 'were'}" if first is not None else f"steps up to {last} were"
         rows = "no step" if u["recorded_step"] is None else f"step {u['recorded_step']}"
         ranks = tuple(u["ranks"])
         out.append(Finding(
             kind="unrecorded_steps", severity="warning", first_step=first if first is not None else last, last_step=last,
             ranks=ranks, hosts=facts.hosts_of(ranks, {u["attempt"]}), score=n,
-            message=(f"{what[0].upper()}{what[1:]} were trained by launch {u['attempt']} but not recorded: its rows "
-                     f"stop at {rows}, its heartbeat at step {u['reached_step']} (the unflushed rows were lost when it "
-                     "was killed) and no later launch redid them; flush more often (flush_every_steps) or stop jobs "
-                     "with SIGTERM."),
+            message=(f"{what[0].upper()}{what[1:]} trained by launch {u['attempt']} but not recorded: its rows "
+                     f"stop at {rows}, its heartbeat at step {u['reached_step']} ({_why(u)}) and no later launch redid "
+                     f"them; {_advice(u)}."),
         ))
     return out
+
+
+def _why(u: dict) -> str:
+    if u.get("killed", True):
+        return "the unflushed rows were lost when it was killed"
+    return "it closed cleanly: the recorder dropped those rows (see dropped_rows) or they ended after close()"
+
+
+def _advice(u: dict) -> str:
+    if u.get("killed", True):
+        return "flush more often (flush_every_steps) or stop jobs with SIGTERM"
+    return "see the recorder's warnings in the job's log"
 
 
 def overlap_findings(facts: RunFacts) -> list[Finding]:
