@@ -136,3 +136,18 @@ def test_steps_ended_after_close_are_trained_not_recorded_and_not_a_kill(tmp_pat
     (f,) = [f for f in s["findings"] if f["kind"] == "unrecorded_steps"]
     assert f["message"].startswith("Step 6 was trained by launch 0 but not recorded")
     assert "it closed cleanly" in f["message"] and "killed" not in f["message"]
+
+
+def test_a_kill_whose_lost_rows_were_all_recomputed_leaves_no_hole(tmp_path):
+    """Rows flushed to step 120, killed after 140, resumed at 101: 101-140 recomputed (rows 101-120
+    superseded, 121-140 known from the heartbeat), nothing trained but not recorded."""
+    run = tmp_path / "killed"
+    killed_at = _launch(run, T0, 1, 140, 120, kill=True)
+    _launch(run, killed_at + 30.0, 101, 200, 0, kill=False)
+    s = ingest_run(run).summary
+    (r,) = s["restarts"]
+    assert (r["resumed_at_step"], r["previous_last_step"], r["superseded_steps"]) == (101, 140, 40)
+    assert s["unrecorded"] == [] and not any("not recorded" in w for w in s["warnings"])
+    g = s["goodput"]
+    assert g["wasted_steps"] == 40 and g["buckets"]["wasted_progress"] == pytest.approx(40 * STEP_S, abs=1e-4)
+    assert g["buckets"]["downtime"] == pytest.approx(25.0, abs=1e-4)

@@ -99,13 +99,10 @@ def _unrecorded(launches: list[Launch], first_ended: dict, reach: dict, warnings
         cutoff = min(later) if later else None
         last = r.reached if cutoff is None else min(r.reached, cutoff - 1)
         first = r.recorded + 1 if r.recorded is not None else None
-        redone = "" if cutoff is None or r.reached < cutoff else \
-            f"; steps {_span(max(cutoff, (r.recorded or cutoff - 1) + 1), r.reached)} were recomputed by a later launch"
         if first is not None and first > last:
-            if redone:  # every step past its rows was redone: nothing is missing, but say where the rows stop
-                warnings.append(f"launch {L.index} reached step {r.reached} (heartbeat) with rows recorded to step "
-                                f"{r.recorded}{redone}")
-            continue
+            continue  # every step past its rows was recomputed by a later launch: none is missing
+        redone = "" if cutoff is None or r.reached < cutoff else \
+            f"; steps {_span(cutoff, r.reached)} were recomputed by a later launch"
         behind = set(r.ranks_behind)
         killed = any(a.end is None for a in L.attempts if a.rank in behind)
         out.append({"attempt": L.index, "first_step": first, "last_step": last, "reached_step": r.reached,
