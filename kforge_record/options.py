@@ -29,11 +29,12 @@ class RecorderOptions:
     max_backlog_rows: int
     close_timeout_s: float
     merge_parts: bool = True  # the writer merges its part files (compact.py); False: one file per flush
+    hw_every_s: float = 5.0  # GPU telemetry every so many seconds on the writer thread (hw.py); 0: off
 
     @classmethod
     def from_arguments(cls, *, model, hparams, tags, peak_tflops, counts_tokens, flush_every_steps,
                        flush_every_s, memory_every_steps, max_backlog_rows, close_timeout_s,
-                       merge_parts=True) -> "RecorderOptions":
+                       merge_parts=True, hw_every_s=5.0) -> "RecorderOptions":
         """The Recorder's keyword arguments as given (dicts, lists, ints where floats will do) to options."""
         model = _model(model)
         if hparams is not None and not isinstance(hparams, dict):
@@ -49,11 +50,13 @@ class RecorderOptions:
         check_int("memory_every_steps", memory_every_steps, 0)
         check_int("max_backlog_rows", max_backlog_rows, 1)
         check_positive("flush_every_s", flush_every_s, "a positive number of seconds", finite=False)
+        if hw_every_s != 0:
+            check_positive("hw_every_s", hw_every_s, "0 (off) or a positive finite number of seconds")
         return cls(model=model, hparams=hparams or {}, tags=tuple(tags),
                    peak_tflops=None if peak_tflops is None else float(peak_tflops), counts_tokens=counts_tokens,
                    flush_every_steps=flush_every_steps, flush_every_s=float(flush_every_s),
                    memory_every_steps=memory_every_steps, max_backlog_rows=max_backlog_rows,
-                   close_timeout_s=close_timeout_s, merge_parts=merge_parts)
+                   close_timeout_s=close_timeout_s, merge_parts=merge_parts, hw_every_s=float(hw_every_s))
 
     @property
     def lag_rows(self) -> int:

@@ -70,6 +70,7 @@ class Recorder:
         local_rank: int | None = None,
         install_sigterm_handler: bool = True,
         merge_parts: bool = True,
+        hw_every_s: float = 5.0,
     ):
         self._pid = os.getpid()
         self._closed = True  # until construction succeeds, nothing to close
@@ -77,7 +78,8 @@ class Recorder:
         self._opts = RecorderOptions.from_arguments(
             model=model, hparams=hparams, tags=tags, peak_tflops=peak_tflops, counts_tokens=counts_tokens,
             flush_every_steps=flush_every_steps, flush_every_s=flush_every_s, memory_every_steps=memory_every_steps,
-            max_backlog_rows=max_backlog_rows, close_timeout_s=close_timeout_s, merge_parts=merge_parts)
+            max_backlog_rows=max_backlog_rows, close_timeout_s=close_timeout_s, merge_parts=merge_parts,
+            hw_every_s=hw_every_s)
         self.model = self._opts.model
         self.rank, self.world_size = rank_and_world(rank, world_size)
         if os.path.exists(self.run_dir) and not os.path.isdir(self.run_dir):
@@ -121,6 +123,7 @@ class Recorder:
             "flush_every_steps": o.flush_every_steps,
             "flush_every_s": o.flush_every_s,
             "memory_every_steps": o.memory_every_steps,
+            "hw_every_s": o.hw_every_s,
         }
 
     def _init_loop_state(self) -> None:
@@ -141,7 +144,8 @@ class Recorder:
 
     def _start_writer(self) -> None:
         self._writer = ShardWriter(self.attempt_dir, self._meta, max_backlog_rows=self._opts.max_backlog_rows,
-                                   lag_rows=self._opts.lag_rows, where=f"rank {self.rank}", merge_parts=self._opts.merge_parts)
+                                   lag_rows=self._opts.lag_rows, where=f"rank {self.rank}", merge_parts=self._opts.merge_parts,
+                                   hw_every_s=self._opts.hw_every_s)
         self._writer.write_meta()  # synchronously: a bad path fails at construction, loudly
         # pyarrow's first pa.array() imports pandas when present (~0.2 s holding the GIL): paid here, not by the writer.
         rows_to_table([(0, 0.0, None, None, None, None, None, None, None, None, None, None)], self._warn)

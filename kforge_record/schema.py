@@ -34,6 +34,9 @@ FIXED_COLUMNS = (
 )
 FIXED_NAMES = tuple(name for name, _ in FIXED_COLUMNS)
 MEM_COLUMNS = ("mem_allocated_bytes", "mem_peak_bytes", "mem_reserved_bytes")
+# GPU telemetry (kforge_record/hw.py, or a job's own end_step values), float64 like every scalar:
+# hw/throttle_reasons holds NVML's integer bitmask exactly (an int64 column would be a format change).
+HW_COLUMNS = ("hw/gpu_util_pct", "hw/gpu_temp_c", "hw/gpu_power_w", "hw/sm_clock_mhz", "hw/throttle_reasons")
 PHASE_PREFIX = "time/"
 PHASE_SUFFIX = "_s"
 

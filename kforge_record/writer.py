@@ -18,9 +18,11 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import env
 from .atomic import atomic_path, write_json_atomic
 from .compact import Compactor
 from .convert import rows_to_table
+from .hw import HwSampler
 from .inbox import Inbox
 from .leftovers import clean_attempt_dir, clean_rank_dir
 from .schema import END_FILE, META_FILE, PARQUET_META_KEY, SCHEMA_VERSION, is_part_file, part_file_name, taken_attempt_id
@@ -50,12 +52,13 @@ class ShardWriter:
     """Owns one attempt directory and the thread that writes into it."""
 
     def __init__(self, attempt_dir: str, meta: dict, *, max_backlog_rows: int, lag_rows: int, where: str,
-                 merge_parts: bool = True):
+                 merge_parts: bool = True, hw_every_s: float = 0.0):
         self.attempt_dir = attempt_dir
         self.meta = meta
         self.max_backlog_rows = max_backlog_rows
         self.warn = Warner(where)
         self._compactor = Compactor(attempt_dir, self.warn, enabled=merge_parts)  # bounded files per folder
+        self._hw = HwSampler(hw_every_s, self.warn, self._device)  # GPU telemetry, sampled on this thread
         self._dropped = {"disk": 0, "unconvertible": 0, "rejected": 0}  # "stuck" is the inbox's
         self.rows_written = 0
         self.parts_written = 0
@@ -123,7 +126,7 @@ class ShardWriter:
 
     def _run(self) -> None:
         while True:
-            messages = [self._queue.get()]
+            messages = [self._hw.next_message(self._queue)]  # (sampling the GPU while it waits: hw.py)
             while True:
                 try:
                     messages.append(self._queue.get_nowait())
@@ -160,8 +163,14 @@ class ShardWriter:
                 payload[1].set()
             return kind == "close"
 
+    def _device(self) -> tuple[bool, int | None, int | None]:
+        """(uses CUDA, its device index, local rank): which GPU the telemetry samples (hw.py)."""
+        dev = self.meta.get("device") or {}
+        cuda = dev.get("type") == "cuda" or env.cuda_in_use()
+        return cuda, dev.get("index"), self.meta.get("local_rank")
+
     def _on_rows(self, rows: list[tuple]) -> None:
-        rows = self._bound(rows)
+        rows = self._bound(self._hw.attach(rows))
         try:
             self._take(rows)
         except Exception as e:  # rows that cannot become a table are lost: count them
@@ -185,6 +194,9 @@ class ShardWriter:
 
     def _on_close(self, payload) -> bool:
         reason, done = payload
+        tail = self._hw.drain()  # telemetry read after the last rows: on the last step
+        if tail:
+            self._on_rows(tail)
         self._write_backlog()
         # A replaced part this writer failed to remove (compact.py). Temp files stay: another
         # writer in this folder (a name found taken) may own one.

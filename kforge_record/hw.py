@@ -1,0 +1,180 @@
+"""GPU telemetry of this rank's own GPU, sampled on the writer thread, never in ``end_step``.
+
+Every ``hw_every_s`` seconds the writer thread reads NVML (the optional ``nvidia-ml-py`` package,
+``pip install kforge[gpu]``, imported here lazily) for this rank's GPU: utilisation, temperature,
+power, SM clock and the clock-throttle reasons bitmask. A reading belongs to the step that had
+ended when it was taken (the last ``end_step`` row whose ``time`` is at or before it): its values
+go into that row as the columns of ``HW_COLUMNS``. That row may still be in the training thread's
+buffer when the reading is taken, so a reading waits here until a row that ended after it arrives
+(or the writer closes); when the step it belongs to was written already, it goes out as a row of
+its own for that step, which ingest coalesces into the step's row (like a ``Recorder.log`` row).
+Several readings of one step keep the last. Null elsewhere, and on machines without NVML.
+
+It samples only once the process uses CUDA (a CPU job has no GPU of its own; asked again at each
+due time until it does). Without NVML then (package missing, no driver) it turns itself off with
+one warning. A reading that fails (a field the GPU does not support) is null, warned once per field.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+
+from .schema import HW_COLUMNS
+from .warn import Warner
+
+_N_FIXED = 10  # the fixed columns of a buffered row, then its scalars and its phases (convert.py)
+
+
+class HwSampler:
+    """Samples one GPU every ``every_s`` seconds (0: never) on the thread that calls ``next_message``."""
+
+    def __init__(self, every_s: float, warn: Warner, device_of):
+        self.every_s = every_s
+        self._warn = warn
+        self._device_of = device_of  # () -> (uses CUDA, its device index or None, local rank or None)
+        self._nvml = None
+        self._handle = None
+        self._state = "off" if not every_s else "new"  # new -> on | off
+        self._due = time.monotonic() + every_s if every_s else None
+        self._pending: list[tuple[float, dict]] = []  # (wall time, values), oldest first
+        self._last: tuple[int, float] | None = None  # (step, time) of the last end_step row seen
+        self.samples = 0
+
+    # -- the writer thread's wait -------------------------------------------------------------
+    def next_message(self, q: queue.SimpleQueue):
+        """The next message of ``q``, sampling the GPU whenever a sample falls due meanwhile."""
+        while True:
+            if self._due is not None and time.monotonic() >= self._due:
+                self._due = time.monotonic() + self.every_s
+                self.sample()
+            if self._due is None:
+                return q.get()
+            try:
+                return q.get(timeout=max(0.0, self._due - time.monotonic()))
+            except queue.Empty:
+                continue
+
+    def sample(self) -> None:
+        """Take one reading now (never raises)."""
+        try:
+            if self._state == "new":
+                self._start()
+            if self._state == "off":
+                self._due = None
+            if self._state != "on":
+                return
+            values = self._read()
+            if values:
+                self._pending.append((time.time(), values))
+                self.samples += 1
+        except Exception as e:  # the writer thread must go on
+            self._warn(f"hw:{type(e).__name__}", f"GPU telemetry failed and is off ({e!r})")
+            self._state, self._due = "off", None
+
+    def _start(self) -> None:
+        """NVML on this rank's GPU, once the process uses CUDA (until then: asked again next time)."""
+        uses_cuda, index, _local_rank = self._device_of()
+        if not uses_cuda:
+            return
+        try:
+            nvml = sys.modules.get("pynvml")
+            if nvml is None:
+                import pynvml as nvml  # nvidia-ml-py: kforge[gpu]
+            nvml.nvmlInit()
+            self._handle = _handle(nvml, index)
+            self._nvml, self._state = nvml, "on"
+        except Exception as e:  # ImportError, NVMLError (no driver, no such GPU): said once
+            self._state = "off"
+            self._warn("hw:off", f"GPU telemetry is off: NVML is not usable here ({type(e).__name__}: {e}); "
+                       "pip install 'kforge[gpu]' (nvidia-ml-py) to record the hw/ columns, or hw_every_s=0")
+
+    def _read(self) -> dict:
+        nvml, h = self._nvml, self._handle
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        getters = (
+            lambda: float(nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+            lambda: float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+            lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0,  # mW
+            lambda: float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)),
+            lambda: int(reasons(h)),
+        )
+        out = {}
+        for name, get in zip(HW_COLUMNS, getters):
+            try:
+                out[name] = get()
+            except Exception as e:  # not supported on this GPU: that column stays null
+                self._warn(f"hw:{name}", f"GPU telemetry: {name} cannot be read here ({type(e).__name__}: {e}); recorded as null")
+        return out
+
+    # -- placing readings on rows --------------------------------------------------------------
+    def attach(self, rows: list[tuple]) -> list[tuple]:
+        """``rows`` (the next ones to write, in order) with each pending reading placed on the
+        step that had ended when it was taken; rows of their own for steps written already."""
+        if not self._pending:
+            self._note_last(rows)
+            return rows
+        joined: dict[int, dict] = {}  # index in rows -> the last reading that belongs to it
+        extra: dict[int, tuple] = {}
+        placed, last_i = 0, None  # last_i: the last end_step row of this batch seen (None: self._last)
+        for i, row in enumerate(rows):
+            if row[2] is None:  # a Recorder.log row: it ends no step
+                continue
+            while placed < len(self._pending) and self._pending[placed][0] < row[1]:
+                self._place(joined, extra, last_i, self._pending[placed])
+                placed += 1
+            last_i = i
+            self._last = (row[0], row[1])
+        del self._pending[:placed]
+        if not joined and not extra:
+            return rows
+        out = list(rows)
+        for i, values in joined.items():  # a value the step set itself wins
+            row = out[i]
+            out[i] = (*row[:_N_FIXED], {**values, **(row[_N_FIXED] or {})}, row[_N_FIXED + 1])
+        return [*extra.values(), *out]
+
+    def drain(self) -> list[tuple]:
+        """At close: every pending reading on the last step seen, as rows of their own."""
+        extra: dict[int, tuple] = {}
+        for reading in self._pending:
+            self._place({}, extra, None, reading)
+        self._pending.clear()
+        return list(extra.values())
+
+    def _place(self, joined: dict, extra: dict, last_i: int | None, reading: tuple[float, dict]) -> None:
+        t, values = reading
+        if last_i is not None:  # a row of this batch: the values join it (the later reading wins)
+            joined[last_i] = values
+        elif self._last is not None:  # written already: a row of its own (the later reading wins)
+            step = self._last[0]
+            extra[step] = (step, t, None, None, None, None, None, None, None, None, dict(values), None)
+        # else: taken before any step ended; it belongs to none
+
+    def _note_last(self, rows: list[tuple]) -> None:
+        for row in reversed(rows):
+            if row[2] is not None:
+                self._last = (row[0], row[1])
+                return
+
+
+def _handle(nvml, index: int | None):
+    """The NVML handle of CUDA device ``index`` of this process (None: the first visible one).
+    CUDA numbers the devices it can see (CUDA_VISIBLE_DEVICES), NVML every device of the host:
+    the device's UUID says which it is; without it, CUDA_VISIBLE_DEVICES does."""
+    index = index or 0
+    torch = sys.modules.get("torch")
+    try:
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None) if torch is not None else None
+        if uuid is not None:
+            text = str(uuid)
+            return nvml.nvmlDeviceGetHandleByUUID(text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}")
+    except Exception:  # an older torch, a CPU build: by index below
+        pass
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if index < len(visible):
+        v = visible[index]
+        return nvml.nvmlDeviceGetHandleByIndex(int(v)) if v.isdigit() else nvml.nvmlDeviceGetHandleByUUID(v)
+    return nvml.nvmlDeviceGetHandleByIndex(index)

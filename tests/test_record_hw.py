@@ -1,0 +1,193 @@
+"""GPU telemetry: sampled on the writer thread from NVML (a fake pynvml here), stored on the step
+that had ended when each reading was taken, read back with pyarrow and through ingest."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+import warnings
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import kforge_record.env as env_mod
+from kforge_dash import ingest_run
+from kforge_record import Recorder
+from kforge_record.hw import HwSampler
+from kforge_record.schema import HW_COLUMNS
+from kforge_record.warn import Warner
+
+
+def fake_nvml(clock_mhz=lambda: 1980, reasons=lambda: 0):
+    """A pynvml stand-in that records when, and on which thread, it was read."""
+    m = types.ModuleType("pynvml")
+    m.NVML_TEMPERATURE_GPU, m.NVML_CLOCK_SM = 0, 1
+    m.reads = []  # (time.time(), thread name, value of the SM clock)
+    m.nvmlInit = lambda: None
+    m.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
+    m.nvmlDeviceGetHandleByUUID = lambda u: ("gpu", u)
+
+    def util(h):
+        m.reads.append([time.time(), threading.current_thread().name, None])
+        return types.SimpleNamespace(gpu=97, memory=40)
+
+    def clock(h, kind):
+        assert kind == m.NVML_CLOCK_SM
+        v = clock_mhz()
+        m.reads[-1][2] = v
+        return v
+
+    m.nvmlDeviceGetUtilizationRates = util
+    m.nvmlDeviceGetTemperature = lambda h, sensor: 71
+    m.nvmlDeviceGetPowerUsage = lambda h: 612_500  # mW
+    m.nvmlDeviceGetClockInfo = clock
+    m.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: reasons()
+    return m
+
+
+def _as_cuda_process(monkeypatch):
+    """The process looks as if it used CUDA device 0 (this machine has none)."""
+    monkeypatch.setattr(env_mod, "cuda_in_use", lambda: True)
+    monkeypatch.setattr(env_mod, "device_info", lambda: {"type": "cuda", "index": 0, "name": "Fake", "total_memory_bytes": 1})
+
+
+def _rows(run):
+    parts = sorted(run.glob("rank-*/*/part-*.parquet"))
+    return pa.concat_tables([pq.read_table(p) for p in parts], promote_options="default")
+
+
+def test_readings_are_taken_on_the_writer_thread_and_land_on_the_step_that_had_ended(tmp_path, monkeypatch):
+    _as_cuda_process(monkeypatch)
+    n = {"i": 0}
+
+    def clock():  # every reading gets its own value, so each can be found again
+        n["i"] += 1
+        return 1000 + n["i"]
+
+    nvml = fake_nvml(clock_mhz=clock, reasons=lambda: 0x40 | 0x4)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
+    run = tmp_path / "run"
+    with Recorder(run, rank=0, world_size=1, hw_every_s=0.02, flush_every_steps=7, memory_every_steps=0,
+                  install_sigterm_handler=False) as rec:
+        for step in range(1, 81):
+            time.sleep(0.005)
+            rec.end_step(step, loss=1.0)
+    t = _rows(run)
+    assert set(HW_COLUMNS) <= set(t.column_names)
+    assert t.schema.field("hw/throttle_reasons").type == pa.float64()  # the bitmask, exactly (like every scalar)
+    assert len(nvml.reads) >= 5 and {name for _, name, _ in nvml.reads} == {"kforge-record-writer"}  # never the loop's
+    ends = sorted((s, tm) for s, tm, st in zip(t["step"].to_pylist(), t["time"].to_pylist(), t["step_time_s"].to_pylist())
+                  if st is not None)
+    where = {}  # clock value -> the step whose row (or a row of its own for that step) holds it
+    for s, v in zip(t["step"].to_pylist(), t["hw/sm_clock_mhz"].to_pylist()):
+        if v is not None:
+            where[int(v)] = s
+    kept = 0
+    for tf, _, v in nvml.reads:
+        before = [s for s, tm in ends if tm <= tf]
+        if not before:
+            assert v not in where  # read before any step ended: it belongs to none
+            continue
+        later = [w for w2, _, w in nvml.reads if w2 > tf and [s for s, tm in ends if tm <= w2][-1:] == before[-1:]]
+        if later:  # a later reading of the same step won
+            continue
+        # the step that had ended when it was read (a step ending within the read itself may take it)
+        assert where[v] in (before[-1], before[-1] + 1), (v, where.get(v), before[-1])
+        kept += 1
+    assert kept >= 5
+    row = t.filter(pa.compute.is_valid(t["hw/sm_clock_mhz"])).slice(0, 1).to_pylist()[0]
+    assert (row["hw/gpu_util_pct"], row["hw/gpu_temp_c"], row["hw/gpu_power_w"], row["hw/throttle_reasons"]) == (
+        97.0, 71.0, 612.5, 0x44)
+
+
+def test_readings_of_steps_written_already_are_coalesced_by_ingest_without_a_clash(tmp_path, monkeypatch):
+    """Every step written at once (flush_every_steps=1), several readings a step: each step keeps its
+    last reading, in ranks.parquet, and ingest warns of no value set twice."""
+    _as_cuda_process(monkeypatch)
+    n = {"i": 0}
+
+    def clock():
+        n["i"] += 1
+        return 1000 + n["i"]
+
+    nvml = fake_nvml(clock_mhz=clock)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
+    run = tmp_path / "run"
+    with Recorder(run, rank=0, world_size=1, hw_every_s=0.01, flush_every_steps=1, memory_every_steps=0,
+                  install_sigterm_handler=False) as rec:
+        for step in range(1, 11):
+            time.sleep(0.06)
+            rec.end_step(step, loss=1.0)
+    raw = _rows(run)
+    own = [v for v, st in zip(raw["hw/sm_clock_mhz"].to_pylist(), raw["step_time_s"].to_pylist()) if v is not None and st is None]
+    assert own  # readings of steps written already went out as rows of their own
+    res = ingest_run(run)
+    assert not [w for w in res.summary["warnings"] if "hw/" in w]
+    import polars as pl
+
+    ranks = pl.read_parquet(run / "ingested" / "ranks.parquet").sort("step")
+    assert ranks.height == 10  # no extra rows: coalesced into the steps
+    got = dict(zip(ranks["step"].to_list(), ranks["hw/sm_clock_mhz"].to_list()))
+    ends = dict(zip(ranks["step"].to_list(), ranks["time"].to_list()))
+    for step in range(1, 10):  # the last reading before the next step ended
+        mine = [v for tf, _, v in nvml.reads if ends[step] <= tf < ends[step + 1] - 0.002]
+        if mine:
+            assert got[step] >= mine[-1] and got[step] <= mine[-1] + 1
+
+
+def test_without_nvml_nothing_is_recorded_and_one_warning_is_given(tmp_path, monkeypatch):
+    _as_cuda_process(monkeypatch)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import pynvml -> ImportError
+    run = tmp_path / "run"
+    with pytest.warns(RuntimeWarning, match="GPU telemetry is off") as got:
+        with Recorder(run, rank=0, world_size=1, hw_every_s=0.01, flush_every_steps=5, memory_every_steps=0,
+                      install_sigterm_handler=False) as rec:
+            for step in range(1, 31):
+                time.sleep(0.004)
+                rec.end_step(step, loss=1.0)
+    assert len([w for w in got if "GPU telemetry" in str(w.message)]) == 1
+    assert not set(HW_COLUMNS) & set(_rows(run).column_names)
+
+
+def test_a_cpu_process_samples_nothing_and_says_nothing(tmp_path, monkeypatch):
+    nvml = fake_nvml()
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
+    monkeypatch.setattr(env_mod, "cuda_in_use", lambda: False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with Recorder(tmp_path / "run", rank=0, world_size=1, hw_every_s=0.01, flush_every_steps=5,
+                      install_sigterm_handler=False) as rec:
+            for step in range(1, 21):
+                time.sleep(0.003)
+                rec.end_step(step, loss=1.0)
+    assert nvml.reads == [] and not set(HW_COLUMNS) & set(_rows(tmp_path / "run").column_names)
+
+
+def test_an_unsupported_field_is_null_and_warned_once():
+    nvml = fake_nvml()
+
+    def unsupported(h):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    nvml.nvmlDeviceGetPowerUsage = unsupported
+    import sys
+
+    sys.modules["pynvml"], saved = nvml, sys.modules.get("pynvml")
+    try:
+        s = HwSampler(1.0, Warner("test"), lambda: (True, 0, None))
+        with pytest.warns(RuntimeWarning, match="hw/gpu_power_w cannot be read") as got:
+            for _ in range(3):
+                s.sample()
+    finally:
+        sys.modules["pynvml"] = saved
+    assert len(got) == 1 and s.samples == 3
+    (row,) = s.attach([(1, time.time() + 10, 0.1, None, None, None, None, None, None, None, None, None)]) or [None]
+    assert row[10] is None  # no step had ended before these readings: they belong to none
+    assert s.drain() == []
+
+
+def test_hw_every_s_is_validated():
+    with pytest.raises(ValueError, match="hw_every_s"):
+        Recorder("/tmp/never-made-kforge-hw", hw_every_s=-1, rank=0, world_size=1)
