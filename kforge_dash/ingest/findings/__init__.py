@@ -8,6 +8,9 @@
     kills.py       steps trained but not recorded (a kill), launches writing at the same time
     goodput.py     the wall clock cut into productive time and badput buckets
     perstep.py     per-step facts over ranks, one lazy pass over ranks.parquet
+    hardware.py    GPU throttling from the hw/ telemetry columns, and the cause of a straggler
+    whatif.py      the run replayed without its stragglers, and what each rank cost
+    mfu.py         where the MFU went: peak -> goodput buckets -> below peak -> achieved
 
 ``analyse_run`` is ingest's one call; everything is computed from the ingested outputs
 (steps.parquet, ranks.parquet), the launches and their meta.json, so it is recomputable. Findings
@@ -26,8 +29,8 @@ __all__ = ["analyse_run", "FindingsOptions"]
 
 
 def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOptions, warnings: list[str]) -> dict:
-    """``{"findings": [...], "goodput": {...}, "host_ranks": [...]}`` for summary.json. A detector that fails
-    on odd input costs its own findings and one warning, never the ingest."""
+    """``{"findings", "goodput", "host_ranks", "what_if", "mfu_waterfall"}`` for summary.json. A detector that
+    fails on odd input costs its own findings and one warning, never the ingest."""
     from kforge_dash.ingest.findings import episodes, goodput, kills, nonfinite, perstep, spikes, stragglers, timeline
     from kforge_dash.ingest.findings.model import RunFacts, classify_phases, sort_key
 
@@ -60,8 +63,15 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
         found += attempt(name, fn, facts, *args) or []
     found += attempt("slow episodes", episodes.slow_episode_findings, facts,
                      [f for f in found if f.kind == "straggler"]) or []  # a straggler's stretch is the straggler's
+    from kforge_dash.ingest.findings import hardware, mfu, whatif
+
+    throttled = attempt("hardware", hardware.episodes, facts) or []
+    found = hardware.with_causes(found + (attempt("hardware", hardware.throttle_findings, facts, throttled) or []),
+                                 throttled)
     return {"findings": [f.to_dict() for f in sorted(found, key=sort_key)], "goodput": good,
-            "host_ranks": host_ranks(facts.hosts)}
+            "host_ranks": host_ranks(facts.hosts),
+            "what_if": attempt("what-if", whatif.what_if, facts, med, blocks, good),
+            "mfu_waterfall": attempt("MFU waterfall", mfu.mfu_waterfall, facts, good, warnings)}
 
 
 def host_ranks(hosts: dict) -> list[dict]:

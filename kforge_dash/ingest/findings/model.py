@@ -23,6 +23,8 @@ class Finding:
     ranks: tuple[int, ...] = ()
     hosts: tuple[str, ...] = ()
     score: float | None = None
+    cause: str | None = None  # straggler only (added key): the hardware episode behind it (hardware.py)
+    reasons: tuple[str, ...] | None = None  # hw_throttle only (added key): NVML throttle reasons by name
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
@@ -32,7 +34,9 @@ class Finding:
         score = None if self.score is None or not math.isfinite(self.score) else round(float(self.score), 4)
         return {"kind": self.kind, "metric": self.metric, "phase": self.phase, "ranks": sorted(self.ranks),
                 "hosts": sorted(self.hosts), "first_step": self.first_step, "last_step": self.last_step,
-                "severity": self.severity, "score": score, "message": self.message}
+                "severity": self.severity, "score": score, "message": self.message,
+                **({"cause": self.cause} if self.kind == "straggler" else {}),
+                **({"reasons": list(self.reasons)} if self.reasons is not None else {})}
 
 
 def sort_key(f: Finding):

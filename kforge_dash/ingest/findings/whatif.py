@@ -1,0 +1,103 @@
+"""What-if: how long the run would have taken without its stragglers, and what each rank cost.
+
+After ByteDance's what-if analysis of stragglers (OSDI '25, ByteDance-Seed/StragglerAnalysis): the
+run is replayed in an ideal form and the slowdown is the difference; the slowdown a worker causes
+is the replay with only that worker as it really was. Here the replay works on host phase timers,
+step by step (perstep.per_step's facts):
+
+- Ideal step: every rank's own-work phases (every phase but the wait, checkpoint and eval phases)
+  take the median rank's time, phase by phase; a wait phase holds the collective plus the waiting
+  for the slowest rank, and in the replay the waiting goes: each step's wait is the critical
+  rank's (the one that waited least: the collective's own cost). So the step is shorter by the
+  critical rank's own work over the sum of the per-phase medians (never by more than the step).
+- ``saved_s`` = the sum of that over the kept steps; ``total_s`` = goodput's wall clock (else the
+  summed step times) and ``without_stragglers_s`` = ``total_s - saved_s``.
+- Each rank alone (``by_rank``): the replay where only that rank keeps its real own work: the
+  step is longer by its time above the median rank's in each own-work phase, summed over the
+  steps. Ranks whose slow steps coincide each get their own cost, so the costs may add up to
+  more than ``saved_s``. Per host the rank ran on (a rank restarted elsewhere has an entry per
+  host); the ``MAX_RANKS`` costliest, largest first.
+
+Limits: host timers see what the host waited for; a fused phase that computes and communicates
+(``fwd_bwd`` under DDP) is a wait phase, so a rank slow inside it shows only through the others'
+waiting, not as own work: time phases around the collective to see it. Without wait phases the
+critical rank is the slowest one, which under data parallelism is a coin toss.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kforge_dash.ingest.findings.model import RunFacts
+
+MAX_RANKS = 100
+METHOD = ("replay step by step: own-work phases ({phases}) at the median rank's, the wait phases' waiting removed "
+          "(each step's wait taken as the critical rank's, the shortest); per rank: its own work above the median "
+          "rank's, summed over steps, the others at the median (host phase timers: what happens inside a fused "
+          "phase that also communicates is not seen)")
+
+
+def what_if(facts: RunFacts, med: pl.DataFrame, blocks: pl.DataFrame, good: dict | None) -> dict | None:
+    """summary.json ``what_if``, or None when the run timed no own-work phase."""
+    own = [c for c in facts.phases.own if f"{c}\0med" in med.columns]
+    if not own or "crit_own" not in med.columns or med.height == 0:
+        return None
+    ideal = pl.sum_horizontal([pl.col(f"{c}\0med") for c in own])
+    saving = (pl.col("crit_own") - ideal).clip(lower_bound=0.0)
+    saving = pl.min_horizontal(saving, pl.col("crit_st")) if "crit_st" in med.columns else saving
+    kept = med.join(facts.steps.select("step"), on="step", how="semi")
+    saved = float(kept.select(saving.fill_null(0.0).sum()).item() or 0.0)
+    total = good.get("total_s") if isinstance(good, dict) else None
+    if total is None:
+        total = facts.summary.get("wall_time_s")
+    if total is None:
+        return None
+    saved = min(saved, float(total))
+    return {"total_s": float(total), "without_stragglers_s": float(total) - saved, "saved_s": saved,
+            "by_rank": _by_rank(facts, blocks, own), "method": METHOD.format(phases=", ".join(_name(c) for c in own))}
+
+
+def _name(col: str) -> str:
+    return col[len("time/"):-2] if col.startswith("time/") and col.endswith("_s") else col
+
+
+def _by_rank(facts: RunFacts, blocks: pl.DataFrame, own: list[str]) -> list[dict]:
+    cols = [f"{c}\0cost" for c in own if f"{c}\0cost" in blocks.columns]
+    if not blocks.height or not cols:
+        return []
+    per = (blocks.group_by("rank", "attempt").agg(pl.sum_horizontal([pl.col(c).fill_null(0.0) for c in cols]).sum().alias("c"))
+           .filter(pl.col("c") > 0))
+    cost: dict[tuple[int, str | None], float] = {}
+    for rank, attempt, c in per.iter_rows():
+        key = (rank, facts.hosts.get((attempt, rank)))
+        cost[key] = cost.get(key, 0.0) + c
+    ranked = sorted(cost.items(), key=lambda kv: (-kv[1], kv[0][0]))[:MAX_RANKS]
+    return [{"rank": rank, "host": host, "cost_s": c} for (rank, host), c in ranked]
+
+
+def _duration(s: float) -> str:
+    """3 h 10 min, 24 min, 50 s, 1.2 s."""
+    if s >= 3600:
+        h, m = divmod(round(s / 60), 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    if s >= 600:
+        return f"{round(s / 60)} min"
+    if s >= 60:
+        m, sec = divmod(round(s), 60)
+        return f"{m} min {sec} s" if sec else f"{m} min"
+    return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
+
+
+def what_if_sentence(w: dict | None) -> str | None:
+    """"without its stragglers this run would have taken 3 h 10 min instead of 3 h 42 min; rank 17
+    (node-42) alone cost 24 min" (None without a what-if)."""
+    if not isinstance(w, dict) or not isinstance(w.get("total_s"), (int, float)) \
+            or not isinstance(w.get("without_stragglers_s"), (int, float)):
+        return None
+    text = (f"without its stragglers this run would have taken {_duration(w['without_stragglers_s'])} "
+            f"instead of {_duration(w['total_s'])}")
+    top = (w.get("by_rank") or [None])[0]
+    if isinstance(top, dict) and isinstance(top.get("cost_s"), (int, float)):
+        host = f" ({top['host']})" if top.get("host") else ""
+        text += f"; rank {top.get('rank')}{host} alone cost {_duration(top['cost_s'])}"
+    return text
