@@ -90,6 +90,10 @@ def test_a_throttled_gpu_is_a_finding_and_the_cause_of_its_ranks_straggling(tmp_
     assert strag["ranks"] == [2]
     assert strag["cause"] == ("rank 2's SM clock fell from 1,980 to 1,200 MHz, power cap, thermal slowdown (hardware), "
                               "during the same steps")
+    from kforge_dash.browse.findings import finding_cards
+
+    (card,) = [c for c in finding_cards(s) if c.kind == "straggler"]
+    assert card.message.endswith(f"Cause: {strag['cause']}.")  # the run page's finding card says it too
 
 
 def test_a_power_cap_alone_or_no_telemetry_is_no_finding(tmp_path, monkeypatch):

@@ -83,7 +83,8 @@ def finding_cards(summary: dict | None) -> list[FindingCard]:
                  (f"phase {f['phase']}" if f.get("phase") is not None else None)]
         cards.append(FindingCard(
             severity=str(f.get("severity") or "info"), kind=str(f.get("kind") or "finding").replace("_", " "),
-            facts=" · ".join(x for x in facts if x), message=str(f.get("message") or ""),
+            facts=" · ".join(x for x in facts if x),
+            message=str(f.get("message") or "") + (f" Cause: {f['cause']}." if f.get("cause") else ""),
             focus=None if first is None else f"{first}-{last}", steps=steps))
     return cards
 

@@ -27,6 +27,19 @@ def waterfall_figure(w: Waterfall) -> go.Figure:
     return fig
 
 
+def mfu_waterfall_figure(w: Waterfall) -> go.Figure:
+    """Peak (1.0) -> each goodput bucket's share of the wall clock -> below peak -> achieved MFU."""
+    fig = go.Figure(go.Waterfall(
+        x=w.labels, y=w.values, measure=w.measures, textposition="outside",
+        text=[f"{100 * abs(v):.1f}%" for v in w.values], hovertemplate="%{x}: %{text}<extra></extra>",
+        decreasing=dict(marker=dict(color="#d62728")), totals=dict(marker=dict(color="#2ca02c")),
+        increasing=dict(marker=dict(color="#7f7f7f")),
+    ))
+    fig.update_layout(title=dict(text=f"where the MFU went: {100 * (w.fraction or 0):.1f}% achieved", x=0),
+                      yaxis=dict(title="share of peak", tickformat=".0%"), showlegend=False, **_LAYOUT)
+    return fig
+
+
 def focus_figure(df, first: int, last: int) -> go.Figure:
     """Loss, grad norm and step time around a finding's steps, the steps shaded."""
     metrics = [m for m in ("loss", "grad_norm", "step_time_s") if m in df.columns]

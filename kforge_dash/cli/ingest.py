@@ -92,6 +92,8 @@ def _findings_lines(s: dict) -> list[str]:
     lines.append(f"  findings ({len(findings)}):" if findings else "  findings: none")
     for f in findings[:10]:
         lines.append(f"    [{f.get('severity')}] {f.get('kind')}: {f.get('message')}")
+        if f.get("cause"):  # a straggler's hardware cause (hw_throttle during its steps)
+            lines.append(f"      cause: {f['cause']}")
     if len(findings) > 10:
         lines.append(f"    ... and {len(findings) - 10} more in summary.json")
     return lines

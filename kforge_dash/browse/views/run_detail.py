@@ -3,6 +3,7 @@
 import streamlit as st
 
 from kforge_dash.browse import detail as prep_detail
+from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import findings_figures, units
@@ -86,9 +87,14 @@ for i, card in enumerate(cards[:MAX_FINDINGS]):
 if len(cards) > MAX_FINDINGS:
     more.caption(f"{len(cards) - MAX_FINDINGS:,} more, the least severe: every finding is in "
                  f"{md_text(run.name)}/ingested/summary.json and in kforge-report.")
-waterfall = prep_findings.goodput_waterfall(s)
+if prep_diagnosis.what_if_text(s):  # from summary.json what_if: the run without its stragglers
+    st.info(md_text(prep_diagnosis.what_if_text(s).capitalize()), icon=":material/timer:")  # host names: as text
+waterfall, mfu_fall = prep_findings.goodput_waterfall(s), prep_diagnosis.mfu_waterfall(s)
+left, right = st.columns(2) if mfu_fall is not None else (st.container(), None)
 if waterfall is not None:
-    st.plotly_chart(findings_figures.waterfall_figure(waterfall), key="goodput")
+    left.plotly_chart(findings_figures.waterfall_figure(waterfall), key="goodput")
+if mfu_fall is not None:
+    right.plotly_chart(findings_figures.mfu_waterfall_figure(mfu_fall), key="mfu_waterfall")
 
 try:  # a damaged ingested file, or one leading outside the run: name it, keep the app up
     steps_path, ranks_path = run.file(STEPS_FILE), run.file(RANKS_FILE)

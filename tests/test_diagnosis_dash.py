@@ -1,0 +1,56 @@
+"""The run page says what the stragglers cost and draws where the MFU went (prep functions, then AppTest)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from dash_fixtures import SAMPLE_RUNS, shown
+from streamlit.testing.v1 import AppTest
+
+from kforge_dash.browse import diagnosis as prep_diagnosis
+from kforge_dash.ingest import run as ingest
+
+APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    dst = tmp_path_factory.mktemp("diagnosis-dash") / "runs"
+    for name in ("straggler", "baseline-lr1e-3"):
+        shutil.copytree(SAMPLE_RUNS / name, dst / name, ignore=shutil.ignore_patterns("ingested"))
+        ingest.ingest_run(dst / name)
+    return dst
+
+
+def _summary(root, name):
+    return json.loads((root / name / "ingested" / "summary.json").read_text())
+
+
+def test_mfu_waterfall_steps_down_from_peak_to_the_achieved_mfu(root):
+    s = _summary(root, "straggler")
+    w = prep_diagnosis.mfu_waterfall(s)
+    parts = s["mfu_waterfall"]["parts"]
+    assert w.labels[0] == "peak" and w.labels[-1] == "achieved MFU" and "straggler wait" in w.labels
+    assert w.values[0] == 1.0 and w.values[-1] == pytest.approx(parts["achieved"])
+    assert w.values[0] + sum(w.values[1:-1]) == pytest.approx(w.values[-1], abs=1e-9)
+    assert prep_diagnosis.mfu_waterfall({"mfu_waterfall": None}) is None
+    assert prep_diagnosis.what_if_text({"what_if": None}) is None
+
+
+def test_run_page_says_what_the_stragglers_cost_and_draws_both_waterfalls(root, monkeypatch):
+    monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params["run"] = "straggler"
+    at.run()
+    at.switch_page("views/run_detail.py").run()
+    assert not at.exception
+    w = _summary(root, "straggler")["what_if"]
+    (info,) = [shown(i.value) for i in at.info if "stragglers" in i.value]
+    assert info.startswith("Without its stragglers this run would have taken ") and "; rank 1 (" in info
+    assert w["by_rank"][0]["rank"] == 1 and w["saved_s"] > 0.1 * w["total_s"]
+    titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text") or "" for c in at.get("plotly_chart")]
+    assert any(t.startswith("where the wall clock went") for t in titles)
+    assert any(t.startswith("where the MFU went") for t in titles)
