@@ -20,6 +20,13 @@ Fault injection (documented, off by default), for demo data that has something t
   --nan-step N                 rank --nan-rank's loss at step N is multiplied by NaN (a corrupted
                                batch): the all-reduced gradients are NaN on every rank, so every
                                rank skips the optimizer step, as real trainers do, and records the NaN
+  --telemetry-every N          every N steps, each rank passes a simulated GPU's readings to end_step
+                               as the hw/ columns (this CPU job has no GPU for the recorder's NVML
+                               sampler to read; a job's own hw/ values feed the same findings)
+  --throttle-rank R --throttle-from S --throttle-to T --throttle-ms MS
+                               rank R's simulated GPU throttles (thermal slowdown, SM clock 1,980 ->
+                               1,200 MHz) at steps S..T, and its optimizer step takes MS ms longer
+                               then (a slower GPU: its own work straggles, the others wait)
 """
 
 from __future__ import annotations
@@ -81,6 +88,11 @@ class TrainConfig:
     spike_lr_mult: float = 50.0
     nan_step: int | None = None
     nan_rank: int = 0
+    telemetry_every: int = 0
+    throttle_rank: int | None = None
+    throttle_from: int = 0
+    throttle_to: int = 0
+    throttle_ms: float = 0.0
 
     def __post_init__(self):
         for name in ("max_steps", "batch_size", "seq_len", "n_layers", "dim", "n_heads", "n_kv_heads",
@@ -100,6 +112,8 @@ class TrainConfig:
             raise ValueError("--stall-from and --stall-ms go together (stall-ms > 0)")
         if self.spike_lr_mult <= 0:
             raise ValueError("spike_lr_mult must be > 0")
+        if self.telemetry_every < 0 or self.throttle_ms < 0 or (self.throttle_rank is not None and not self.telemetry_every):
+            raise ValueError("--throttle-rank needs --telemetry-every > 0; telemetry-every and throttle-ms are >= 0")
 
     def hparams(self) -> dict:
         # Paths are where the run lives, not how it trains: keep them out of the config diff.
@@ -260,6 +274,21 @@ def measure_matmul_tflops(*, n=256, trials=10, iters=8):
     return 2 * n**3 * iters / best / 1e12
 
 
+def throttled(cfg, rank, step):
+    return rank == cfg.throttle_rank and cfg.throttle_from <= step <= cfg.throttle_to
+
+
+def simulated_gpu(cfg, rank, step) -> dict:
+    """What NVML would say of this rank's GPU (kforge_record.hw's columns): a busy GPU at its power
+    cap and usual clock, or, throttled, a hot one in thermal slowdown at a lower clock."""
+    jitter = math.sin(step * 12.9898 + rank * 78.233)  # deterministic, a few MHz and degrees
+    if throttled(cfg, rank, step):
+        return {"hw/gpu_util_pct": 99.0, "hw/gpu_temp_c": 91.0 + jitter, "hw/gpu_power_w": 520.0 + 5 * jitter,
+                "hw/sm_clock_mhz": 1200.0 + 15 * round(jitter), "hw/throttle_reasons": float(0x4 | 0x20 | 0x40)}
+    return {"hw/gpu_util_pct": 97.0 + jitter, "hw/gpu_temp_c": 68.0 + 2 * jitter, "hw/gpu_power_w": 690.0 + 10 * jitter,
+            "hw/sm_clock_mhz": 1980.0 - 15 * abs(round(jitter)), "hw/throttle_reasons": float(0x4)}
+
+
 def save_checkpoint(path, *, model, optimizer, step, cfg):
     tmp = path + ".tmp"
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
@@ -335,10 +364,13 @@ def train(cfg: TrainConfig):
                     group["lr"] = lr
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if throttled(cfg, rank, step):
+                time.sleep(cfg.throttle_ms / 1000)
         if step % cfg.ckpt_every == 0 and rank == 0:
             with rec.phase("checkpoint"):
                 save_checkpoint(ckpt_path, model=model, optimizer=optimizer, step=step, cfg=cfg)
-        rec.end_step(step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=x.numel())
+        hw = simulated_gpu(cfg, rank, step) if cfg.telemetry_every and step % cfg.telemetry_every == 0 else {}
+        rec.end_step(step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=x.numel(), **hw)
 
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             # Each rank evaluates its own fixed validation batches; ingest averages over ranks.
@@ -366,7 +398,8 @@ def parse_args(argv=None) -> TrainConfig:
     for name, value in asdict(defaults).items():
         if name in skip:
             continue
-        typ = {"slow_rank": int, "stall_from": int, "spike_step": int, "nan_step": int}.get(name, type(value))
+        typ = {"slow_rank": int, "stall_from": int, "spike_step": int, "nan_step": int,
+               "throttle_rank": int}.get(name, type(value))
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=value)
     args = vars(p.parse_args(argv))
     args["tags"] = tuple(args["tags"])

@@ -19,7 +19,7 @@ APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.p
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     dst = tmp_path_factory.mktemp("diagnosis-dash") / "runs"
-    for name in ("straggler", "baseline-lr1e-3"):
+    for name in ("straggler", "baseline-lr1e-3", "throttled"):
         shutil.copytree(SAMPLE_RUNS / name, dst / name, ignore=shutil.ignore_patterns("ingested"))
         ingest.ingest_run(dst / name)
     return dst
@@ -54,3 +54,18 @@ def test_run_page_says_what_the_stragglers_cost_and_draws_both_waterfalls(root, 
     titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text") or "" for c in at.get("plotly_chart")]
     assert any(t.startswith("where the wall clock went") for t in titles)
     assert any(t.startswith("where the MFU went") for t in titles)
+
+
+def test_the_throttled_sample_run_names_the_hardware_cause_of_its_straggler(root):
+    """sample_runs/throttled: rank 1's (simulated) GPU throttles at steps 100-179 and straggles then."""
+    s = _summary(root, "throttled")
+    by_kind = {f["kind"]: f for f in s["findings"]}
+    assert sorted(by_kind) == ["hw_throttle", "straggler"]
+    hw, strag = by_kind["hw_throttle"], by_kind["straggler"]
+    assert hw["ranks"] == strag["ranks"] == [1] and 95 <= hw["first_step"] <= 105 and 170 <= hw["last_step"] <= 180
+    assert "hw_thermal_slowdown" in hw["reasons"] and "to 1,200 MHz" in hw["message"]
+    assert strag["cause"].startswith("rank 1's SM clock fell from ") and strag["cause"].endswith("during the same steps")
+    assert s["what_if"]["by_rank"][0]["rank"] == 1
+    for name in ("straggler", "baseline-lr1e-3"):  # no telemetry there: no throttle, no cause
+        other = _summary(root, name)["findings"]
+        assert all(f["kind"] != "hw_throttle" and f.get("cause") is None for f in other)

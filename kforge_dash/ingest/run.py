@@ -55,7 +55,7 @@ from kforge_dash.progress import NullProgress  # noqa: E402
 __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce_steps", "WindowTask"]
 
 # Bump when the outputs' meaning changes: a new version re-ingests unchanged shards.
-INGEST_VERSION = "4"
+INGEST_VERSION = "5"  # 5: what_if, mfu_waterfall, hw_throttle
 
 
 def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, windows=None,
