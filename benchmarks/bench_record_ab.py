@@ -3,6 +3,7 @@
 
     python benchmarks/bench_record_ab.py                    # against 86c3947, the release before issue 11
     python benchmarks/bench_record_ab.py --ref HEAD~3 --windows 600
+    python benchmarks/bench_record_ab.py --ref main --hw-every-s 0.05   # B samples a stand-in NVML (GPU telemetry) 20x/s
     taskset -c 1 python benchmarks/bench_record_ab.py       # one core: steadier on a shared machine
 
 The earlier commit's ``kforge_record`` is taken with ``git archive`` into a temporary folder
@@ -23,6 +24,7 @@ The same 11 fields as bench_record.py (floats):
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import random
@@ -83,7 +85,28 @@ def _log(rec, pool, first):
     return perf_counter() - t0
 
 
-def _recorders(ref_root: str, tmp: str) -> dict:
+def _fake_gpu() -> None:
+    """Side B's process looks as if it used CUDA device 0, and NVML answers from Python (a real
+    NVML call is a C call that releases the GIL: this stand-in holds it longer than NVML would)."""
+    import types
+
+    import kforge_record.env as env
+
+    env.cuda_in_use = lambda: True
+    env.device_info = lambda: {"type": "cuda", "index": 0, "name": "stand-in", "total_memory_bytes": 1}
+    m = types.ModuleType("pynvml")
+    m.NVML_TEMPERATURE_GPU, m.NVML_CLOCK_SM = 0, 1
+    m.nvmlInit = lambda: None
+    m.nvmlDeviceGetHandleByIndex = m.nvmlDeviceGetHandleByUUID = lambda i: i
+    m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=97, memory=40)
+    m.nvmlDeviceGetTemperature = lambda h, s: 70
+    m.nvmlDeviceGetPowerUsage = lambda h: 600_000
+    m.nvmlDeviceGetClockInfo = lambda h, k: 1980
+    m.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 4
+    sys.modules["pynvml"] = m
+
+
+def _recorders(ref_root: str, tmp: str, hw_every_s: float | None) -> dict:
     """{(side, case): Recorder}: side A from the earlier commit, side B from this tree."""
     sys.path.insert(0, ref_root)
     sys.path.insert(0, HERE)
@@ -91,8 +114,12 @@ def _recorders(ref_root: str, tmp: str) -> dict:
 
     from kforge_record import Recorder as B
 
+    if hw_every_s is not None:
+        _fake_gpu()
+        B = functools.partial(B, hw_every_s=hw_every_s, memory_every_steps=0)
+
     A = importlib.import_module(PACKAGE).Recorder
-    assert A.__module__.startswith(PACKAGE) and B.__module__.startswith("kforge_record.")
+    assert A.__module__.startswith(PACKAGE) and getattr(B, "func", B).__module__.startswith("kforge_record.")
     return {(side, case): cls(tempfile.mkdtemp(dir=tmp), flush_every_steps=WINDOW, flush_every_s=1e9,
                               install_sigterm_handler=False)
             for side, cls in (("A", A), ("B", B)) for case in CASES}
@@ -102,13 +129,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ref", default="86c3947", help="the commit to compare with (side A); side B is this tree")
     ap.add_argument("--windows", type=int, default=400, help="timed windows of 100 calls per side and case")
+    ap.add_argument("--hw-every-s", type=float, default=None,
+                    help="side B samples a stand-in NVML this often (GPU telemetry on the writer thread)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kforge-ab-")
     try:
         archive = subprocess.run(["git", "-C", HERE, "archive", args.ref, "kforge_record"], check=True, capture_output=True)
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
         os.rename(os.path.join(tmp, "kforge_record"), os.path.join(tmp, PACKAGE))
-        recs = _recorders(tmp, tmp)
+        recs = _recorders(tmp, tmp, args.hw_every_s)
         pools = {"end_step": _pool(), "log": _pool()}
         import torch
 
@@ -127,6 +156,8 @@ def main() -> None:
             for key in order:
                 got[key].append(runs[key[1]](recs[key], pools[key[1]], 1 + w * WINDOW) / WINDOW * 1e6)
                 recs[key].flush()  # untimed: the writer catches up, as between real steps
+        hw_samples = sum(getattr(getattr(rec, "_writer", None), "_hw", None).samples for (side, _), rec in recs.items()
+                         if side == "B" and hasattr(getattr(rec, "_writer", None), "_hw"))
         for rec in recs.values():
             rec.close()
             if rec.dropped_rows:
@@ -141,7 +172,8 @@ def main() -> None:
         pa, pb = a[len(a) // 10], b[len(b) // 10]
         ma, mb = statistics.median(a), statistics.median(b)
         print(f"| {case} | {pa:.2f} / {ma:.2f} | {pb:.2f} / {mb:.2f} | {pb / pa:.2f} | {mb / ma:.2f} |")
-    print(f"\n# {time.time() - t_start:.0f} s, load average now {os.getloadavg()[0]:.2f}")
+    print(f"\n# {time.time() - t_start:.0f} s, load average now {os.getloadavg()[0]:.2f}; "
+          f"GPU telemetry samples taken by B's writers: {hw_samples}")
 
 
 if __name__ == "__main__":
