@@ -75,11 +75,11 @@ def _throttle_run(tmp_path, monkeypatch, *, straggles: bool, name="hw"):
 
     drive(recs, range(1, 301), clock, phases=phases, values=values)
     close_all(recs)
-    return ingest_run(recs[0].run_dir).summary
+    return ingest_run(recs[0].run_dir).summary, recs[0].run_dir
 
 
 def test_a_throttled_gpu_is_a_finding_and_the_cause_of_its_ranks_straggling(tmp_path, monkeypatch):
-    s = _throttle_run(tmp_path, monkeypatch, straggles=True)
+    s, run = _throttle_run(tmp_path, monkeypatch, straggles=True)
     (hw,) = _of(s, "hw_throttle")
     assert (hw["ranks"], hw["first_step"], hw["last_step"], hw["metric"]) == ([2], 100, 195, "hw/sm_clock_mhz")
     assert hw["reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
@@ -94,11 +94,15 @@ def test_a_throttled_gpu_is_a_finding_and_the_cause_of_its_ranks_straggling(tmp_
 
     (card,) = [c for c in finding_cards(s) if c.kind == "straggler"]
     assert card.message.endswith(f"Cause: {strag['cause']}.")  # the run page's finding card says it too
+    from kforge_dash.cli.ingest import main
+
+    out = CliRunner().invoke(main, [str(run), "--no-tensorboard", "--no-wandb"])
+    assert f"      cause: {strag['cause']}" in out.output.splitlines()  # and the screen, under the straggler
 
 
 def test_a_power_cap_alone_or_no_telemetry_is_no_finding(tmp_path, monkeypatch):
     """Every rank under its power cap at its usual clock (a busy GPU's normal state): nothing to say."""
-    s = _throttle_run(tmp_path, monkeypatch, straggles=False, name="hw-plain")
+    s, _ = _throttle_run(tmp_path, monkeypatch, straggles=False, name="hw-plain")
     assert [f["kind"] for f in s["findings"]] == ["hw_throttle"]  # the throttle is still seen, no straggler
     clock = install(monkeypatch, Clock())
     recs = open_ranks(tmp_path / "capped", 2, hw_every_s=0)
