@@ -76,7 +76,7 @@ class HwSampler:
 
     def _start(self) -> None:
         """NVML on this rank's GPU, once the process uses CUDA (until then: asked again next time)."""
-        uses_cuda, index, _local_rank = self._device_of()
+        uses_cuda, index, local_rank = self._device_of()
         if not uses_cuda:
             return
         try:
@@ -84,7 +84,8 @@ class HwSampler:
             if nvml is None:
                 import pynvml as nvml  # nvidia-ml-py: kforge[gpu]
             nvml.nvmlInit()
-            self._handle = _handle(nvml, index)
+            # The device the loop used (meta.json); unknown (memory sampling off): the launcher's local rank
+            self._handle = _handle(nvml, index if index is not None else local_rank)
             self._nvml, self._state = nvml, "on"
         except Exception as e:  # ImportError, NVMLError (no driver, no such GPU): said once
             self._state = "off"
