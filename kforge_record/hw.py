@@ -26,6 +26,9 @@ from .schema import HW_COLUMNS
 from .warn import Warner
 
 _N_FIXED = 10  # the fixed columns of a buffered row, then its scalars and its phases (convert.py)
+# Readings waiting for a row that ended after them: a loop that stops ending steps (a hang, a long
+# eval) would pile them up, all for the same step, where only the last is kept anyway.
+MAX_PENDING = 256
 
 
 class HwSampler:
@@ -70,6 +73,8 @@ class HwSampler:
             if values:
                 self._pending.append((time.time(), values))
                 self.samples += 1
+                if len(self._pending) > MAX_PENDING:
+                    del self._pending[0]
         except Exception as e:  # the writer thread must go on
             self._warn(f"hw:{type(e).__name__}", f"GPU telemetry failed and is off ({e!r})")
             self._state, self._due = "off", None
@@ -115,7 +120,8 @@ class HwSampler:
         """``rows`` (the next ones to write, in order) with each pending reading placed on the
         step that had ended when it was taken; rows of their own for steps written already."""
         if not self._pending:
-            self._note_last(rows)
+            if self._state != "off":
+                self._note_last(rows)
             return rows
         joined: dict[int, dict] = {}  # index in rows -> the last reading that belongs to it
         extra: dict[int, tuple] = {}
