@@ -141,3 +141,15 @@ def test_the_screen_says_what_the_stragglers_cost(tmp_path, monkeypatch):
     line = next(ln for ln in out.output.splitlines() if "what-if" in ln)
     assert "without its stragglers this run would have taken" in line and "; rank 5 (" in line
     assert "alone cost 50 s" in line
+
+
+def test_the_what_if_sentence_reads_as_the_issue_asks():
+    from kforge_dash.ingest.findings.whatif import what_if_sentence
+
+    w = {"total_s": 3 * 3600 + 42 * 60, "without_stragglers_s": 3 * 3600 + 10 * 60, "saved_s": 32 * 60,
+         "by_rank": [{"rank": 17, "host": "node-42", "cost_s": 24 * 60}, {"rank": 3, "host": "node-1", "cost_s": 60}],
+         "method": "..."}
+    assert what_if_sentence(w) == ("without its stragglers this run would have taken 3 h 10 min instead of 3 h 42 min; "
+                                   "rank 17 (node-42) alone cost 24 min")
+    assert what_if_sentence({**w, "by_rank": []}).endswith("instead of 3 h 42 min")
+    assert what_if_sentence(None) is None and what_if_sentence({"total_s": None}) is None
