@@ -61,8 +61,11 @@ def test_the_host_that_straggles_in_two_runs_comes_first_also_when_runs_are_unch
         assert [h["host"] for h in hosts][0] == "node-3", attempt
         assert {h["host"]: (h["runs"], h["straggler_runs"], h["throttle_runs"]) for h in hosts} == {
             "node-1": (3, 0, 0), "node-2": (3, 0, 0), "node-3": (3, 2, 0), "node-4": (3, 0, 0)}
-        # no run here has a what-if: its cost is unknown, not 0
-        assert all(h["cost_s"] is None and h["cost_runs"] == 0 for h in hosts)
+        # every run has a what-if (summary.json what_if.by_rank): node-3's rank 2 cost 50 ms x 80 steps in
+        # each of its two straggling runs, the others nothing (a known 0, not unknown)
+        costs = {h["host"]: (h["cost_s"], h["cost_runs"]) for h in hosts}
+        assert costs["node-3"][0] == pytest.approx(8.0, rel=1e-3) and costs["node-3"][1] == 3
+        assert all(costs[f"node-{i}"] == (0.0, 3) for i in (1, 2, 4))
     summary = json.loads((root / "job-a" / "ingested" / "summary.json").read_text())
     assert summary["host_ranks"] == [{"host": f"node-{r + 1}", "ranks": [r]} for r in range(4)]
 
@@ -71,7 +74,7 @@ def test_the_screen_prints_the_top_hosts(root):
     r = CliRunner().invoke(main, [str(root), *NO_EXPORT])
     assert r.exit_code == 0, r.output
     tail = r.output[r.output.index("hosts (4 across the runs"):]
-    assert tail.splitlines()[1].strip() == "node-3: in 3 run(s), straggling in 2, throttled in 0, cost unknown"
+    assert tail.splitlines()[1].strip() == "node-3: in 3 run(s), straggling in 2, throttled in 0, cost 8.0 s in 3 run(s)"
 
 
 def _summary(hosts_costs: dict | None, *, findings=()):

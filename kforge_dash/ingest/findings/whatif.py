@@ -16,7 +16,7 @@ step by step (perstep.per_step's facts):
   step is longer by its time above the median rank's in each own-work phase, summed over the
   steps. Ranks whose slow steps coincide each get their own cost, so the costs may add up to
   more than ``saved_s``. Per host the rank ran on (a rank restarted elsewhere has an entry per
-  host); the ``MAX_RANKS`` costliest, largest first.
+  host), every rank (0 s included: a known cost), the ``MAX_RANKS`` costliest, largest first.
 
 Limits: host timers see what the host waited for; a fused phase that computes and communicates
 (``fwd_bwd`` under DDP) is a wait phase, so a rank slow inside it shows only through the others'
@@ -30,7 +30,7 @@ import polars as pl
 
 from kforge_dash.ingest.findings.model import RunFacts
 
-MAX_RANKS = 100
+MAX_RANKS = 1024  # by_rank's length bound (summary.json stays small; the hosts page sums these)
 METHOD = ("replay step by step: own-work phases ({phases}) at the median rank's, the wait phases' waiting removed "
           "(each step's wait taken as the critical rank's, the shortest); per rank: its own work above the median "
           "rank's, summed over steps, the others at the median (host phase timers: what happens inside a fused "
@@ -65,8 +65,7 @@ def _by_rank(facts: RunFacts, blocks: pl.DataFrame, own: list[str]) -> list[dict
     cols = [f"{c}\0cost" for c in own if f"{c}\0cost" in blocks.columns]
     if not blocks.height or not cols:
         return []
-    per = (blocks.group_by("rank", "attempt").agg(pl.sum_horizontal([pl.col(c).fill_null(0.0) for c in cols]).sum().alias("c"))
-           .filter(pl.col("c") > 0))
+    per = blocks.group_by("rank", "attempt").agg(pl.sum_horizontal([pl.col(c).fill_null(0.0) for c in cols]).sum().alias("c"))
     cost: dict[tuple[int, str | None], float] = {}
     for rank, attempt, c in per.iter_rows():
         key = (rank, facts.hosts.get((attempt, rank)))
