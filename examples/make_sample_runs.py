@@ -67,9 +67,9 @@ RUNS = (
         shows="4 ranks: rank 2 sleeps 80 ms in its data phase every step (a straggler among four); from step 100 "
               "every rank's loader sleeps 200 ms (a data stall; the step time regresses)"),
     Run(name="throttled", args=("--lr", "3e-3", "--telemetry-every", "5", "--throttle-rank", "1", "--throttle-from", "100",
-                                "--throttle-to", "179", "--throttle-ms", "40", "--tag", "fault-injection"),
+                                "--throttle-to", "179", "--throttle-ms", "80", "--tag", "fault-injection"),
         shows="simulated GPU telemetry (hw/ columns) every 5 steps; rank 1's GPU throttles (thermal slowdown, "
-              "SM clock 1,980 -> 1,200 MHz) at steps 100-179 and its optimizer step takes 40 ms longer then"),
+              "SM clock 1,980 -> 1,200 MHz) at steps 100-179 and its optimizer step takes 80 ms longer then"),
 )
 
 
