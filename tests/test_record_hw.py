@@ -191,3 +191,24 @@ def test_an_unsupported_field_is_null_and_warned_once():
 def test_hw_every_s_is_validated():
     with pytest.raises(ValueError, match="hw_every_s"):
         Recorder("/tmp/never-made-kforge-hw", hw_every_s=-1, rank=0, world_size=1)
+
+
+def test_the_sampler_feeds_the_throttle_finding(tmp_path, monkeypatch):
+    """End to end: readings taken on the writer thread while the (fake) GPU throttles become an
+    hw_throttle finding on the steps that ran then."""
+    _as_cuda_process(monkeypatch)
+    hot = {"on": False}
+    nvml = fake_nvml(clock_mhz=lambda: 1200 if hot["on"] else 1980, reasons=lambda: 0x44 if hot["on"] else 0x4)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
+    run = tmp_path / "run"
+    with Recorder(run, rank=0, world_size=1, hw_every_s=0.03, flush_every_steps=10, memory_every_steps=0,
+                  install_sigterm_handler=False) as rec:
+        for step in range(1, 121):
+            hot["on"] = 40 <= step <= 80  # this step's work runs throttled
+            time.sleep(0.02)
+            rec.end_step(step, loss=1.0)
+    s = ingest_run(run).summary
+    (f,) = [f for f in s["findings"] if f["kind"] == "hw_throttle"]
+    # a reading taken while step s runs belongs to step s - 1 (the step that had ended)
+    assert f["ranks"] == [0] and 38 <= f["first_step"] <= 44 and 76 <= f["last_step"] <= 80
+    assert f["reasons"] == ["sw_power_cap", "hw_thermal_slowdown"] and "from 1,980 to 1,200 MHz" in f["message"]
