@@ -13,6 +13,8 @@ Medians of --repeat interleaved runs; CPU s is the process's CPU time over all i
 which a shared machine inflates less than wall time.
 
     python benchmarks/bench_findings.py --ranks 64 --steps 100000
+    python benchmarks/bench_findings.py --hw-every 5   # with GPU telemetry on every 5th step (rank 3
+                                                       # throttled in the middle third): hw_throttle, cause
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 
-def make(out: str, ranks: int, steps: int) -> None:
+def make(out: str, ranks: int, steps: int, hw_every: int = 0) -> None:
     import numpy as np
     import polars as pl
 
@@ -50,8 +52,18 @@ def make(out: str, ranks: int, steps: int) -> None:
     ranks_df = pl.DataFrame({"step": step, "rank": rank, "attempt": np.zeros(step.size, dtype=np.int64), "time": time_,
                              "step_time_s": st, "loss": loss, "grad_norm": 0.5 + 0.01 * rng.random(step.size),
                              "time/data_s": data, "time/fwd_bwd_s": fwd, "time/optimizer_s": opt})
+    hw = []
+    if hw_every:  # telemetry on every hw_every-th step, null elsewhere; rank 3 throttled in the middle third
+        on = step % hw_every == 0
+        hot = (rank == 3) & (step > steps // 3) & (step <= 2 * steps // 3)
+        hw = ["hw/sm_clock_mhz", "hw/throttle_reasons", "hw/gpu_temp_c"]
+        ranks_df = ranks_df.with_columns(
+            pl.when(pl.Series(on)).then(pl.Series(np.where(hot, 1200.0, 1980.0))).alias("hw/sm_clock_mhz"),
+            pl.when(pl.Series(on)).then(pl.Series(np.where(hot, 68.0, 4.0))).alias("hw/throttle_reasons"),
+            pl.when(pl.Series(on)).then(pl.Series(np.where(hot, 91.0, 70.0))).alias("hw/gpu_temp_c"))
     ranks_df.write_parquet(os.path.join(out, "ranks.parquet"))
     steps_df = ranks_df.group_by("step").agg(
+        *[pl.col(c).mean() for c in hw],
         pl.col("time").max(), pl.col("step_time_s").max(), pl.col("step_time_s").min().alias("step_time_min_s"),
         pl.col("step_time_s").median().alias("step_time_median_s"), pl.col("attempt").first(),
         pl.col("loss").mean(), pl.col("grad_norm").first(), pl.lit(None, pl.Int64).alias("mem_allocated_bytes"),
@@ -77,6 +89,8 @@ def child(which: str, out: str, ranks: int) -> None:
                                                               "last_step": steps.height}], "restarts": []}
         res = analyse_run(out, steps, [L], summary, FindingsOptions(), [])
         assert any(f["kind"] == "straggler" and f["ranks"] == [3] for f in res["findings"]), res["findings"]
+        if "hw/sm_clock_mhz" in steps.columns:
+            assert any(f["kind"] == "hw_throttle" and f["ranks"] == [3] for f in res["findings"]), res["findings"]
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     with open("/proc/self/status") as f:
         hwm = next(int(x.split()[1]) for x in f if x.startswith("VmHWM")) / 2**20
@@ -88,12 +102,13 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--hw-every", type=int, default=0, help="GPU telemetry columns on every N-th step (0: none)")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         return child(a.child[0], a.child[1], int(a.child[2]))
     with tempfile.TemporaryDirectory(prefix="kforge-bench-findings-") as out:
-        make(out, a.ranks, a.steps)
+        make(out, a.ranks, a.steps, a.hw_every)
         res = {"floor": [], "findings": []}
         env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
         for _ in range(a.repeat):
@@ -103,7 +118,8 @@ def main() -> None:
                 res[which].append(json.loads(r.stdout.strip().splitlines()[-1]))
     rows = a.ranks * a.steps
     floor = statistics.median(x["wall"] for x in res["floor"])
-    print(f"{a.ranks} ranks x {a.steps:,} steps = {rows:,} rows of ranks.parquet, medians of {a.repeat}\n")
+    print(f"{a.ranks} ranks x {a.steps:,} steps = {rows:,} rows of ranks.parquet, medians of {a.repeat}"
+          f"{f', GPU telemetry every {a.hw_every} steps' if a.hw_every else ''}\n")
     cpu_floor = statistics.median(x["cpu"] for x in res["floor"])
     print("| pipeline | wall s | CPU s (all threads) | peak GiB | wall x floor | CPU x floor |\n"
           "| --- | ---: | ---: | ---: | ---: | ---: |")
