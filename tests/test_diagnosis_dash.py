@@ -52,7 +52,7 @@ def test_run_page_says_what_the_stragglers_cost_and_draws_both_waterfalls(root, 
     assert info.startswith("Without its stragglers this run would have taken ") and "; rank 1 (" in info
     assert w["by_rank"][0]["rank"] == 1 and w["saved_s"] > 0.1 * w["total_s"]
     titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text") or "" for c in at.get("plotly_chart")]
-    assert any(t.startswith("where the wall clock went") for t in titles)
+    assert any(t.startswith("where the job's wall clock went") for t in titles)
     assert any(t.startswith("where the MFU went") for t in titles)
 
 
