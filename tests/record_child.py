@@ -5,6 +5,8 @@ MODE off-main: the Recorder is built on another thread, then used from the main 
 Prints "step N" after each end_step so the parent knows how far it got (mode flush-each also
 calls flush() every step and prints "flushed N" once it returned).
 start_at=UNIX_TIME: busy-wait until then before building the Recorder (children started together).
+heal_at=N (mode disk-full): writes fail until step N, where the loop first flushes, then frees the
+"disk"; after the first window from N on it flushes again (the writer then handled that window alone).
 progress=PATH: instead of printing, write the last ended step into PATH (8 bytes, through mmap:
 the page survives a SIGKILL), so that a loop with nothing but end_step stays that fast.
 """
@@ -40,9 +42,12 @@ start_at = float(opts.get("start_at", 0))
 while time.time() < start_at:  # several children building their Recorder in the same instant
     pass
 
+window = int(opts.get("flush_every_steps", 20))
+
+
 def build():
     return Recorder(run_dir, rank=0, world_size=1,
-                    flush_every_steps=int(opts.get("flush_every_steps", 20)),
+                    flush_every_steps=window,
                     flush_every_s=float(opts.get("flush_every_s", 3600)),
                     max_backlog_rows=int(opts.get("max_backlog_rows", 100_000)))
 
@@ -88,6 +93,11 @@ for step in range(1, steps + 1):
     rec.start_step()
     time.sleep(sleep_s)
     rec.end_step(step, loss=1.0 / step, lr=1e-3, tokens=128, **extra)
+    if heal_at and step == heal_at + window - 1:
+        # The first window after the heal is handed over: wait until the writer has handled it alone.
+        # Otherwise, on a loaded machine, the loop runs on and the writer takes several windows at
+        # once, whose rows push more of the waiting ones out of the bound (up to all 50).
+        rec.flush()
     if progress is not None:
         struct.pack_into("<q", progress, 0, step)
         continue
