@@ -7,8 +7,10 @@ from kforge_dash.ingest.findings.whatif import what_if_sentence
 
 
 def what_if_text(summary: dict | None) -> str | None:
-    """"without its stragglers this run would have taken ... instead of ...; rank R (host) alone cost ..."."""
-    return what_if_sentence((summary or {}).get("what_if"))
+    """"Without its stragglers this run would have taken ... instead of ...; rank R (host) alone cost ...",
+    as the run page and the report show it: only the first letter raised (a host name keeps its case)."""
+    text = what_if_sentence((summary or {}).get("what_if"))
+    return text[:1].upper() + text[1:] if text else None
 
 
 def mfu_waterfall(summary: dict | None) -> Waterfall | None:

@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kforge_dash.browse import units
+from kforge_dash.browse.figures import text as plotly_text
 from kforge_dash.browse.findings import Waterfall
 
 _LABELS = {"loss": "loss", "grad_norm": "grad norm", "step_time_s": "step time (s)"}
@@ -30,7 +31,7 @@ def waterfall_figure(w: Waterfall) -> go.Figure:
 def mfu_waterfall_figure(w: Waterfall) -> go.Figure:
     """Peak (1.0) -> each goodput bucket's share of the wall clock -> below peak -> achieved MFU."""
     fig = go.Figure(go.Waterfall(
-        x=w.labels, y=w.values, measure=w.measures, textposition="outside",
+        x=[plotly_text(label) for label in w.labels], y=w.values, measure=w.measures, textposition="outside",  # keys from disk
         text=[f"{100 * abs(v):.1f}%" for v in w.values], hovertemplate="%{x}: %{text}<extra></extra>",
         decreasing=dict(marker=dict(color="#d62728")), totals=dict(marker=dict(color="#2ca02c")),
         increasing=dict(marker=dict(color="#7f7f7f")),

@@ -17,12 +17,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
+from kforge_dash.browse import findings_figures, units
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
-from kforge_dash.browse import units
 from kforge_dash.contract import STEPS_FILE, SUMMARY_FILE
 from kforge_record.atomic import atomic_path
 
@@ -183,6 +184,12 @@ _DRAW = """document.addEventListener("DOMContentLoaded", function () {
     });
   });
 });"""
+_DRAW_RUN_FIGURES = """document.addEventListener("DOMContentLoaded", function () {
+  document.querySelectorAll("script.run-figure-spec").forEach(function (el) {
+    var s = JSON.parse(el.textContent);
+    Plotly.newPlot(el.previousElementSibling, s.data, s.layout, s.config);
+  });
+});"""
 
 
 def _findings_html(s: dict) -> str:
@@ -201,6 +208,25 @@ def _findings_html(s: dict) -> str:
         rows = [[c.severity, c.kind, c.facts or units.MISSING, c.message] for c in cards]
         out.append(f"<h4>Findings ({len(rows)})</h4>" + _table(["severity", "finding", "where", "message"], rows,
                                                                cls="findings"))
+    return "".join(out)
+
+
+def _diagnosis_html(s: dict) -> str:
+    """The what-if sentence and the MFU waterfall, prepared as the run page prepares them (browse/diagnosis.py).
+    The figure's spec sits in a JSON script right after its cell; _DRAW_RUN_FIGURES draws it there."""
+    import plotly.io
+
+    out = []
+    what_if = prep_diagnosis.what_if_text(s)
+    if what_if:
+        out.append(f'<p class="what-if">{_esc(what_if)}</p>')
+    fall = prep_diagnosis.mfu_waterfall(s)
+    if fall is not None:
+        spec = json.loads(plotly.io.to_json(findings_figures.mfu_waterfall_figure(fall), validate=False))
+        spec = {"data": spec["data"], "layout": spec["layout"],
+                "config": {**prep_figures.chart_config("mfu_waterfall"), "responsive": True}}
+        out.append(f'<div class="chart run-figure"></div><script type="application/json" class="run-figure-spec">'
+                   f"{_script_json(spec)}</script>")
     return "".join(out)
 
 
@@ -236,7 +262,7 @@ def run_section_html(r: prep_runs.RunInfo) -> str:
     return (f'<section class="run"><h3>{_esc(r.name)}</h3>'
             f"<p>{_esc(units.device_label(s))} · {units.TRAINING_TIME} {_esc(units.duration(train_s))} · "
             f"{units.JOB_WALL_CLOCK} {_esc(units.duration(clock_s))} · MFU inputs: {_esc(units.flops_origin(s))}</p>"
-            + _findings_html(s) + _restarts_html(s) + _nonfinite_html(r)
+            + _findings_html(s) + _diagnosis_html(s) + _restarts_html(s) + _nonfinite_html(r)
             + (f"<h4>Ingest warnings ({len(warnings)})</h4><ul>{warn}</ul>" if warnings else "")
             + "</section>")
 
@@ -245,7 +271,7 @@ _STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{
 margin:.5em 0;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f4f4f4}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:12px}.chart{height:380px;min-width:0}
 .warn{color:#a40}section.run{border-top:1px solid #ccc;margin-top:1em}table.findings td:last-child{min-width:30em}
-.key{font-size:13px;color:#555}"""
+.key{font-size:13px;color:#555}.run-figure{max-width:760px}"""
 
 
 def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = None,
@@ -265,7 +291,7 @@ def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = Non
         "double-click to reset; the camera button saves a chart as PNG. Key: ◆ restart · × NaN · ▲/▼ ±inf · "
         "★ loss or grad-norm spike (a finding, at its raw peak)</p>"
         + "".join(f"<p class=warn>{_esc(n)}</p>" for n in notes)
-        + f"<h2>Charts</h2>{charts}<script>{_DRAW}</script>"
+        + f"<h2>Charts</h2>{charts}<script>{_DRAW}{_DRAW_RUN_FIGURES}</script>"
         + f"<h2>Runs</h2>{runs_table_html(chosen)}<h2>Config diff</h2>{config_diff_html(chosen)}"
         + "<h2>Each run</h2>" + "".join(run_section_html(r) for r in chosen)
     )

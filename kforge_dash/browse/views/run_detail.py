@@ -88,7 +88,7 @@ if len(cards) > MAX_FINDINGS:
     more.caption(f"{len(cards) - MAX_FINDINGS:,} more, the least severe: every finding is in "
                  f"{md_text(run.name)}/ingested/summary.json and in kforge-report.")
 if prep_diagnosis.what_if_text(s):  # from summary.json what_if: the run without its stragglers
-    st.info(md_text(prep_diagnosis.what_if_text(s).capitalize()), icon=":material/timer:")  # host names: as text
+    st.info(md_text(prep_diagnosis.what_if_text(s)), icon=":material/timer:")  # host names: as text
 waterfall, mfu_fall = prep_findings.goodput_waterfall(s), prep_diagnosis.mfu_waterfall(s)
 left, right = st.columns(2) if mfu_fall is not None else (st.container(), None)
 if waterfall is not None:
