@@ -225,7 +225,7 @@ def _diagnosis_html(s: dict) -> str:
         spec = json.loads(plotly.io.to_json(findings_figures.mfu_waterfall_figure(fall), validate=False))
         spec = {"data": spec["data"], "layout": spec["layout"],
                 "config": {**prep_figures.chart_config("mfu_waterfall"), "responsive": True}}
-        out.append(f'<div class="chart run-figure"></div><script type="application/json" class="run-figure-spec">'
+        out.append(f'<div class="run-figure"></div><script type="application/json" class="run-figure-spec">'
                    f"{_script_json(spec)}</script>")
     return "".join(out)
 
@@ -271,7 +271,7 @@ _STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{
 margin:.5em 0;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f4f4f4}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:12px}.chart{height:380px;min-width:0}
 .warn{color:#a40}section.run{border-top:1px solid #ccc;margin-top:1em}table.findings td:last-child{min-width:30em}
-.key{font-size:13px;color:#555}.run-figure{max-width:760px}"""
+.key{font-size:13px;color:#555}.run-figure{height:380px;max-width:760px}"""
 
 
 def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = None,
