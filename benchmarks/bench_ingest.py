@@ -116,8 +116,9 @@ os.remove(out)
 """
 INGEST = """
 import sys
+from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
-res = ingest_run(sys.argv[1], force=True)
+res = ingest_run(sys.argv[1], options=IngestOptions(force=True))
 print(res.summary["steps"])
 """
 # The run window by window on the cluster (whole_run_bytes=0: one run is the case that needs it).

@@ -30,7 +30,7 @@ For each RANKSxSTEPS size:
    (a) "re-ingest (watch)": ingest_run(run), starting every time from the outputs saved in step 2
        (RUN/ingested/ is restored from the copy, mtimes kept): ingest appends the new parts to the
        last outputs when it can; whether it did (IngestResult.appended) is printed;
-   (b) "full re-ingest": ingest_run(run, force=True) with RUN/ingested/ deleted first.
+   (b) "full re-ingest": ingest_run(run, IngestOptions(force=True)) with RUN/ingested/ deleted first.
    The table gives the median wall time, the largest peak and full/incremental ("x faster").
 5. The outputs of the first (a) and (b) are compared: steps.parquet equal (null-aware), ranks.parquet
    equal once both are sorted by (rank, step), summary.json equal except ingested_at, fingerprint and
@@ -71,7 +71,8 @@ from kforge_dash.ingest.run import ingest_run
 res = ingest_run(sys.argv[1])
 print("STEPS", res.summary["steps"], "SKIPPED", int(res.skipped), "APPENDED", getattr(res, "appended", None))
 """
-FULL = INCREMENTAL.replace("ingest_run(sys.argv[1])", "ingest_run(sys.argv[1], force=True)")
+FULL = INCREMENTAL.replace("import sys\n", "import sys\nfrom kforge_dash.ingest.options import IngestOptions\n").replace(
+    "ingest_run(sys.argv[1])", "ingest_run(sys.argv[1], options=IngestOptions(force=True))")
 
 
 def _attempt_dir(run_dir: str, rank: int, ranks: int) -> str:

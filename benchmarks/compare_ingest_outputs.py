@@ -22,8 +22,9 @@ import tempfile
 
 INGEST = """
 import sys
+from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
-ingest_run(sys.argv[1], force=True, chunk_rows=int(sys.argv[2]))
+ingest_run(sys.argv[1], options=IngestOptions(force=True, chunk_rows=int(sys.argv[2])))
 """
 _TIMINGS = {"ingested_at"}
 

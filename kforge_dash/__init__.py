@@ -5,7 +5,6 @@
     export/       RUN/ingested/ -> TensorBoard event file, offline W&B run
     browse/       the Streamlit app: views that render, plain functions that prepare
     pipeline.py   ingest then export, and the --watch loop
-    idle_blas.py  numpy loaded with its OpenBLAS threads idle (imported first by ingest and pipeline)
     cluster.py    the same on a Dask cluster (kforge-ingest --dask)
     cli/          kforge-ingest, kforge-dash
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from kforge_dash.export.outcome import Exporter
 from kforge_dash.ingest import shards as _shards
+from kforge_dash.ingest.buffers import Buffers
 from kforge_dash.ingest.options import (
     IngestError,
     IngestFailure,
@@ -41,7 +42,6 @@ from kforge_dash.ingest.options import (
     IngestResult,
     IngestWaiting,
 )
-from kforge_dash.ingest.reduce import Buffers
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.ingest.window import WindowRows, WindowTask
 from kforge_dash.optional import require

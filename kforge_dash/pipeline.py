@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from kforge_dash import idle_blas  # noqa: F401 (first: numpy loads with its BLAS threads idle)
 from kforge_dash.contract import EXPORT_NAMES, LOCK_FILE, SUMMARY_FILE, read_summary_file
 from kforge_dash.export.exporters import choose_exporters, run_exporters
 from kforge_dash.export.outcome import Exporter
@@ -40,8 +39,11 @@ def ingest_path(path, *, exporters: Sequence[Exporter] | None = None, options: I
     """Ingest every run at or below ``path``, then export each. One IngestResult, IngestFailure or IngestWaiting per run.
 
     ``exporters`` (kforge_dash.export.exporters) beat the switches, which choose them when not given.
+    Options: ``options`` (an IngestOptions) or its keywords (``ingest_path(root, alpha=0.05)``), not both.
     Raises IngestError when ``path`` does not exist or holds no run at all.
     """
+    if options is not None and option_kwargs:
+        raise TypeError("ingest_path: give options= or option keywords, not both")
     if exporters is None:
         exporters = choose_exporters(tensorboard=tensorboard, wandb=wandb, upload=upload,
                                      wandb_project=wandb_project, wandb_entity=wandb_entity)
@@ -242,7 +244,7 @@ def watch(paths: Sequence[str], *, interval_s: float, options: IngestOptions, ex
     """
     live = [x for x in exporters if x.name not in ("wandb", "upload")]
     deferred = len(live) < len(exporters)
-    options = IngestOptions(**{**options.__dict__, "force": False})  # later passes redo only changed runs
+    options = replace(options, force=False)  # later passes redo only changed runs
     changed: set[str] = set()
     try:
         while True:

@@ -35,13 +35,18 @@ def fsync_dir(d: str) -> None:
         os.close(fd)
 
 
-def publish(tmp: str, path: str) -> None:
-    """fsync the finished temp file ``tmp``, rename it over ``path``, fsync the folder."""
-    fd = os.open(tmp, os.O_RDONLY)
+def fsync_file(path: str) -> None:
+    """Make the data of the file ``path`` durable (it must exist; an OSError is the caller's)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def publish(tmp: str, path: str) -> None:
+    """fsync the finished temp file ``tmp``, rename it over ``path``, fsync the folder."""
+    fsync_file(tmp)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path))
 
@@ -53,11 +58,7 @@ def publish_new(tmp: str, path: str) -> None:
     filesystem has no hard links, ``O_EXCL`` claims the name first (an empty file for a moment,
     which readers skip as unreadable and read again next time) and the rename fills it.
     """
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_file(tmp)
     try:
         os.link(tmp, path)
     except FileExistsError:

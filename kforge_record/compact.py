@@ -64,9 +64,9 @@ class Compactor:
         self.warn = warn
         self.fanout = fanout
         self.tiers: list[list[Part]] = [[] for _ in range(max_tier)]
-        # The rows of the flushes waiting in the first tier, as the writer wrote them: decoding a
-        # small Parquet file costs ~0.6 ms of CPU, more than encoding it did, and the first tier
-        # is merged ten times as often as the next. At most fanout small tables.
+        # The rows of the flushes waiting in the first tier, as the writer wrote them, not read
+        # back to merge: 0.81-0.83x the writer thread's CPU a flush (benchmarks/bench_compact.py).
+        # At most fanout small tables.
         self._held: dict[str, pa.Table] = {}
         self.merges = 0
         kill_at = os.environ.get(KILL_AT_ENV)

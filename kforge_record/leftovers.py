@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 
-from .atomic import fsync_dir
+from .atomic import fsync_dir, fsync_file
 from .env import hostname, process_identity
 from .schema import END_FILE, META_FILE, PARQUET_META_KEY, is_part_file, live_parts, part_span
 
@@ -165,7 +165,7 @@ def _remove_replaced(d: str, parts: list[str], warn) -> int:
         else:
             doomed.append((name, holder))
     for holder in {h for _, h in doomed}:
-        _fsync(os.path.join(d, holder))
+        fsync_file(os.path.join(d, holder))
     fsync_dir(d)
     for name, _ in doomed:
         _remove(os.path.join(d, name))
@@ -286,14 +286,6 @@ def _kill_0_gone(pid: int) -> bool:
     except OSError:  # EPERM: it exists, another user's
         return False
     return False
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove(path: str) -> None:

@@ -83,9 +83,10 @@ def part_files(run_dir):
 
 def ingest_whole_and_windowed(run_dir, chunk_rows):
     """Ingest the run as one window, then again (forced) in windows of `chunk_rows` rows; both outputs."""
+    from kforge_dash.ingest.options import IngestOptions
     from kforge_dash.ingest.run import ingest_run
 
-    ingest_run(run_dir, chunk_rows=10**9)
+    ingest_run(run_dir, options=IngestOptions(chunk_rows=10**9))
     whole = read_outputs(run_dir)
-    ingest_run(run_dir, chunk_rows=chunk_rows, force=True)
+    ingest_run(run_dir, options=IngestOptions(chunk_rows=chunk_rows, force=True))
     return whole, read_outputs(run_dir)

@@ -73,7 +73,7 @@ def twin(src, dst):
 
 
 def local_outputs(run):
-    ingest_run(run, chunk_rows=CHUNK, force=True)
+    ingest_run(run, options=IngestOptions(chunk_rows=CHUNK, force=True))
     return outputs(run)
 
 
@@ -106,7 +106,7 @@ def test_an_append_on_local2_equals_a_local_ingest(tmp_path, monkeypatch, local2
     recs = open_ranks(run, 4, flush_every_steps=5)
     clock = run_steps(monkeypatch, recs, range(1, 31), step_time=lambda r, s: 0.1 * (1 + s % 3), values=values,
                       flush_every=5)
-    ingest_run(run, chunk_rows=CHUNK)
+    ingest_run(run, options=IngestOptions(chunk_rows=CHUNK))
     run_steps(monkeypatch, recs, range(31, 46), step_time=lambda r, s: 0.2, values=values, clock=clock, flush_every=5)
     recs[2].log(33, **{"eval/loss": 1.5})
     flush_all(recs)
@@ -120,7 +120,7 @@ def test_an_append_on_local2_equals_a_local_ingest(tmp_path, monkeypatch, local2
 def test_a_worker_that_dies_fails_the_run_and_keeps_the_last_outputs(tmp_path, monkeypatch, local2):
     client, opts = local2
     run = make_run(tmp_path / "a", monkeypatch)
-    ingest_run(run, chunk_rows=CHUNK)
+    ingest_run(run, options=IngestOptions(chunk_rows=CHUNK))
     ing = os.path.join(run, "ingested")
     before = {n: open(os.path.join(ing, n), "rb").read() for n in sorted(os.listdir(ing)) if n.endswith(".parquet")}
 
@@ -141,7 +141,7 @@ def test_a_worker_that_dies_fails_the_run_and_keeps_the_last_outputs(tmp_path, m
 
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"window of steps \[\d+, \d+\): the Dask worker running it died"):
-        ingest_run(run, chunk_rows=CHUNK, force=True, windows=Dying(client, opts, run_dir=run))
+        ingest_run(run, options=IngestOptions(chunk_rows=CHUNK, force=True), windows=Dying(client, opts, run_dir=run))
     assert time.monotonic() - t0 < 60
     after = {n: open(os.path.join(ing, n), "rb").read() for n in sorted(os.listdir(ing)) if n.endswith(".parquet")}
     assert after == before  # ranks.parquet was half written under a temp name, removed
@@ -164,7 +164,7 @@ def test_a_stuck_window_fails_the_run_after_task_timeout_s(tmp_path, monkeypatch
 
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"window of steps \[\d+, \d+\): not done after 1s on the Dask cluster"):
-        ingest_run(run, chunk_rows=CHUNK, windows=Stuck(client, opts, run_dir=run))
+        ingest_run(run, options=IngestOptions(chunk_rows=CHUNK), windows=Stuck(client, opts, run_dir=run))
     assert time.monotonic() - t0 < 4
     assert not [n for n in os.listdir(os.path.join(run, "ingested")) if n.endswith(".parquet")]
 

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 from ingest_fixtures import open_ranks, run_steps
 
-from kforge_dash import ingest_run
+from kforge_dash import IngestOptions, ingest_run
 from kforge_dash.export.run import export_run
 from kforge_dash.export.tensorboard import kforge_event_files
 
@@ -85,7 +85,7 @@ def test_a_running_tensorboard_follows_appends_and_rewrites(tmp_path, monkeypatc
 
         # A rewrite: every EMA value changes (another alpha): a new file, read after the old one,
         # replaces the points already shown instead of adding to them.
-        ingest_run(run, alpha=0.5)
+        ingest_run(run, options=IngestOptions(alpha=0.5))
         rewritten = export_run(run, wandb=False).tensorboard
         assert rewritten.path > first.path and kforge_event_files(run) == [first.path, rewritten.path]
         _wait_for(port, "live", "smoothed/loss_ema", _want(run, "loss_ema"))

@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
 
+from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 
 SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}
@@ -15,7 +16,7 @@ SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}
 
 def full_outputs(run, **kw):
     """What a from-scratch ingest of the run gives now (forced: no footer cache, no append)."""
-    res = ingest_run(run, force=True, **kw)
+    res = ingest_run(run, options=IngestOptions(force=True, **kw))
     assert not res.appended
     return read_outputs(run)
 
@@ -63,11 +64,11 @@ def test_append_in_many_windows_and_tokens_that_do_not_count(tmp_path, monkeypat
     recs[3] = open_ranks(run, 4, ranks=[3], flush_every_steps=5, counts_tokens=False)[3]
     clock = run_steps(monkeypatch, recs, range(1, 23), step_time=lambda r, s: 0.1 * (1 + (s + r) % 4),
                       values=values, flush_every=5)
-    ingest_run(run, chunk_rows=12)
+    ingest_run(run, options=IngestOptions(chunk_rows=12))
     run_steps(monkeypatch, recs, range(23, 51), step_time=lambda r, s: 0.1 * (1 + (s * r) % 3),
               values=values, clock=clock, flush_every=5)
     flush_all(recs)
-    res = ingest_run(run, chunk_rows=12)
+    res = ingest_run(run, options=IngestOptions(chunk_rows=12))
     assert res.appended
     got = read_outputs(run)
     assert got[0]["step"].to_list() == list(range(1, 51))
@@ -151,7 +152,7 @@ def test_anything_but_new_parts_means_a_full_ingest(tmp_path, monkeypatch, chang
         pl.read_parquet(os.path.join(ing, "ranks.parquet")).head(3).write_parquet(os.path.join(ing, "ranks.parquet"))
     elif change == "alpha":
         kw["alpha"] = 0.5
-    res = ingest_run(run, **kw)
+    res = ingest_run(run, options=IngestOptions(**kw))
     assert not res.appended and not res.skipped
     got = read_outputs(run)
     assert got[0]["step"].max() == 30 and got[1].height == 60

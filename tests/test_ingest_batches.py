@@ -11,6 +11,7 @@ import pytest
 from ingest_fixtures import FakeClock
 
 import kforge_record.recorder as recorder_mod
+from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.progress import NullProgress
 from kforge_record import Recorder
@@ -130,11 +131,11 @@ def test_big_windows_are_read_in_batches_of_ranks_with_the_outputs_of_one_read(t
                                                                               resume_eval):
     run = make_run(tmp_path / "run", monkeypatch, resume_eval=resume_eval)
     whole_reads, reads, returned_reads = Reads(), Reads(), Reads()
-    ingest_run(run, chunk_rows=chunk_rows, windows=Whole(), progress=whole_reads)
+    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows), windows=Whole(), progress=whole_reads)
     whole = outputs(run)
-    ingest_run(run, chunk_rows=chunk_rows, force=True, progress=reads)
+    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows, force=True), progress=reads)
     batched = outputs(run)
-    ingest_run(run, chunk_rows=chunk_rows, force=True, windows=Returned(), progress=returned_reads)
+    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows, force=True), windows=Returned(), progress=returned_reads)
     returned = outputs(run)
 
     assert batched[0] == whole[0] == returned[0]  # steps.parquet, byte for byte

@@ -1,4 +1,4 @@
-"""The row pass's work space reused from batch to batch (reduce.Buffers and its callers): each
+"""The row pass's work space reused from batch to batch (buffers.Buffers and its callers): each
 batch's values copied from polars' chunks, whatever their count, offsets and nulls, into buffers
 kept from a bigger or smaller batch before; and the cheap checks that read them (dedup_rows'
 step order, coalescing's key order, the slowest rank) give what the whole-frame polars
@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 from kforge_dash.ingest import coalesce, window
+from kforge_dash.ingest.buffers import Buffers
 from kforge_dash.ingest.ranks_writer import arrow_table
-from kforge_dash.ingest.reduce import Buffers, as_grid
+from kforge_dash.ingest.reduce import as_grid
 
 
 def _column(rng, n: int, dtype, nulls: bool) -> pl.Series:

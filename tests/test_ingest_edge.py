@@ -8,6 +8,7 @@ import pytest
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
 
 import kforge_dash.ingest.run as ingest_mod
+from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.pipeline import ingest_path
 
@@ -19,7 +20,7 @@ def test_a_window_of_log_rows_only_is_ingested(tmp_path, monkeypatch):
               values=lambda r, s: {"loss": float(s), "tokens": 10}, flush_every=5)
     recs[0].log(11, eval_loss=0.5)  # a final eval, past the last ended step: its own part file
     close_all(recs)
-    ingest_run(run, chunk_rows=5)  # windows [1,6) [6,11) [11,12): the last holds the log row only
+    ingest_run(run, options=IngestOptions(chunk_rows=5))  # windows [1,6) [6,11) [11,12): the last holds the log row only
     steps, ranks, summary = read_outputs(run)
     assert steps["step"].to_list() == list(range(1, 12))
     last = steps.row(10, named=True)

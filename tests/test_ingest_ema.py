@@ -6,6 +6,7 @@ import pytest
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
 from reference_math import ema_loop
 
+from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 
 LOSSES = {1: 5.0, 2: 4.0, 3: float("nan"), 4: 3.5, 5: float("inf"), 6: 3.0, 7: None, 8: 2.0, 9: 2.5, 10: float("nan")}
@@ -18,7 +19,7 @@ def test_ema_matches_loop_and_nan_is_kept(tmp_path, monkeypatch, alpha):
     run_steps(monkeypatch, recs, range(1, 11), step_time=lambda r, s: 0.5 + 0.1 * s,
               values=lambda r, s: {"loss": LOSSES[s], "tokens": 100 * s})
     close_all(recs)
-    res = ingest_run(run, alpha=alpha)
+    res = ingest_run(run, options=IngestOptions(alpha=alpha))
     steps, _, summary = read_outputs(run)
 
     loss = steps["loss"].to_list()

@@ -1,5 +1,5 @@
-"""What ingest pays before and around the rows: each part's footer facts, imports it does not
-need, and numpy's idle BLAS threads."""
+"""What ingest pays before and around the rows: each part's footer facts and imports it does not
+need."""
 
 import os
 import subprocess
@@ -55,27 +55,6 @@ def test_ingest_does_not_import_the_recorder():
     assert _python("import sys, kforge_record.schema\nprint('pyarrow' in sys.modules, 'numpy' in sys.modules)") == "False False"
     assert _python("import kforge_record\nfrom kforge_record import ModelSpec, Recorder\nimport kforge_record.recorder as r\n"
                    "print(Recorder is r.Recorder is kforge_record.Recorder, ModelSpec.__name__)") == "True ModelSpec"
-
-
-_TIMEOUT = """
-import ctypes, os
-import kforge_dash.ingest.run
-import numpy
-(lib,) = {line.split()[-1] for line in open("/proc/self/maps") if "openblas" in line}
-print(ctypes.CDLL(lib).openblas_thread_timeout(), os.environ.get("OPENBLAS_THREAD_TIMEOUT"))
-"""
-
-
-def test_numpy_blas_threads_sleep_when_idle_and_the_environment_is_left_alone():
-    """numpy's OpenBLAS (this environment's numpy links it) reads OPENBLAS_THREAD_TIMEOUT as it loads."""
-    assert _python(_TIMEOUT) == "4 None"
-    assert _python(_TIMEOUT, OPENBLAS_THREAD_TIMEOUT="9") == "9 9"  # the user's choice wins
-
-
-def test_the_pipeline_api_also_loads_numpy_with_idle_blas_threads():
-    """kforge_dash.pipeline (ingest_path, the Python API) imports the exporters, whose polars loads
-    numpy, before ingest/run.py: the threads must be told to sleep there too."""
-    assert _python(_TIMEOUT.replace("kforge_dash.ingest.run", "kforge_dash.pipeline")) == "4 None"
 
 
 def _rchar() -> int:

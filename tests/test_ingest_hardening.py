@@ -18,7 +18,7 @@ from ingest_fixtures import close_all, flush_all, open_ranks, part_files, run_st
 import kforge_dash.ingest.run as ingest_mod
 from kforge_dash import pipeline
 from kforge_dash.cli.ingest import main
-from kforge_dash.ingest.options import IngestError, IngestResult
+from kforge_dash.ingest.options import IngestError, IngestOptions, IngestResult
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.pipeline import ingest_path
 
@@ -104,7 +104,7 @@ def test_peak_override_still_gives_mfu_when_the_recorded_peak_is_garbage(tmp_pat
     meta.update(peak_tflops=[1, 2], device={"name": 7, "type": "cuda"})
     with open(meta_path, "w") as f:
         json.dump(meta, f)
-    res = ingest_run(run, peak_tflops=100.0, flops_per_token=1e9)
+    res = ingest_run(run, options=IngestOptions(peak_tflops=100.0, flops_per_token=1e9))
     assert [w for w in res.summary["warnings"] if "'device.name'" in w and meta_path in w]
     assert res.summary["peak_tflops"] == 100.0 and res.summary["mean_mfu"] is not None
 
@@ -246,7 +246,7 @@ def test_temp_files_of_a_live_ingest_or_export_are_left_alone(tmp_path, monkeypa
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(IngestError, match="another kforge-ingest"):
-            ingest_run(run, lock_timeout_s=0.2)
+            ingest_run(run, options=IngestOptions(lock_timeout_s=0.2))
         assert [p for p in temps if not os.path.exists(p)] == []  # a live one's: kept
     finally:
         holder.communicate("")
@@ -352,7 +352,7 @@ def test_the_window_work_is_one_function_of_plain_values(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run", monkeypatch, world=2)
     ingest_run(run)
     inputs = ingest_mod._list_inputs(run, os.path.join(run, "ingested"), ingest_mod.IngestOptions(force=True), [])
-    plan = make_plan(inputs, ingest_mod.IngestOptions(force=True, chunk_rows=10), [])
+    plan = make_plan(inputs, [], force=True, chunk_rows=10)
     windows = plan_windows(plan.files, 10)
     assert len(windows) > 1
     tasks = [WindowTask(lo, hi, overlapping_parts(plan.files, lo, hi), plan.spec) for lo, hi in windows]

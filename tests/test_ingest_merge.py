@@ -9,6 +9,7 @@ import statistics
 import pytest
 from ingest_fixtures import LLAMA7B, close_all, ingest_whole_and_windowed, open_ranks, read_outputs, run_steps
 
+from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 
 
@@ -103,7 +104,7 @@ def test_mfu_moe_by_hand_with_flops_override_precedence(tmp_path, monkeypatch):
     assert steps["mfu"].to_list() == pytest.approx([fpt * tps / (4 * 312.0 * 1e12)] * 3, rel=1e-12)
     assert summary["peak_source"] == "meta.json peak_tflops"
     # --flops-per-token and --peak-tflops beat what meta.json recorded
-    ingest_run(run, flops_per_token=1e9, peak_tflops=100.0)
+    ingest_run(run, options=IngestOptions(flops_per_token=1e9, peak_tflops=100.0))
     steps, _, summary = read_outputs(run)
     assert steps["mfu"].to_list() == pytest.approx([1e9 * tps / (4 * 100.0 * 1e12)] * 3, rel=1e-12)
     assert (summary["flops_source"], summary["peak_source"]) == ("override", "override")

@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 from test_ingest_batches import Whole, make_run, outputs
 
-from kforge_dash.ingest import accumulate, reduce, window
+from kforge_dash.ingest import accumulate, buffers, window
+from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 
 
@@ -18,9 +19,9 @@ def test_windows_reduced_on_a_thread_give_the_outputs_of_read_then_reduce(tmp_pa
     # 30: windows in many batches; 360: many windows, each read whole (reduce_steps on the
     # thread, one window's reduction while the next is read); 100_000: one window.
     run = make_run(tmp_path / "run", monkeypatch, resume_eval=True)
-    ingest_run(run, chunk_rows=chunk_rows, windows=Whole())  # in this thread, read then reduce
+    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows), windows=Whole())  # in this thread, read then reduce
     whole = outputs(run)
-    ingest_run(run, chunk_rows=chunk_rows, force=True)
+    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows, force=True))
     here = outputs(run)
     assert here[0] == whole[0]
     assert here[1].equals(whole[1])
@@ -48,7 +49,7 @@ def test_a_batch_is_reduced_while_the_next_one_is_read(tmp_path, monkeypatch):
 
     monkeypatch.setattr(window, "read_window", read)
     monkeypatch.setattr(accumulate.StepAcc, "add", add)
-    ingest_run(run, chunk_rows=60)
+    ingest_run(run, options=IngestOptions(chunk_rows=60))
     assert len(calls) > 2
     assert threads["add"].isdisjoint(threads["read"])
 
@@ -70,7 +71,7 @@ def test_an_error_in_a_reduction_fails_the_ingest_and_publishes_nothing(tmp_path
     monkeypatch.setattr(accumulate.StepAcc, "add", broken(real_add))
     monkeypatch.setattr(window, "reduce_steps", broken(real_reduce))
     with pytest.raises(ZeroDivisionError, match="a broken reduction"):
-        ingest_run(run, chunk_rows=chunk_rows)
+        ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows))
     assert n["calls"] == 3
     ingested = os.path.join(run, "ingested")
     assert not os.path.exists(os.path.join(ingested, "ranks.parquet"))
@@ -82,13 +83,13 @@ def test_the_reads_and_the_reductions_use_their_own_buffers(tmp_path, monkeypatc
     on the other thread is using: each side gets its own Buffers."""
     run = make_run(tmp_path / "run", monkeypatch, resume_eval=True)
     owners: dict[int, set] = {}
-    real = reduce.Buffers.get
+    real = buffers.Buffers.get
 
     def get(self, role, dtype, n):
         owners.setdefault(id(self), set()).add(threading.current_thread().name)
         return real(self, role, dtype, n)
 
-    monkeypatch.setattr(reduce.Buffers, "get", get)
-    ingest_run(run, chunk_rows=60)
+    monkeypatch.setattr(buffers.Buffers, "get", get)
+    ingest_run(run, options=IngestOptions(chunk_rows=60))
     assert owners and all(len(names) == 1 for names in owners.values())
     assert pl.read_parquet(os.path.join(run, "ingested", "steps.parquet")).height == 70

@@ -11,7 +11,7 @@ import pytest
 from filelock import FileLock
 from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run_steps
 
-from kforge_dash.ingest.options import IngestError
+from kforge_dash.ingest.options import IngestError, IngestOptions
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.pipeline import ingest_path
 from kforge_dash.progress import NullProgress
@@ -142,7 +142,7 @@ def test_idempotent_and_incremental(tmp_path, monkeypatch):
     ranks1 = pl.read_parquet(os.path.join(run, "ingested", "ranks.parquet"))
     again = ingest_run(run)
     assert again.skipped and not first.skipped  # unchanged shards: no work
-    forced = ingest_run(run, force=True)
+    forced = ingest_run(run, options=IngestOptions(force=True))
     assert not forced.skipped
     steps2, ranks2, _ = read_outputs(run)
     assert steps2.equals(steps1) and ranks2.equals(ranks1)  # same shards, same data, same row order
@@ -155,7 +155,7 @@ def test_idempotent_and_incremental(tmp_path, monkeypatch):
     assert steps3["step"].to_list() == list(range(1, 22)) and ranks3.height == 2 * 21
     assert steps3.head(14).select(steps1.columns).equals(steps1)
     # a different option is a different output: not skipped
-    assert not ingest_run(run, alpha=0.5).skipped
+    assert not ingest_run(run, options=IngestOptions(alpha=0.5)).skipped
 
 
 class Events(NullProgress):
@@ -174,14 +174,14 @@ def test_concurrent_ingests_wait_for_the_lock(tmp_path, monkeypatch):
     events = []
     with lock:  # another ingest is writing this run
         with pytest.raises(IngestError, match="another kforge-ingest"):
-            ingest_run(run, lock_timeout_s=0.2, progress=Events(events))
+            ingest_run(run, options=IngestOptions(lock_timeout_s=0.2), progress=Events(events))
     assert events == ["lock-wait"]
     # two at once: both succeed, one after the other, and the outputs are whole
     results, errors = [], []
 
     def go():
         try:
-            results.append(ingest_run(run, force=True))
+            results.append(ingest_run(run, options=IngestOptions(force=True)))
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -257,7 +257,7 @@ def test_an_unreadable_merged_part_gives_way_to_the_parts_it_replaces(tmp_path, 
     with open(merged, "wb") as f:
         f.write(b"" if damage == "empty" else b"not parquet")
     with pytest.warns(UserWarning, match="a merged part that cannot be read") as caught:
-        ingest_run(run, force=True)
+        ingest_run(run, options=IngestOptions(force=True))
     assert any(merged in str(w.message) for w in caught)
     steps, ranks, summary = read_outputs(run)
     assert ranks.sort("rank", "step").equals(want_ranks.sort("rank", "step"))

@@ -158,6 +158,7 @@ def test_an_ingest_does_not_import_pandas(tmp_path):
     run = tmp_path / "preempted"  # two launches; parts that mix log and end_step rows
     shutil.copytree("sample_runs/preempted", run, ignore=shutil.ignore_patterns("ingested"))
     code = ("import sys, warnings; warnings.simplefilter('ignore')\nfrom kforge_dash.ingest.run import ingest_run\n"
-            f"ingest_run({str(run)!r})\ningest_run({str(run)!r}, force=True)\nprint('pandas' in sys.modules)")
+            "from kforge_dash.ingest.options import IngestOptions\n"
+            f"ingest_run({str(run)!r})\ningest_run({str(run)!r}, IngestOptions(force=True))\nprint('pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from ingest_fixtures import flush_all, open_ranks, run_steps
 
-from kforge_dash import ingest_run
+from kforge_dash import IngestOptions, ingest_run
 
 
 def _steps(run):
@@ -29,7 +29,7 @@ def test_log_fills_loss_grad_norm_lr_tokens_of_an_ended_step(tmp_path, monkeypat
             rec.log(s, loss=torch.tensor(1.0 / s + r), grad_norm=2.0 * s, lr=1e-3 * s, tokens=100 + r)
     for rec in recs.values():
         rec.close()
-    res = ingest_run(run, chunk_rows=chunk_rows)
+    res = ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows))
     df = _steps(run)
     assert df["step"].to_list() == list(range(1, 21))
     assert df["step_time_s"].to_list() == [0.5] * 20  # one row per step: the log rows were folded in
@@ -78,5 +78,5 @@ def test_log_values_added_by_a_later_part_are_appended(tmp_path, monkeypatch):
     recs[0].close()
     res = ingest_run(run)
     assert res.appended and _steps(run)["loss"].to_list() == [float(s) for s in range(1, 8)]
-    full = ingest_run(run, force=True)
+    full = ingest_run(run, options=IngestOptions(force=True))
     assert full.summary["final_loss"] == res.summary["final_loss"] == 7.0

@@ -17,6 +17,7 @@ from polars.testing import assert_frame_equal
 
 import kforge_dash.ingest.shards as shards
 import kforge_record.compact as compact
+from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 from kforge_record import Recorder
 from kforge_record.schema import PARQUET_META_KEY, live_parts, part_span
@@ -215,7 +216,7 @@ def test_ingest_lists_again_when_a_part_is_merged_under_it(tmp_path, monkeypatch
     recs = open_ranks(str(run), 2, flush_every_steps=2, merge_parts=False)
     run_steps(monkeypatch, recs, range(1, 21), step_time=lambda r, s: 0.1, flush_every=2)
     flush_all(recs)
-    want = ingest_run(run, force=True).summary
+    want = ingest_run(run, options=IngestOptions(force=True)).summary
     real = shards.stat_inputs
     merged = []
 
@@ -230,7 +231,7 @@ def test_ingest_lists_again_when_a_part_is_merged_under_it(tmp_path, monkeypatch
         return out
 
     monkeypatch.setattr(shards, "stat_inputs", stat_then_merge)
-    got = ingest_run(run, force=True).summary
+    got = ingest_run(run, options=IngestOptions(force=True)).summary
     close_all(recs)
     assert merged and parquet_files(attempt_dir_of(run, 0)) == ["part-000000-000009.parquet"]
     assert got["steps"] == want["steps"] == 20 and got["ranks"] == [0, 1]

@@ -22,9 +22,9 @@ import polars as pl
 import pyarrow as pa
 
 from kforge_dash.ingest.arrays import np_array
+from kforge_dash.ingest.buffers import Buffers
 from kforge_dash.ingest.reduce import (
     NOT_MEAN,
-    Buffers,
     as_grid,
     dense_lowest_rank,
     dense_tokens,

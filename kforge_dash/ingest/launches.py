@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from kforge_dash.ingest import flops as _flops
-
-if TYPE_CHECKING:
-    from kforge_dash.ingest.options import IngestOptions
 
 
 @dataclass
@@ -17,7 +13,6 @@ class Launch:
 
     index: int
     attempts: list = field(default_factory=list)
-    flops: dict | None = None  # launch_flops(), filled in by _derive
 
     @property
     def ranks(self):
@@ -74,13 +69,14 @@ def lead_meta(launch: Launch) -> dict:
     return ok[0].meta if ok else {}
 
 
-def launch_flops(launch: Launch, opts: IngestOptions, warnings: list[str]) -> dict:
-    """FLOPs per token, peak TFLOPS and their sources for one launch (None where unknown)."""
+def launch_flops(launch: Launch, warnings: list[str], *, flops_per_token: float | None, peak_tflops: float | None) -> dict:
+    """FLOPs per token, peak TFLOPS and their sources for one launch (None where unknown);
+    ``flops_per_token``, ``peak_tflops``: the user's overrides, or None."""
     meta = lead_meta(launch)
     out = {"flops_per_token": None, "flops_source": None, "peak_tflops": None, "peak_source": None,
            "device": meta.get("device"), "model": meta.get("model")}
-    if opts.flops_per_token is not None:
-        out["flops_per_token"], out["flops_source"] = float(opts.flops_per_token), "override"
+    if flops_per_token is not None:
+        out["flops_per_token"], out["flops_source"] = float(flops_per_token), "override"
     else:
         try:
             out["flops_per_token"], out["flops_source"] = _flops.flops_per_token(meta.get("model"))
@@ -90,8 +86,8 @@ def launch_flops(launch: Launch, opts: IngestOptions, warnings: list[str]) -> di
             warnings.append(f"attempt {launch.index}: no model description in meta.json; MFU is null (pass --flops-per-token)")
     recorded = next((a.meta.get("peak_tflops") for a in launch.attempts if a.meta.get("peak_tflops")), None)
     dev = meta.get("device") or {}
-    if opts.peak_tflops is not None:
-        out["peak_tflops"], out["peak_source"] = float(opts.peak_tflops), "override"
+    if peak_tflops is not None:
+        out["peak_tflops"], out["peak_source"] = float(peak_tflops), "override"
     elif recorded is not None:
         out["peak_tflops"], out["peak_source"] = float(recorded), "meta.json peak_tflops"
     else:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from kforge_dash.contract import MANIFEST_FILE
 from kforge_dash.ingest import shards as _shards
 from kforge_dash.ingest.options import PartVanished
-from kforge_dash.ingest.parquet_io import read_columns
+from kforge_dash.ingest.parquet_io import interned, read_columns
 from kforge_record.atomic import atomic_path
 
 _STATE_KEY = b"kforge_ingest_state"
@@ -65,7 +65,7 @@ def load_prior(out_dir: str, run_dir: str) -> Prior | None:
         cols = {c: table.column(c).to_pylist() for c in _COLUMNS}
     except Exception:  # absent, truncated, from another version: start afresh
         return None
-    schemas = [_shards._interned(dict(s)) for s in state.get("schemas", [])]
+    schemas = [interned(dict(s)) for s in state.get("schemas", [])]
     parts = {}
     for rel, size, mtime, n, lo, hi, log, end, dropped, schema, warns, bad, groups in zip(*(cols[c] for c in _COLUMNS)):
         info = _shards.PartInfo(os.path.join(run_dir, rel), n, schemas[schema], lo, hi, log, dropped, end,
@@ -109,7 +109,7 @@ class FooterCache:
             return
         for path, (info, warns) in (read_footers(todo, workers=workers) or {}).items():
             if info is not None:
-                info = replace(info, columns=_shards._interned(info.columns))
+                info = replace(info, columns=interned(info.columns))
             self.fetched[path] = (info, warns)
 
     def __call__(self, path: str, rank: int, warnings: list[str]):

@@ -10,7 +10,7 @@ from kforge_dash.ingest import shards as _shards
 from kforge_dash.ingest.append import AppendPlan, plan_append
 from kforge_dash.ingest.launches import Launch, group_launches
 from kforge_dash.ingest.manifest import FooterCache, load_prior
-from kforge_dash.ingest.options import IngestError, IngestNotReady, IngestOptions
+from kforge_dash.ingest.options import IngestError, IngestNotReady
 from kforge_dash.ingest.read import PartToRead, ReadSpec, output_columns
 
 
@@ -44,9 +44,10 @@ class IngestPlan:
     append: AppendPlan | None  # the last ingest's outputs can be extended with new part files
 
 
-def make_plan(inputs: IngestInputs, opts: IngestOptions, warnings: list[str]) -> IngestPlan:
+def make_plan(inputs: IngestInputs, warnings: list[str], *, force: bool, chunk_rows: int) -> IngestPlan:
+    """``force``: read every footer and part again (no append); ``chunk_rows``: rows a window."""
     # Footers come from the last ingest's manifest where the part is unchanged (--force: none).
-    prior = None if opts.force else load_prior(inputs.out_dir, inputs.run_dir)
+    prior = None if force else load_prior(inputs.out_dir, inputs.run_dir)
     cache = FooterCache(inputs.run_dir, inputs.stats, prior)
     cache.prefetch(inputs.listing)
     attempts = [a for a in (_shards.read_attempt(af, warnings, cache) for af in inputs.listing) if a is not None]
@@ -70,7 +71,7 @@ def make_plan(inputs: IngestInputs, opts: IngestOptions, warnings: list[str]) ->
                              stats=inputs.stats, options=inputs.option_key, files=files, cutoff=cutoff, cols=cols,
                              rename=rename)
     return IngestPlan(inputs.run_dir, inputs.out_dir, inputs, cache, attempts, launches, first, last, files, spec,
-                      opts.chunk_rows, append)
+                      chunk_rows, append)
 
 
 def _no_rows(inputs: IngestInputs, attempts: list, warnings: list[str]):

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from kforge_dash.contract import REDUCED_HEAD
 from kforge_dash.ingest.arrays import np_array
+from kforge_dash.ingest.buffers import Buffers
 from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS
 
 MEM = MEM_COLUMNS
@@ -46,7 +47,7 @@ def step_columns(cols: list[str]) -> list[str]:
     return [*_HEAD, *(c for c in cols if c not in NOT_MEAN)]
 
 
-def reduce_steps(df: pl.DataFrame, cols: list[str], counts_col: bool, buffers: "Buffers | None" = None) -> pl.DataFrame:
+def reduce_steps(df: pl.DataFrame, cols: list[str], counts_col: bool, buffers: Buffers | None = None) -> pl.DataFrame:
     """One row per step. ``df`` holds one row per (rank, step), rank by rank. ``buffers``: the
     numpy work space of the previous window, reused (see Buffers)."""
     out = _dense(df, cols, counts_col, buffers or Buffers())
@@ -97,86 +98,6 @@ def median_down_rows(srt: np.ndarray) -> pa.Array:
     srt.sort(axis=0)
     h = srt.shape[0] // 2
     return np_array(srt[h].copy() if srt.shape[0] % 2 else (srt[h - 1] + srt[h]) / 2)
-
-
-class Buffers:
-    """Window-sized numpy arrays kept from one window to the next. A window's columns are copied
-    into them from polars' chunks: fresh memory for every window (what Series.to_numpy gives on a
-    chunked series) is page-faulted in again each time, which cost more than the arithmetic."""
-
-    def __init__(self):
-        self._b: dict[str, np.ndarray] = {}
-
-    def get(self, role: str, dtype, n: int) -> np.ndarray:
-        """A length-n array for ``role``; the same memory each call, so what a role held before is
-        overwritten: copy what must outlive it."""
-        key = (role, np.dtype(dtype).str)
-        b = self._b.get(key)
-        if b is None or b.size < n:
-            b = self._b[key] = np.empty(n, dtype)
-        return b[:n]
-
-    def column(self, role: str, s: pl.Series, fill=None) -> tuple[np.ndarray, np.ndarray | None]:
-        """(values, has): ``s`` as one array, nulls set to ``fill``; has is None when no nulls."""
-        dtype = _NP.get(s.dtype)
-        if dtype is None or dtype is np.bool_:
-            return self._column_by_polars(role, s, fill, dtype)
-        n = len(s)
-        v = self.get(role, dtype, n)
-        if not s.null_count():
-            _copy_chunks(s, v)
-            return v, None
-        has = self.get(role + "/has", np.bool_, n)
-        _copy_with_validity(pa.chunked_array(s), v, has)
-        missing = self.get(role + "/missing", np.bool_, n)  # (~has would be new pages each call)
-        np.logical_not(has, out=missing)
-        np.copyto(v, fill, where=missing)  # the values under nulls are arbitrary: overwrite them
-        return v, has
-
-    def _column_by_polars(self, role: str, s: pl.Series, fill, dtype) -> tuple[np.ndarray, np.ndarray | None]:
-        """column() for booleans (bit-packed in Arrow) and types ingest does not make (no reuse)."""
-        has = None
-        if s.null_count():
-            has = self.get(role + "/has", np.bool_, len(s))
-            _copy_chunks(s.is_not_null(), has)
-            s = s.fill_null(fill)
-        if dtype is None:
-            return s.to_numpy(), has
-        v = self.get(role, dtype, len(s))
-        _copy_chunks(s, v)
-        return v, has
-
-
-_NP = {pl.Float64: np.float64, pl.Int64: np.int64, pl.Boolean: np.bool_}
-
-
-def _copy_chunks(s: pl.Series, out: np.ndarray) -> None:
-    """Copy the chunks of ``s`` (no nulls) into ``out``; each chunk's to_numpy is a view."""
-    chunks = s.get_chunks()
-    if len(chunks) == 1:
-        out[:] = chunks[0].to_numpy()
-    else:
-        np.concatenate([c.to_numpy() for c in chunks], out=out)
-
-
-def _copy_with_validity(column: pa.ChunkedArray, out: np.ndarray, has: np.ndarray) -> None:
-    """Copy the value buffers of a numeric column's chunks (what lies under a null included) into
-    ``out``, and where each value is valid into ``has``, with no copy of the chunks first (polars'
-    is_not_null and to_numpy made two: a boolean column, then bytes from its bits)."""
-    at, size = 0, out.dtype.itemsize
-    for ch in column.chunks:
-        n = len(ch)
-        if not n:
-            continue
-        valid, data = ch.buffers()
-        out[at:at + n] = np.frombuffer(data, out.dtype, n, ch.offset * size)
-        if valid is None or not ch.null_count:
-            has[at:at + n] = True
-        else:  # the validity bitmap, least significant bit first, from the chunk's bit offset
-            lead = ch.offset % 8
-            bits = np.frombuffer(valid, np.uint8, (lead + n + 7) // 8, ch.offset // 8)
-            has[at:at + n] = np.unpackbits(bits, count=lead + n, bitorder="little")[lead:]
-        at += n
 
 
 def order_free_aggs(counts_col: bool) -> list[pl.Expr]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import warnings as _warnings
 
-from kforge_dash import idle_blas  # noqa: F401 (first: numpy loads with its BLAS threads idle)
 from kforge_dash.contract import (
     EMA_METRICS,
     INGESTED_DIR,
@@ -58,18 +57,18 @@ __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce
 INGEST_VERSION = "5"  # 5: what_if, mfu_waterfall, hw_throttle
 
 
-def ingest_run(run_dir, *, options: IngestOptions | None = None, progress=None, windows=None,
-               **option_kwargs) -> IngestResult:
+def ingest_run(run_dir, options: IngestOptions | None = None, *, progress=None, windows=None) -> IngestResult:
     """Ingest one run directory into RUN/ingested/. Raises IngestError when nothing can be ingested.
 
-    Options come as an IngestOptions or as its keywords (``ingest_run(run, alpha=0.05)``).
+    ``options``: an IngestOptions (default: its defaults), e.g. ``ingest_run(run, IngestOptions(alpha=0.05))``;
+    option keywords are taken by kforge_dash.pipeline.ingest_path.
     ``progress`` (kforge_dash.progress; silent by default) hears of lock waits and windows done.
     ``windows``: where the step windows run, an object whose ``map(ingest_window, tasks)`` yields
     their WindowRows in order (kforge_dash.cluster.DaskWindows); default: here, one after the other.
     """
-    opts = options if options is not None else IngestOptions(**option_kwargs)
-    if options is not None and option_kwargs:
-        raise TypeError("ingest_run: give options= or option keywords, not both")
+    opts = options if options is not None else IngestOptions()
+    if not isinstance(opts, IngestOptions):
+        raise TypeError(f"ingest_run: options must be an IngestOptions, got {type(opts).__name__}")
     progress = progress if progress is not None else NullProgress()
     run_dir = _checked_run_dir(run_dir)
     out_dir = os.path.join(run_dir, INGESTED_DIR)
@@ -137,12 +136,14 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress, wi
     prev = None if opts.force else _unchanged_summary(inputs)
     if prev is not None:
         return IngestResult(run_dir, prev, True)
-    plan = make_plan(inputs, opts, warnings)
+    plan = make_plan(inputs, warnings, force=opts.force, chunk_rows=opts.chunk_rows)
     rows = read_rows(plan, progress, warnings, windows)
-    steps = _derive(rows.steps, plan.launches, opts, warnings)
+    flops = {launch.index: launch_flops(launch, warnings, flops_per_token=opts.flops_per_token, peak_tflops=opts.peak_tflops)
+             for launch in plan.launches if launch.parts()}
+    steps = _derive(rows.steps, plan.launches, flops, opts.alpha)
     _write_outputs(plan, rows, steps)
     summary = build_summary(SummaryInput(
-        run_dir=run_dir, steps=steps, launches=plan.launches, first_ended=plan.first_ended,
+        run_dir=run_dir, steps=steps, launches=plan.launches, flops=flops, first_ended=plan.first_ended,
         last_ended=plan.last_ended, ranks=sorted(rows.rank_ids), attempts=plan.attempts, alpha=opts.alpha,
         warnings=warnings, input_digest=inputs.digest))
     # findings, goodput: read from the outputs just written
@@ -193,19 +194,19 @@ def _write_outputs(plan: IngestPlan, rows: Rows, steps: pl.DataFrame) -> None:
     })
 
 
-def _derive(steps: pl.DataFrame, launches, opts: IngestOptions, warnings: list[str]) -> pl.DataFrame:
-    """tokens/s, MFU (per launch: its world size, FLOPs and peak) and the EMAs."""
+def _derive(steps: pl.DataFrame, launches, flops: dict, alpha: float) -> pl.DataFrame:
+    """tokens/s, MFU (per launch: its world size, FLOPs and peak: ``flops``, launch index ->
+    launch_flops()) and the EMAs (``alpha``)."""
     scale = {}
     for launch in launches:
-        info = launch_flops(launch, opts, warnings) if launch.parts() else None
-        launch.flops = info
+        info = flops.get(launch.index)
         if info and info["flops_per_token"] and info["peak_tflops"]:
             scale[launch.index] = info["flops_per_token"] / (world_size_of(launch) * info["peak_tflops"] * 1e12)
     steps = steps.with_columns(
         (pl.col("tokens").cast(pl.Float64) / pl.col("step_time_s")).alias("tokens_per_sec")
     ).with_columns(
         (pl.col("tokens_per_sec") * pl.col("attempt").replace_strict(scale, default=None, return_dtype=pl.Float64)).alias("mfu")
-    ).with_columns([ema_expr(m, alpha=opts.alpha).alias(f"{m}_ema") for m in EMA_METRICS])
+    ).with_columns([ema_expr(m, alpha=alpha).alias(f"{m}_ema") for m in EMA_METRICS])
     head = list(STEP_HEAD)
     emas = [f"{m}_ema" for m in EMA_METRICS]
     rest = [c for c in steps.columns if c not in head and c not in emas]

@@ -25,7 +25,6 @@ from kforge_dash.ingest.parquet_io import (
     read_columns,
     step_facts,
 )
-from kforge_dash.ingest.parquet_io import interned as _interned  # noqa: F401 (manifest.py's name for it)
 from kforge_dash.ingest.second_writers import warn_second_writers
 from kforge_record.heartbeat import HEARTBEAT_FILE, Heartbeat, read_heartbeat
 from kforge_record.schema import (

@@ -19,7 +19,8 @@ class SummaryInput:
 
     run_dir: str
     steps: pl.DataFrame  # steps.parquet as written
-    launches: list  # launches.Launch, each with its .flops filled in
+    launches: list  # launches.Launch
+    flops: dict  # launch index -> launches.launch_flops() of each launch with parts
     first_ended: dict  # launch -> lowest ended step (None: none)
     last_ended: dict  # launch -> highest ended step
     ranks: list[int]
@@ -33,7 +34,7 @@ def build_summary(inp: SummaryInput) -> dict:
     """summary.json's content (docs/CONTRACT.md, "Ingested outputs")."""
     live = [launch for launch in inp.launches if launch.parts()]
     cur = live[-1]
-    _warn_mixed_launches(live, inp.warnings)
+    _warn_mixed_launches(live, inp.flops, inp.warnings)
     dropped_rows = _dropped_rows(inp.attempts)
     if dropped_rows:
         inp.warnings.append(f"the recorder dropped {dropped_rows} row(s) on disk errors (see end.json / part metadata)")
@@ -51,7 +52,7 @@ def build_summary(inp: SummaryInput) -> dict:
         "unrecorded": timeline.unrecorded,
         "overlaps": timeline.overlaps,
         **_step_figures(inp.steps),
-        **_flops_entries(cur.flops),
+        **_flops_entries(inp.flops[cur.index]),
         "alpha": inp.alpha,
         "hparams": meta.get("hparams"),
         "tags": meta.get("tags"),
@@ -63,9 +64,9 @@ def build_summary(inp: SummaryInput) -> dict:
     }
 
 
-def _warn_mixed_launches(live: list, warnings: list[str]) -> None:
+def _warn_mixed_launches(live: list, flops: dict, warnings: list[str]) -> None:
     for key, what in (("flops_per_token", "FLOPs per token"), ("peak_tflops", "peak TFLOPS per GPU")):
-        vals = [launch.flops[key] for launch in live]
+        vals = [flops[launch.index][key] for launch in live]
         if len(set(vals)) > 1:
             # Read by a person (dashboard, report): each launch's value to 4 significant digits, in launch order.
             shown = " -> ".join("none" if v is None else f"{v:.4g}" for v in vals)

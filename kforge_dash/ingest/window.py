@@ -26,10 +26,11 @@ import pyarrow as pa
 
 from kforge_dash.ingest.accumulate import StepAcc
 from kforge_dash.ingest.append import old_rows
+from kforge_dash.ingest.buffers import Buffers
 from kforge_dash.ingest.coalesce import Clashes
 from kforge_dash.ingest.ranks_writer import arrow_table
 from kforge_dash.ingest.read import LOGGED_FIXED, PartToRead, ReadSpec, read_batches, read_window, rows_in
-from kforge_dash.ingest.reduce import Buffers, reduce_steps
+from kforge_dash.ingest.reduce import reduce_steps
 
 
 @dataclass(frozen=True)

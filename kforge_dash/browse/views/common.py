@@ -106,7 +106,9 @@ def _groups(_sources, key, metrics, by, band, x_axis, smoothing, step_range):
                                       smoothing=smoothing, step_range=step_range)
 
 
-def _stop_on_error(fn, *args):
+def stop_on_error(fn, *args):
+    """``fn(*args)``; a ValueError (a damaged file named in its message, or a bad setting) is shown
+    as an error and stops the page, so the app stays up."""
     try:
         return fn(*args)
     except ValueError as e:  # a damaged file (named in the message) or a bad setting: keep the app up
@@ -118,12 +120,12 @@ def compare_data(srcs, metrics, *, x_axis: str, smoothing: float, step_range=Non
     """prepare_compare, cached per (runs' files, metrics, x axis, smoothing, zoom): log-y and other
     redraws do not prepare again. A damaged file stops the page with an error naming it."""
     key = tuple(file_stamp(s.steps_path) for s in srcs)
-    return _stop_on_error(_compare, srcs, key, tuple(metrics), x_axis, smoothing, step_range)
+    return stop_on_error(_compare, srcs, key, tuple(metrics), x_axis, smoothing, step_range)
 
 
 def group_data(srcs, metrics, by, *, band: str, x_axis: str, smoothing: float, step_range=None):
     key = tuple((s.name, file_stamp(s.steps_path)) for s in srcs)
-    return _stop_on_error(_groups, srcs, key, tuple(metrics), by, band, x_axis, smoothing, step_range)
+    return stop_on_error(_groups, srcs, key, tuple(metrics), by, band, x_axis, smoothing, step_range)
 
 
 def _ingest(root, names: list[str]) -> None:

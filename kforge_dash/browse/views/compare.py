@@ -93,7 +93,7 @@ def charts() -> None:
     sources = common.sources(current, [n for n in selected if n in current])
     if not sources:
         st.stop()
-    metrics_all = common._stop_on_error(
+    metrics_all = common.stop_on_error(
         lambda: prep_series.available_metrics([prep_series.steps_schema(s.steps_path) for s in sources]))
     c1, c2, c3, c4 = st.columns([5, 2, 3, 1])
     # Every view setting lives in the URL too, so a link reproduces exactly what is on screen.

@@ -19,34 +19,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from kforge_dash.ingest.buffers import Buffers
+
 # More segments than this (rows in an odd order) and one gather is cheaper than many copies.
 MAX_SEGMENTS = 32
-
-
-class Buffers:
-    """Arrays kept from one window to the next, by role; a role's array is overwritten by the
-    next window (or the next use of the role), so copy what must outlive it."""
-
-    def __init__(self):
-        self._b: dict[tuple[str, str], np.ndarray] = {}
-
-    def get(self, role: str, dtype, shape) -> np.ndarray:
-        n, key = int(np.prod(shape)), (role, np.dtype(dtype).str)
-        b = self._b.get(key)
-        if b is None or b.size < n:
-            b = self._b[key] = np.empty(n, dtype)
-        return b[:n].reshape(shape)
-
-    def flat(self, role: str, s: pl.Series) -> np.ndarray:
-        """``s`` (no nulls) as one array; each chunk's to_numpy is a view, copied once."""
-        chunks = s.get_chunks()
-        views = [c.to_numpy() for c in chunks]
-        out = self.get(role, views[0].dtype, len(s))
-        if len(views) == 1:
-            out[:] = views[0]
-        else:
-            np.concatenate(views, out=out)
-        return out
 
 
 class Window:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from kforge_dash.ingest.findings.matrix import Buffers, Window
+from kforge_dash.ingest.buffers import Buffers
+from kforge_dash.ingest.findings.matrix import Window
 from kforge_dash.ingest.findings.model import RunFacts
 from kforge_dash.ingest.findings.units import per_step_units
 from kforge_dash.ingest.footers import usable_cpus
