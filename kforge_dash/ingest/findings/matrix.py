@@ -162,7 +162,7 @@ class Window:
             if attempt.null_count() or attempt.min() != attempt.max():
                 return None
             att = np.int64(attempt.min())  # one attempt in the window (checked without building its matrix)
-        steps = np.arange(self.s0, self.s0 + self.S)
+        steps = np.arange(self.s0, self.s0 + self.S, dtype=np.int64)  # (dtype: s0 + S may be 2**63)
         cut = np.flatnonzero(np.diff(steps // W)) + 1
         bounds = list(zip(np.r_[0, cut], np.r_[cut, self.S]))
         R = len(self.ranks)
@@ -225,7 +225,7 @@ def _segments(steps: np.ndarray, ranks: np.ndarray, buf: Buffers) -> tuple[np.nd
         elif not np.array_equal(got, uniq):
             return None
         lo = int(steps[p])
-        eq = np.equal(steps[p:q].reshape(R, k), np.arange(lo, lo + k), out=same[p:q].reshape(R, k))
+        eq = np.equal(steps[p:q].reshape(R, k), np.arange(lo, lo + k, dtype=np.int64), out=same[p:q].reshape(R, k))
         if (nxt is not None and lo != nxt) or not eq.all():
             return None
         out.append((int(p), lo, int(k)))

@@ -16,6 +16,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from kforge_dash.ingest.buffers import Buffers
@@ -33,16 +34,24 @@ def block_size(n_steps: int) -> int:
 
 
 def windows(facts: RunFacts, rows: int = WINDOW_ROWS) -> list[tuple[int, int]]:
-    """[lo, hi) step ranges covering the run, each a whole number of straggler blocks."""
-    steps = facts.steps["step"]
-    if steps.len() == 0:
+    """[lo, hi) step ranges covering the run's steps, each a whole number of straggler blocks; a
+    range holding none of its steps is left out, so that the windows are at most as many as the
+    steps however far apart their numbers lie (steps 1..50 and 10**12). ``hi`` may be 2**63."""
+    steps = facts.steps["step"].drop_nulls().unique().sort().to_numpy()
+    if len(steps) == 0:
         return []
-    lo, hi = int(steps.min()), int(steps.max()) + 1
+    hi = int(steps[-1]) + 1
     W = block_size(facts.steps.height)
     n_ranks = max(1, len(facts.summary.get("ranks") or []) or 1)
     span = max(W, (rows // n_ranks) // W * W)
-    start = lo // W * W
-    return [(a, min(a + span, hi)) for a in range(start, hi, span)]
+    out, i = [], 0
+    while True:
+        a = int(steps[i]) // W * W
+        b = min(a + span, hi)
+        out.append((a, b))
+        if b >= hi:
+            return out
+        i = int(np.searchsorted(steps, b))  # the next step at or past b (b < 2**63 here)
 
 
 def lower_median(e: pl.Expr) -> pl.Expr:
@@ -107,7 +116,7 @@ def _window(facts: RunFacts, span: tuple[int, int], st: pl.DataFrame, W: int, bu
     skip = set(alias) | ({"_data"} if len(ph.data) == 1 else set())
     skip |= {c for c, phases in (("_ckpt", ph.checkpoint), ("_eval", ph.eval)) if not phases}
     df = (pl.scan_parquet(facts.ranks_path, glob=False)
-          .filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(lo, hi, closed="left"))
+          .filter(pl.col("step_time_s").is_not_null() & pl.col("step").is_between(lo, hi - 1))
           .select("step", "rank", "attempt", "step_time_s", *ph.own,
                   *[e.alias(c) for c, e in derived.items() if c not in skip]).collect())
     win = Window.of(df, buf, alias=alias)

@@ -200,7 +200,7 @@ def _grid(steps: np.ndarray, ranks: np.ndarray, buf: Buffers) -> tuple[np.ndarra
     R = n // k
     s, r = steps.reshape(R, k), ranks.reshape(R, k)
     same = buf.get("same", np.bool_, (R, k))
-    if not (np.equal(s, np.arange(lo, lo + k), out=same).all() and np.equal(r, r[:, :1], out=same).all()):
+    if not (np.equal(s, np.arange(lo, lo + k, dtype=np.int64), out=same).all() and np.equal(r, r[:, :1], out=same).all()):
         raise NotAGrid
     if R > 1 and not (np.diff(r[:, 0]) > 0).all():
         raise NotAGrid
