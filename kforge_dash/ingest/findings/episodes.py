@@ -175,11 +175,17 @@ def _straggled(first: int, last: int, att: int, facts: RunFacts, stragglers: lis
     steps before it: one that was there all along is in the level before too) cover over half of
     steps first..last: then the job waited for one rank (the straggler finding says which)."""
     launch = set(facts.ranks_of(att))
-    covered = set()
-    for f in stragglers:
-        if f.first_step is not None and set(f.ranks) & launch and f.first_step >= first - facts.opts.episode_min_steps:
-            covered.update(range(max(first, f.first_step), min(last, f.last_step) + 1))
-    return len(covered) > (last - first + 1) / 2
+    spans = sorted((max(first, f.first_step), min(last, f.last_step)) for f in stragglers
+                   if f.first_step is not None and set(f.ranks) & launch
+                   and f.first_step >= first - facts.opts.episode_min_steps)
+    covered, end = 0, None  # step numbers in the union of the spans, counted without listing them (they may be far apart)
+    for lo, hi in spans:
+        if end is not None and lo <= end:
+            lo = end + 1
+        if hi >= lo:
+            covered += hi - lo + 1
+        end = hi if end is None else max(end, hi)
+    return covered > (last - first + 1) / 2
 
 
 def slow_episode_findings(facts: RunFacts, stragglers: list[Finding] = ()) -> list[Finding]:
