@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 from tsdownsample import MinMaxLTTBDownsampler
 
 from kforge_dash.browse.findings import spike_spans
@@ -77,6 +78,34 @@ def steps_schema(path: str | Path) -> pl.Schema:
         return pl.scan_parquet(path, glob=False).collect_schema()
     except Exception as e:  # polars raises several types for a bad file; name the file
         raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+
+
+def metrics_with_values(path: str | Path) -> set[str]:
+    """The columns of an ingested steps.parquet holding at least one non-null value, from the
+    footer's statistics alone (a CPU run's mem_* columns are all null). A column without
+    statistics counts as having values."""
+    try:
+        meta = pq.read_metadata(path)
+    except Exception as e:  # pyarrow raises several types for a bad file; name the file
+        raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+    empty: set[str] | None = None
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        here = set()
+        for i in range(rg.num_columns):
+            c = rg.column(i)
+            st = c.statistics
+            if st is not None and st.has_null_count and st.null_count == rg.num_rows:
+                here.add(c.path_in_schema)
+        empty = here if empty is None else empty & here
+    names = set(meta.schema.names)
+    return names - (empty or set()) if meta.num_rows else set()
+
+
+def default_metrics(available: list[str], with_values: set[str]) -> list[str]:
+    """The charts a page opens with: DEFAULT_CHARTS that are offered and that some selected run
+    has a value of (no chart, and no 'no mem_peak_bytes in …' note, for what no run recorded)."""
+    return [m for m in DEFAULT_CHARTS if m in available and m in with_values]
 
 
 def x_expr(axis: str, *, start_time: float | None = None) -> pl.Expr:
@@ -170,6 +199,26 @@ class CompareData:
         """The requested metrics that have at least one line (in request order)."""
         have = {s.metric for s in self.series}
         return [m for m in self.metrics if m in have]
+
+    def identical_runs(self, metric: str) -> dict[str, str]:
+        """{run: the earlier run whose drawn `metric` it repeats exactly (same steps, same values)}:
+        such lines would hide each other, so the later one is drawn dashed and the page says so."""
+        seen: dict[bytes, str] = {}
+        out: dict[str, str] = {}
+        for s in self.series:
+            if s.metric != metric or s.kind != "raw" or len(s.y) == 0:
+                continue
+            key = np.ascontiguousarray(s.step).tobytes() + b"|" + np.ascontiguousarray(s.y).tobytes()
+            if key in seen and seen[key] != s.run:
+                out[s.run] = seen[key]
+            else:
+                seen.setdefault(key, s.run)
+        return out
+
+    def identical_notes(self) -> list[str]:
+        """One line per run drawn over an identical one, e.g. 'b: loss the same as a (dashed)'."""
+        return [f"{run}: {m} the same as {first} (dashed)" for m in self.drawn_metrics()
+                for run, first in self.identical_runs(m).items()]
 
     def nonfinite_lines(self) -> list[str]:
         """One line per (run, metric, kind) of NaN/inf values, for a warning above the charts."""

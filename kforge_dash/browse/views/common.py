@@ -51,6 +51,38 @@ def plotly_preload():
     return slot
 
 
+def _ink(colour: str) -> str:
+    """Black or white, whichever reads better on `colour` (a #rrggbb)."""
+    r, g, b = (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return "#000000" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.55 else "#ffffff"
+
+
+def _swatch(style: prep_runs.RunStyle) -> str:
+    """A CSS background drawing a short line in the style's colour (dashed for a dashed style)."""
+    if style.dash == "solid":
+        return style.colour
+    on, off = {"dash": (6, 4), "dot": (2, 3), "dashdot": (6, 3)}.get(style.dash, (4, 4))
+    return f"repeating-linear-gradient(90deg, {style.colour} 0 {on}px, transparent {on}px {on + off}px)"
+
+
+def legend_css(styles: list[prep_runs.RunStyle], *, pills_key: str, tags_key: str | None = None) -> str:
+    """Colours the legend's pills (st.pills keyed `pills_key`, one per entry in order) and the tags of
+    a multiselect (`tags_key`) with each entry's own colour. Only colours and positions go into the
+    CSS, never a name from disk."""
+    rules = [".stMainBlockContainer { padding-top: 2.5rem; }",  # the charts start higher on the first screen
+             f".st-key-{pills_key} button {{ border-width: 2px; background-color: transparent !important; "
+             "color: inherit !important; }",
+             f".st-key-{pills_key} button[aria-pressed='false'] p {{ opacity: 0.45; text-decoration: line-through; }}"]
+    for i, st_ in enumerate(styles, start=1):
+        rules.append(f".st-key-{pills_key} button:nth-of-type({i}) {{ border-color: {st_.colour} !important; }}")
+        rules.append(f".st-key-{pills_key} button:nth-of-type({i})::before {{ content: ''; display: inline-block; "
+                     f"width: 18px; height: 3px; margin-right: 6px; vertical-align: middle; background: {_swatch(st_)}; }}")
+        if tags_key is not None:
+            rules.append(f".st-key-{tags_key} [data-tag-index='{i - 1}'] {{ background-color: {st_.colour} !important; "
+                         f"color: {_ink(st_.colour)} !important; }}")
+    return "<style>\n" + "\n".join(rules) + "\n</style>"
+
+
 def runs_root():
     root = prep_runs.runs_root_from_env()
     st.sidebar.caption(f"Runs root: {md_text(root)}")
@@ -112,6 +144,16 @@ def _stop_on_error(fn, *args):
     except ValueError as e:  # a damaged file (named in the message) or a bad setting: keep the app up
         st.error(md_text(e))
         st.stop()
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def _with_values(path: str, stamp) -> frozenset:
+    return frozenset(prep_series.metrics_with_values(path))
+
+
+def metrics_with_values(srcs) -> set[str]:
+    """Columns with at least one value in any of the runs (footers only, cached per file)."""
+    return set().union(*(_stop_on_error(_with_values, str(s.steps_path), file_stamp(s.steps_path)) for s in srcs))
 
 
 def compare_data(srcs, metrics, *, x_axis: str, smoothing: float, step_range=None):
