@@ -81,7 +81,7 @@ def step_param(name: str, text: str) -> StepParam:
             f = math.nan
         if math.isnan(f) or (math.isfinite(f) and not f.is_integer()):
             return StepParam(None, f"{name}={shown} in the URL is not a step number: ignored")
-        value = int(f) if math.isfinite(f) else (MAX_STEP if f > 0 else -MAX_STEP)
+        value = int(f) if math.isfinite(f) else (MAX_STEP + 1 if f > 0 else -MAX_STEP - 1)
     if abs(value) > MAX_STEP:
         clamped = MAX_STEP if value > 0 else -MAX_STEP
         return StepParam(clamped, f"{name}={shown} in the URL is beyond the largest step: read as {clamped:,}")

@@ -13,6 +13,7 @@ import time
 import plotly.graph_objects as go
 import streamlit as st
 
+from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import groups as prep_groups
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
@@ -148,7 +149,7 @@ def _stop_on_error(fn, *args):
 
 @st.cache_resource(max_entries=256, show_spinner=False)
 def _with_values(path: str, stamp) -> frozenset:
-    return frozenset(prep_series.metrics_with_values(path))
+    return frozenset(prep_columns.metrics_with_values(path))
 
 
 def metrics_with_values(srcs) -> set[str]:

@@ -10,6 +10,7 @@ import time
 
 import streamlit as st
 
+from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import downloads as prep_downloads
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import groups as prep_groups
@@ -36,14 +37,15 @@ preload = common.plotly_preload()
 # The From/To steps are bound to the URL here, not by Streamlit: its own binding turns a typed
 # ?step_to=inf or a 400-digit step into an OverflowError inside the widget. A session's first run
 # reads them (clamped, or dropped with a note); every run writes them back.
-url_notes = []
+url_notes = dict(st.session_state.get("_url_notes", {}))  # kept for the session, shown until the input changes
 for key in STEP_KEYS:
     if key not in st.session_state:
         raw = st.query_params.get(key)
         p = prep_zoom.step_param(key, raw) if raw not in (None, "") else prep_zoom.StepParam(None)
         st.session_state[key] = p.value
         if p.note is not None:
-            url_notes.append(p.note)
+            url_notes[key] = (p.note, p.value)
+st.session_state["_url_notes"] = url_notes
 
 with st.sidebar:
     query = st.text_input("Search runs by name or tag", key="query")
@@ -90,7 +92,7 @@ with st.sidebar:
     # Every view setting lives in the URL too, so a link reproduces exactly what is on screen.
     # The default charts are the usual ones that some selected run has a value of.
     metrics = st.multiselect("Metrics", metrics_all, key="metrics", bind="query-params",
-                             default=prep_series.default_metrics(metrics_all, common.metrics_with_values(sources)))
+                             default=prep_columns.default_metrics(metrics_all, common.metrics_with_values(sources)))
     x_axis = st.selectbox("x axis", prep_series.X_AXES, key="x_axis", bind="query-params")
     smoothing = st.slider("Smoothing (EMA weight per step)", 0.0, 0.99, 0.6, 0.01,
                           key="smoothing", bind="query-params",
@@ -147,8 +149,9 @@ entries = list(members)
 st.html(common.legend_css([styles[e] for e in entries], pills_key="legend", tags_key=None if grouped else "runs"))
 shown = st.pills("Legend", entries, selection_mode="multi", default=entries, key="legend",
                  format_func=lambda e: md_text(f"{e} ({len(members[e])} runs)" if grouped else e), label_visibility="collapsed")
-for note in url_notes:
-    st.caption(md_text(note))
+for key, (note, value) in url_notes.items():
+    if st.session_state.get(key) == value:  # until the input is changed
+        st.caption(md_text(note))
 shown_sources = [s for s in sources if any(s.name in members[e] for e in shown)]
 colours = {n: s.colour for n, s in styles.items()}
 dashes = {n: s.dash for n, s in styles.items()}
