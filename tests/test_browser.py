@@ -209,7 +209,9 @@ def test_a_run_keeps_its_colour_and_hostile_names_stay_text_with_no_request_leav
     runs.fill("b-seed1")
     page.get_by_role("option", name="b-seed1", exact=True).click()
     page.keyboard.press("Escape")
-    page.wait_for_function("() => document.querySelectorAll('.st-key-legend button').length >= 2")
+    page.wait_for_function("() => document.querySelectorAll('.st-key-legend button').length >= 2 && [...document"
+                           ".querySelectorAll('.js-plotly-plot')].some(gd => new Set((gd._fullData || []).filter("
+                           "d => d.mode === 'lines').map(d => d.name)).size >= 2)")
     settled(page)
     after = {t["name"]: t["colour"] for t in traces(page, "loss") if t["mode"] == "lines"}
     # The plotly name is the escaped text; the colour of the run already shown did not move.

@@ -147,7 +147,12 @@ else:
 entries = list(members)
 # The page's one legend: a pill per run (group) in its colour; a click hides or shows it on every chart.
 st.html(common.legend_css([styles[e] for e in entries], pills_key="legend", tags_key=None if grouped else "runs"))
-shown = st.pills("Legend", entries, selection_mode="multi", default=entries, key="legend",
+if st.session_state.get("_legend_entries") != entries or "legend" not in st.session_state:
+    # A new selection: its new runs are shown, the ones hidden before stay hidden.
+    hidden = set(st.session_state.get("_legend_entries") or []) - set(st.session_state.get("legend") or [])
+    st.session_state["legend"] = [e for e in entries if e not in hidden]
+    st.session_state["_legend_entries"] = entries
+shown = st.pills("Legend", entries, selection_mode="multi", key="legend",
                  format_func=lambda e: md_text(f"{e} ({len(members[e])} runs)" if grouped else e), label_visibility="collapsed")
 for key, (note, value) in url_notes.items():
     if st.session_state.get(key) == value:  # until the input is changed
