@@ -66,11 +66,17 @@ def _swatch(style: prep_runs.RunStyle) -> str:
     return f"repeating-linear-gradient(90deg, {style.colour} 0 {on}px, transparent {on}px {on + off}px)"
 
 
+# A chart's static preview (browse/preview.py) takes no room of its own: it lies over the place of the
+# plotly chart that follows it in the cell, until that chart has drawn its lines.
+PREVIEW_CSS = ("[class*='st-key-preview-'] { height: 0; overflow: visible; position: relative; z-index: 2; }\n"
+               "[class*='st-key-cell-']:has(.js-plotly-plot .scatterlayer) [class*='st-key-preview-'] { display: none; }")
+
+
 def legend_css(styles: list[prep_runs.RunStyle], *, pills_key: str, tags_key: str | None = None) -> str:
     """Colours the legend's pills (st.pills keyed `pills_key`, one per entry in order) and the tags of
     a multiselect (`tags_key`) with each entry's own colour. Only colours and positions go into the
     CSS, never a name from disk."""
-    rules = [".stMainBlockContainer { padding-top: 2.5rem; }",  # the charts start higher on the first screen
+    rules = [".stMainBlockContainer { padding-top: 2.5rem; }", PREVIEW_CSS,  # the charts start higher on the first screen
              f".st-key-{pills_key} button {{ border-width: 2px; background-color: transparent !important; "
              "color: inherit !important; }",
              f".st-key-{pills_key} button[aria-pressed='false'] p {{ opacity: 0.45; text-decoration: line-through; }}"]

@@ -14,6 +14,7 @@ from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import downloads as prep_downloads
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import groups as prep_groups
+from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
 from kforge_dash.browse import zoom as prep_zoom
@@ -185,7 +186,7 @@ def charts() -> None:
         parts.append(data)
         if data.drawn_metrics():
             drawn += data.bands if grouped else data.series
-            _chart(cols[n_charts % 2], data, metric, tag=tag)
+            _chart(cols[n_charts % 2], data, metric, tag=tag, n=n_charts)
             n_charts += 1
             if n_charts == 1 and preloading:
                 # A session's first page: give the browser the first chart alone (it draws every chart
@@ -220,12 +221,20 @@ def _notes(parts) -> None:
                "drag across a chart to zoom: the range is re-read at full resolution.")
 
 
-def _chart(col, data, metric, *, tag) -> None:
+def _chart(col, data, metric, *, tag, n: int) -> None:
     make = prep_figures.group_figure if grouped else prep_figures.metric_figure
     fig = make(data, metric, colours, log_y=log_y, select_zoom=True, dashes=dashes, legend=False)
+    cell = col.container(key=f"cell-{n}")
+    if preloading and not grouped:
+        # A session's first page: plotly.js is still loading, so a static SVG of the chart is drawn at
+        # once, under the plotly chart, which covers it when drawn (views/common.PREVIEW_CSS).
+        svg = prep_preview.preview_svg(data, metric, colours, dashes, log_y=log_y, scale=1 / prep_figures.GIB
+                                       if metric.startswith("mem_") and metric.endswith("_bytes") else 1.0)
+        if svg is not None:
+            cell.container(key=f"preview-{n}").image(svg)
     # The key changes with the zoom: the new chart starts without the box that made it.
-    ev = col.plotly_chart(fig, key=f"chart-{metric}-{tag}", on_select="rerun", selection_mode="box",
-                          config=prep_figures.chart_config(metric, image_format=image_format))
+    ev = cell.plotly_chart(fig, key=f"chart-{metric}-{tag}", on_select="rerun", selection_mode="box",
+                           config=prep_figures.chart_config(metric, image_format=image_format))
     box = (ev.selection.get("box") or []) if ev else []
     if box and len(box[0].get("x") or []) == 2:
         st.session_state["_box"] = tuple(box[0]["x"])
