@@ -74,6 +74,9 @@ def test_first_chart_wholly_on_the_first_screen_with_one_legend_in_the_runs_colo
         for i in range(tags.count()):
             name = tags.nth(i).get_attribute("aria-label")
             assert rgb_hex(tags.nth(i).evaluate("e => getComputedStyle(e).backgroundColor")) == lines[name], name
+        # The static preview drawn while plotly.js loaded is under the plotly chart, and hidden once it is drawn.
+        preview = page.locator(".st-key-preview-0")
+        assert preview.locator("img").count() == 1 and preview.evaluate("e => getComputedStyle(e).display") == "none"
         page.wait_for_timeout(800)  # plotly's transitions end before the picture
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot))

@@ -1,6 +1,7 @@
 """The landing (compare) page's defaults and bad input (issues 21 and 23): plain functions and Streamlit's AppTest."""
 
 import colorsys
+import re
 import itertools
 import json
 from pathlib import Path
@@ -163,3 +164,29 @@ def test_identical_lines_are_dashed_and_noted_and_markers_name_their_run(tmp_pat
     assert spec["layout"]["showlegend"] is False
     marks = [t for t in spec["data"] if t["mode"] == "markers"]
     assert marks and all(txt.startswith("a: restart") for t in marks for txt in t["text"])
+
+
+# -- the static preview drawn while plotly.js loads -------------------------------------------------------
+
+
+def test_preview_svg_draws_every_line_in_its_colour_and_dash(tmp_path):
+    from kforge_dash.browse import preview as prep_preview
+
+    srcs = []
+    for name in ("a", "b", "c"):
+        run = write_run(tmp_path, name, n=2000, seed=0 if name != "c" else 1)
+        srcs.append(prep_series.RunSource(name, run / "ingested" / "steps.parquet", {}))
+    data = prep_series.prepare_compare(srcs, ["loss", "lr"], smoothing=0.6)
+    svg = prep_preview.preview_svg(data, "loss", {"a": "#0072B2", "b": "#E69F00", "c": "#009E73"}, {"c": "dot"})
+    lines = re.findall(r'<polyline points="([^"]*)" fill="none" stroke="([^"]*)" stroke-width="([^"]*)" '
+                       r'stroke-opacity="([^"]*)"( stroke-dasharray="[^"]*")?', svg)
+    # Raw (faint) and smoothed line of each run, in the run's colour; b repeats a, so b is dashed; c has its own dot.
+    assert sorted((c, o) for _, c, _, o, _ in lines) == sorted(
+        (c, o) for c in ("#0072B2", "#E69F00", "#009E73") for o in ("0.3", "1"))
+    dashed = {c for _, c, _, _, d in lines if d}
+    assert dashed == {"#E69F00", "#009E73"}
+    assert all(len(p.split()) <= prep_preview.POINTS for p, *_ in lines)  # a few kB per line, not 2,000 points
+    assert svg.startswith("<svg") and "<script" not in svg and ">loss<" in svg
+    assert prep_preview.preview_svg(data, "grad_norm", {}) is None
+    assert prep_preview.nice_ticks(0.0, 1.0) == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    assert prep_preview.nice_ticks(13.0, 87.0) == pytest.approx([20.0, 40.0, 60.0, 80.0])

@@ -35,9 +35,9 @@ def preload_pending() -> bool:
     return not st.session_state.get("_plotly_preloaded")
 
 
-def plotly_preload():
-    """An empty, 10-pixel plotly element sent before the widgets, once per session; returns its slot,
-    which the page empties once its charts are sent.
+def plotly_preload(send: bool = True):
+    """An empty, 10-pixel plotly element sent before the charts, once per session (only marked as
+    done when not `send`); returns its slot, which the page empties once its charts are sent.
 
     Streamlit's frontend fetches and evaluates plotly.js (a 4.7 MB chunk) only when it renders the
     first chart, after every widget's own code: the charts that arrive meanwhile are then all drawn
@@ -46,6 +46,8 @@ def plotly_preload():
     slot = st.empty()
     if not st.session_state.get("_plotly_preloaded"):
         st.session_state["_plotly_preloaded"] = True
+        if not send:
+            return slot
         slot.plotly_chart(go.Figure(layout=dict(height=10, margin=dict(l=0, r=0, t=0, b=0), xaxis_visible=False,
                                                 yaxis_visible=False)),
                           height=10, config={"staticPlot": True, "displayModeBar": False})

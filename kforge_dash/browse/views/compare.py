@@ -33,7 +33,6 @@ if not ingested:
     st.info(md_text(prep_runs.no_runs_message(root, runs)))
     st.stop()
 preloading = common.preload_pending()  # this run is the session's first page
-preload = common.plotly_preload()
 
 # The From/To steps are bound to the URL here, not by Streamlit: its own binding turns a typed
 # ?step_to=inf or a 400-digit step into an OverflowError inside the widget. A session's first run
@@ -59,7 +58,6 @@ with st.sidebar:
     selected = st.multiselect("Runs", options, default=recent, key="runs", bind="query-params",
                               placeholder="Pick runs to compare")
 if not selected:
-    preload.empty()
     st.info(f"{len(matching)} run(s) match. Pick runs to compare in the sidebar.")
     st.stop()
 
@@ -138,6 +136,11 @@ with st.sidebar:
 
 zoom = prep_zoom.zoom_from_inputs(first, last)
 grouped = group_by is not None
+# A first page draws static previews of its charts while plotly.js loads; loading it earlier (the
+# preload) held them back: first preview 1.78 -> 1.54 s on sample_runs, 2.57 -> 1.72 s at 8 x 1M steps
+# (benchmarks/bench_dash_phases.py, medians of 3, load 5-9), so only a
+# grouped first page, which has no previews, preloads it.
+preload = common.plotly_preload(send=grouped)
 # One style per run (per group when grouped), the same on every chart and page: runs claim them oldest first.
 if grouped:
     members = prep_groups.group_runs(sources, group_by)
@@ -222,16 +225,16 @@ def _notes(parts) -> None:
 
 
 def _chart(col, data, metric, *, tag, n: int) -> None:
-    make = prep_figures.group_figure if grouped else prep_figures.metric_figure
-    fig = make(data, metric, colours, log_y=log_y, select_zoom=True, dashes=dashes, legend=False)
     cell = col.container(key=f"cell-{n}")
-    if preloading and not grouped:
+    if preloading and not grouped:  # (before the plotly figure is built: the preview goes out first)
         # A session's first page: plotly.js is still loading, so a static SVG of the chart is drawn at
         # once, under the plotly chart, which covers it when drawn (views/common.PREVIEW_CSS).
         svg = prep_preview.preview_svg(data, metric, colours, dashes, log_y=log_y, scale=1 / prep_figures.GIB
                                        if metric.startswith("mem_") and metric.endswith("_bytes") else 1.0)
         if svg is not None:
             cell.container(key=f"preview-{n}").image(svg)
+    make = prep_figures.group_figure if grouped else prep_figures.metric_figure
+    fig = make(data, metric, colours, log_y=log_y, select_zoom=True, dashes=dashes, legend=False)
     # The key changes with the zoom: the new chart starts without the box that made it.
     ev = cell.plotly_chart(fig, key=f"chart-{metric}-{tag}", on_select="rerun", selection_mode="box",
                            config=prep_figures.chart_config(metric, image_format=image_format))
