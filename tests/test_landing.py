@@ -1,9 +1,9 @@
 """The landing (compare) page's defaults and bad input (issues 21 and 23): plain functions and Streamlit's AppTest."""
 
 import colorsys
-import re
 import itertools
 import json
+import re
 from pathlib import Path
 
 import plotly.io
@@ -16,6 +16,7 @@ from test_browser_landing import lab
 from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import groups as prep_groups
+from kforge_dash.browse import overlap as prep_overlap
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
 from kforge_dash.browse import zoom as prep_zoom
@@ -155,8 +156,8 @@ def test_identical_lines_are_dashed_and_noted_and_markers_name_their_run(tmp_pat
         summary = json.loads((run / "ingested" / "summary.json").read_text())
         srcs.append(prep_series.RunSource(name, run / "ingested" / "steps.parquet", summary))
     data = prep_series.prepare_compare(srcs, ["loss"], smoothing=0.0)
-    assert data.identical_runs("loss") == {"b": "a"}
-    assert data.identical_notes() == ["b: loss the same as a (dashed)"]
+    assert prep_overlap.identical_runs(data, "loss") == {"b": "a"}
+    assert prep_overlap.identical_notes(data) == ["b: loss the same as a (dashed)"]
     spec = json.loads(plotly.io.to_json(prep_figures.metric_figure(data, "loss", {"a": "#0072B2", "b": "#E69F00"},
                                                                    legend=False)))
     dash = {t["name"]: t["line"].get("dash") for t in spec["data"] if t["mode"] == "lines"}

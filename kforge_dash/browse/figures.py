@@ -13,6 +13,7 @@ import re
 import plotly.graph_objects as go
 
 from kforge_dash.browse.groups import GroupData
+from kforge_dash.browse.overlap import identical_runs
 from kforge_dash.browse.ranks import Heatmap
 from kforge_dash.browse.series import X_LABELS, CompareData
 
@@ -80,7 +81,7 @@ def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, lo
     `legend=False` leaves the legend to the page (the dashboard has one legend per page).
     """
     fig = go.Figure()
-    same = data.identical_runs(metric)
+    same = identical_runs(data, metric)
     scale, _, fmt = _unit(metric)
     smoothed = {s.run for s in data.series if s.metric == metric and s.kind == "smoothed"}
     on_steps = data.x_axis == "step"

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from kforge_dash.browse.overlap import identical_runs
 from kforge_dash.browse.series import CompareData, downsample_indices
 
 WIDTH, HEIGHT = 460, 360  # a chart cell at 1400 px (plotly: 360 px high); drawn as an image scaled to the cell
@@ -86,7 +87,7 @@ def preview_svg(data: CompareData, metric: str, colours: dict[str, str], dashes:
     if data.x_axis != "wall time":  # (a date axis keeps its labels for the interactive chart)
         for t in nice_ticks(x_lo, x_hi):
             out.append(f'<text x="{px(t):.1f}" y="{HEIGHT - _BOTTOM + 16}" text-anchor="middle">{_label(t)}</text>')
-    same = data.identical_runs(metric)  # drawn dashed over the line they repeat, as on the plotly chart
+    same = identical_runs(data, metric)  # drawn dashed over the line they repeat, as on the plotly chart
     for s, x, y in lines:
         faint = s.kind == "raw" and any(o.run == s.run and o.kind == "smoothed" for o, _, _ in lines)
         own = (dashes or {}).get(s.run, "solid")

@@ -171,24 +171,6 @@ class CompareData:
         have = {s.metric for s in self.series}
         return [m for m in self.metrics if m in have]
 
-    def identical_runs(self, metric: str) -> dict[str, str]:
-        """{run: the earlier run whose drawn `metric` it repeats exactly (same steps, same values)}:
-        such lines would hide each other, so the later one is drawn dashed and the page says so."""
-        seen: dict[bytes, str] = {}
-        out: dict[str, str] = {}
-        for s in self.series:
-            if s.metric != metric or s.kind != "raw" or len(s.y) == 0:
-                continue
-            first = seen.setdefault(np.ascontiguousarray(s.step).tobytes() + b"|" + np.ascontiguousarray(s.y).tobytes(), s.run)
-            if first != s.run:
-                out[s.run] = first
-        return out
-
-    def identical_notes(self) -> list[str]:
-        """One line per run drawn over an identical one, e.g. 'b: loss the same as a (dashed)'."""
-        return [f"{run}: {m} the same as {first} (dashed)" for m in self.drawn_metrics()
-                for run, first in self.identical_runs(m).items()]
-
     def nonfinite_lines(self) -> list[str]:
         """One line per (run, metric, kind) of NaN/inf values, for a warning above the charts."""
         return [f"{m.run}: {m.metric} is {m.kind} at {m.count} step(s), first at step {m.step[0]}"

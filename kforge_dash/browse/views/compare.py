@@ -14,6 +14,7 @@ from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import downloads as prep_downloads
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import groups as prep_groups
+from kforge_dash.browse import overlap as prep_overlap
 from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
@@ -216,7 +217,7 @@ def _notes(parts) -> None:
         groups = {b.group for p in parts for b in p.bands}
         st.caption(f"{len(groups)} group(s): mean line, {md_text(band)} band over the group's runs at each step.")
         return
-    notes = [n for p in parts for n in p.notes + p.identical_notes()]
+    notes = [n for p in parts for n in p.notes + prep_overlap.identical_notes(p)]
     if notes:
         st.caption(" · ".join(md_text(n) for n in notes))
     st.caption(f"Drawing {sum(p.points() for p in parts):,} of {sum(p.points_total() for p in parts):,} points "
