@@ -137,10 +137,10 @@ with st.sidebar:
 
 zoom = prep_zoom.zoom_from_inputs(first, last)
 grouped = group_by is not None
-# A first page draws static previews of its charts while plotly.js loads; loading it earlier (the
-# preload) held them back: first preview 1.78 -> 1.54 s on sample_runs, 2.57 -> 1.72 s at 8 x 1M steps
-# (benchmarks/bench_dash_phases.py, medians of 3, load 5-9), so only a
-# grouped first page, which has no previews, preloads it.
+# A first page draws static previews of its charts while plotly.js loads. Loading plotly.js earlier
+# (the preload) held them back: first preview 1.78 -> 1.54 s on sample_runs, 2.57 -> 1.72 s at
+# 8 x 1M steps without it (benchmarks/bench_dash_phases.py, medians of 3, load 5-9). So only a grouped
+# first page, which has no previews, preloads it.
 preload = common.plotly_preload(send=grouped)
 # One style per run (per group when grouped), the same on every chart and page: runs claim them oldest first.
 if grouped:
