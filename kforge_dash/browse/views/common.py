@@ -28,6 +28,10 @@ LIVE_EVERY_S = 5
 # frontend draws every chart that has arrived in one task, so sent together the first showed with
 # the last (benchmarks/bench_dash_browser.py).
 FIRST_CHART_HEAD_START_S = 0.5
+# On a first page with previews, how long the other plotly charts wait after the first one: sent at
+# once they arrived before plotly.js and were drawn with it in one go (first interactive chart 6.61 ->
+# 5.25 s, python benchmarks/bench_dash_browser.py --sample, medians of 4 at load 6-10).
+FIRST_PAGE_HOLD_S = 1.0
 
 
 def preload_pending() -> bool:
@@ -71,7 +75,7 @@ def _swatch(style: prep_runs.RunStyle) -> str:
 # A chart's static preview (browse/preview.py) takes no room of its own: it lies over the place of the
 # plotly chart that follows it in the cell, until that chart has drawn its lines.
 PREVIEW_CSS = ("[class*='st-key-preview-'] { height: 0; overflow: visible; position: relative; z-index: 2; }\n"
-               "[class*='st-key-cell-']:has(.js-plotly-plot .scatterlayer) [class*='st-key-preview-'] { display: none; }")
+               "[class*='st-key-cell-']:has(.js-plotly-plot) [class*='st-key-preview-'] { display: none; }")
 
 
 def legend_css(styles: list[prep_runs.RunStyle], *, pills_key: str, tags_key: str | None = None) -> str:

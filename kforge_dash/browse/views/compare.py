@@ -179,8 +179,10 @@ def charts() -> None:
         return
     cols = st.columns(2)
     tag = "all" if zoom is None else f"{zoom.first}-{zoom.last}"
-    parts, drawn, n_charts = [], [], 0
-    # One metric at a time: the first chart is on screen while the next ones are prepared.
+    parts, drawn, cells = [], [], []
+    previews = preloading and not grouped
+    # One metric at a time: the first chart (its preview on a first page) is on screen while the next
+    # ones are prepared.
     for metric in metrics:
         if grouped:
             data = common.group_data(shown_sources, [metric], group_by, band=band, x_axis=x_axis, smoothing=smoothing,
@@ -190,12 +192,23 @@ def charts() -> None:
         parts.append(data)
         if data.drawn_metrics():
             drawn += data.bands if grouped else data.series
-            _chart(cols[n_charts % 2], data, metric, tag=tag, n=n_charts)
-            n_charts += 1
-            if n_charts == 1 and preloading:
-                # A session's first page: give the browser the first chart alone (it draws every chart
-                # that has arrived in one go, so with all 7 the first showed with the last).
-                time.sleep(common.FIRST_CHART_HEAD_START_S)
+            cell = cols[len(cells) % 2].container(key=f"cell-{len(cells)}")
+            if previews:
+                _preview(cell, data, metric, len(cells))
+                cells.append((cell, data, metric))
+            else:
+                _chart(cell, data, metric, tag=tag)
+                cells.append(None)
+                if len(cells) == 1 and preloading:
+                    # A grouped first page: give the browser the first chart alone (it draws every chart
+                    # that has arrived in one go, so with all 7 the first showed with the last).
+                    time.sleep(common.FIRST_CHART_HEAD_START_S)
+    # A first page's plotly charts go out once every preview has: the first one alone, the rest when
+    # plotly.js has had time to load (else they all arrive before it and are drawn in one go).
+    for i, (cell, data, metric) in enumerate(c for c in cells if c is not None):
+        _chart(cell, data, metric, tag=tag)
+        if i == 0:
+            time.sleep(common.FIRST_PAGE_HOLD_S)
     st.session_state["_drawn"] = drawn
     if not grouped:
         _nonfinite(head, parts)
@@ -225,15 +238,16 @@ def _notes(parts) -> None:
                "drag across a chart to zoom: the range is re-read at full resolution.")
 
 
-def _chart(col, data, metric, *, tag, n: int) -> None:
-    cell = col.container(key=f"cell-{n}")
-    if preloading and not grouped:  # (before the plotly figure is built: the preview goes out first)
-        # A session's first page: plotly.js is still loading, so a static SVG of the chart is drawn at
-        # once, under the plotly chart, which covers it when drawn (views/common.PREVIEW_CSS).
-        svg = prep_preview.preview_svg(data, metric, colours, dashes, log_y=log_y, scale=1 / prep_figures.GIB
-                                       if metric.startswith("mem_") and metric.endswith("_bytes") else 1.0)
-        if svg is not None:
-            cell.container(key=f"preview-{n}").image(svg)
+def _preview(cell, data, metric, n: int) -> None:
+    """A session's first page: plotly.js is still loading, so a static SVG of the chart is drawn at
+    once, under the plotly chart, which covers it when drawn (views/common.PREVIEW_CSS)."""
+    svg = prep_preview.preview_svg(data, metric, colours, dashes, log_y=log_y, scale=1 / prep_figures.GIB
+                                   if metric.startswith("mem_") and metric.endswith("_bytes") else 1.0)
+    if svg is not None:
+        cell.container(key=f"preview-{n}").image(svg)
+
+
+def _chart(cell, data, metric, *, tag) -> None:
     make = prep_figures.group_figure if grouped else prep_figures.metric_figure
     fig = make(data, metric, colours, log_y=log_y, select_zoom=True, dashes=dashes, legend=False)
     # The key changes with the zoom: the new chart starts without the box that made it.
