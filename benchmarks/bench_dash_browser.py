@@ -6,15 +6,20 @@ for the same runs.
 
     python benchmarks/bench_dash_browser.py --root /tmp/runs --baseline /tmp/kforge-prev   # A/B, reusing the runs
 
+    python benchmarks/bench_dash_browser.py --sample [--root /tmp/sample]   # the bundled sample_runs/, ingested
+                                                                            # (and exported) by kforge-ingest
+
 Every server runs on 127.0.0.1 and is ready before timing starts (kforge-dash: health check;
 TensorBoard: every run's tags listed, i.e. its reservoir loaded, timed separately). Navigations
 alternate (kforge, [baseline,] TensorBoard, floor, kforge, ...) and the medians are reported, with
 the Chromium CPU seconds of each navigation (the browser's work, steadier than wall time when the
 machine is shared).
 
-"Drawn" means: kforge-dash, an SVG line path in a plotly chart (all charts: every one of the
-7 default charts has one); TensorBoard draws on a canvas, so there it is the arrival of the
-scalar data of the first card (all: of every card it shows at load) plus two animation frames.
+"On screen" means: kforge-dash, the first chart's static SVG preview (drawn while plotly.js loads, on
+a session's first page) or its plotly lines; "interactive" and "drawn": an SVG line path in a plotly
+chart (all charts: every chart on the page has one, after its last note). TensorBoard draws on a
+canvas, so there all three are the arrival of the scalar data of the first card (all: of every card it
+shows at load) plus two animation frames.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -41,7 +47,6 @@ from kforge_dash.export.tensorboard import write_tensorboard  # noqa: E402
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync"]
-CHARTS = 7
 
 
 def free_port() -> int:
@@ -63,6 +68,29 @@ def make_runs(root: Path, runs: int, steps: int) -> None:
         write_tensorboard(load_history(root / f"run{i}"), str(out / "tensorboard"), with_ranks=False)
 
 
+def ingest_sample(root: Path) -> None:
+    """The repo's sample_runs/ copied to `root` and ingested by the real CLI, which writes the
+    TensorBoard event files TensorBoard reads (into each run's folder)."""
+    import shutil
+
+    here = Path(__file__).resolve().parent.parent
+    shutil.copytree(here / "sample_runs", root, ignore=shutil.ignore_patterns("ingested", "events.out.tfevents.*"))
+    subprocess.run([sys.executable, "-m", "kforge_dash.cli.ingest", str(root), "--no-wandb"], check=True,
+                   stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(here)})
+
+
+def tensorboard_runs(root: Path) -> dict[str, int]:
+    """{TensorBoard's run name: last step} of every ingested run under `root` (its event files lie in
+    RUN/ or RUN/ingested/tensorboard/), for the readiness check."""
+    out = {}
+    for summary in sorted(root.glob("*/ingested/summary.json")):
+        run = summary.parent.parent
+        last = json.loads(summary.read_text()).get("last_step") or 0
+        tb = run / "ingested" / "tensorboard"
+        out[f"{run.name}/ingested/tensorboard" if tb.is_dir() else run.name] = last
+    return out
+
+
 def wait_http(url: str, proc, *, timeout: float, check=lambda body: True) -> float:
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
@@ -78,9 +106,17 @@ def wait_http(url: str, proc, *, timeout: float, check=lambda body: True) -> flo
     raise SystemExit(f"{url}: not ready after {timeout:.0f} s")
 
 
+# On screen: the first chart's static preview (browse/preview.py, drawn while plotly.js loads) or its
+# plotly lines, whichever comes first; interactive: its plotly lines.
+KFORGE_SHOWN = ("() => [...document.querySelectorAll('[class*=st-key-preview-] img')].some(i => i.complete && "
+                "i.naturalWidth > 0) || [...document.querySelectorAll('.js-plotly-plot')].some("
+                "e => e.querySelector('.scatterlayer .trace path.js-line'))")
 KFORGE_FIRST = ("() => [...document.querySelectorAll('.js-plotly-plot')].some("
                 "e => e.querySelector('.scatterlayer .trace path.js-line'))")
-KFORGE_ALL = (f"() => {{ const p = [...document.querySelectorAll('.js-plotly-plot')]; return p.length >= {CHARTS} && "
+# All: the page's script is done (its "Drawing N of M points" note comes after every chart) and
+# every chart on it has a line.
+KFORGE_ALL = ("() => { const p = [...document.querySelectorAll('.js-plotly-plot')]; return p.length >= 1 && "
+              "document.body.innerText.includes('Drawing ') && "
               "p.every(e => e.querySelector('.scatterlayer .trace path.js-line')); }")
 
 
@@ -89,13 +125,16 @@ def time_kforge(browser, url: str) -> tuple[float, float, float]:
     page.set_default_timeout(300_000)
     c0, t0 = chromium_cpu_s(), time.perf_counter()
     page.goto(url + "/compare")
-    page.wait_for_function(KFORGE_FIRST, polling=50)
+    page.wait_for_function(KFORGE_SHOWN, polling=20)
+    shown = time.perf_counter() - t0
+    page.wait_for_function(KFORGE_FIRST, polling=20)
     first = time.perf_counter() - t0
     page.wait_for_function(KFORGE_ALL, polling=50)
     every = time.perf_counter() - t0
     cpu = chromium_cpu_s() - c0  # before the page closes: a closed renderer's CPU time is gone from /proc
+    charts = page.evaluate("() => document.querySelectorAll('.js-plotly-plot').length")
     page.close()
-    return first, every, cpu
+    return shown, first, every, cpu, charts
 
 
 def time_tensorboard(browser, url: str) -> tuple[float, float, float, int]:
@@ -127,7 +166,7 @@ def time_tensorboard(browser, url: str) -> tuple[float, float, float, int]:
     cards = page.evaluate("() => document.querySelectorAll('scalar-card').length")
     cpu = chromium_cpu_s() - c0
     page.close()
-    return first, every, cpu, cards
+    return first, first, every, cpu, cards
 
 
 FLOOR_APP = """import plotly.graph_objects as go
@@ -143,11 +182,11 @@ def time_floor(browser, url: str) -> tuple[float, float, float]:
     page.set_default_timeout(300_000)
     c0, t0 = chromium_cpu_s(), time.perf_counter()
     page.goto(url + "/")
-    page.wait_for_function(KFORGE_FIRST, polling=50)
+    page.wait_for_function(KFORGE_FIRST, polling=20)
     first = time.perf_counter() - t0
     cpu = chromium_cpu_s() - c0
     page.close()
-    return first, first, cpu
+    return first, first, first, cpu
 
 
 def chromium_cpu_s() -> float:
@@ -188,7 +227,7 @@ def start_servers(root: Path, tmp: Path, baseline: Path | None) -> dict:
     return procs
 
 
-def wait_ready(procs: dict, *, runs: int, steps: int, tb_timeout: float) -> None:
+def wait_ready(procs: dict, *, tb_runs: dict[str, int], tb_timeout: float) -> None:
     for label, (proc, port) in procs.items():
         if label != "TensorBoard":
             wait_http(f"http://127.0.0.1:{port}/_stcore/health", proc, timeout=120)
@@ -196,12 +235,14 @@ def wait_ready(procs: dict, *, runs: int, steps: int, tb_timeout: float) -> None
     turl = f"http://127.0.0.1:{port}"
     # TensorBoard loads event files in the background: ready when every run lists its tags
     # with the last step written (its reservoir has read the whole file).
-    wait_http(turl + "/data/plugin/scalars/tags", proc, timeout=tb_timeout, check=lambda b: len(json.loads(b)) >= runs)
-    wait_http(turl + f"/data/plugin/scalars/scalars?run=run{runs - 1}/ingested/tensorboard&tag=train/loss", proc,
-              timeout=tb_timeout, check=lambda b: bool(json.loads(b)) and json.loads(b)[-1][1] >= steps)
+    wait_http(turl + "/data/plugin/scalars/tags", proc, timeout=tb_timeout,
+              check=lambda b: len(json.loads(b)) >= len(tb_runs))
+    for run, last in tb_runs.items():
+        wait_http(turl + f"/data/plugin/scalars/scalars?run={urllib.parse.quote(run)}&tag=train/loss", proc,
+                  timeout=tb_timeout, check=lambda b, last=last: bool(json.loads(b)) and json.loads(b)[-1][1] >= last)
 
 
-def navigate(procs: dict, repeat: int) -> tuple[dict, dict, int | None]:
+def navigate(procs: dict, repeat: int) -> tuple[dict, dict, dict]:
     """Interleaved navigations (each server once per round) after one round that fills the servers'
     caches (reported apart: the first visit after a server starts); per server a list of
     (first, all, Chromium CPU s)."""
@@ -210,19 +251,20 @@ def navigate(procs: dict, repeat: int) -> tuple[dict, dict, int | None]:
     timers = {"TensorBoard": time_tensorboard, "floor": time_floor}
     rows: dict = {label: [] for label in procs}
     cold: dict = {}
-    cards = None
+    counts: dict = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         for i in range(repeat + 1):
             for label, (_, port) in procs.items():
-                first, every, cpu, *more = timers.get(label, time_kforge)(browser, f"http://127.0.0.1:{port}")
+                shown, first, every, cpu, *more = timers.get(label, time_kforge)(browser, f"http://127.0.0.1:{port}")
                 if i == 0:
-                    cold[label] = (first, every, cpu)
+                    cold[label] = (shown, first, every, cpu)
                 else:
-                    rows[label].append((first, every, cpu))
-                cards = more[0] if more else cards
+                    rows[label].append((shown, first, every, cpu))
+                if more:
+                    counts[label] = more[0]
         browser.close()
-    return rows, cold, cards
+    return rows, cold, counts
 
 
 def main() -> None:
@@ -232,51 +274,59 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tb-load-timeout", type=float, default=1800.0)
     ap.add_argument("--root", type=Path, help="runs root to reuse (written there when absent, and kept)")
+    ap.add_argument("--sample", action="store_true", help="the bundled sample_runs/ instead of synthetic runs")
     ap.add_argument("--baseline", type=Path,
                     help="another kforge source tree (e.g. `git archive` of the previous commit) served too, interleaved")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="kforge-bench-browser-") as tmp:
         root = args.root or Path(tmp) / "runs"
-        if not (root / f"run{args.runs - 1}").is_dir():
+        if args.sample and not root.is_dir():
+            ingest_sample(root)
+        elif not args.sample and not (root / f"run{args.runs - 1}").is_dir():
             t = time.perf_counter()
             make_runs(root, args.runs, args.steps)
             print(f"wrote and exported {args.runs} runs x {args.steps:,} steps in {time.perf_counter() - t:.0f} s")
+        tb_runs = tensorboard_runs(root)
+        args.runs, args.steps = len(tb_runs), max(tb_runs.values())
         t_tb = time.perf_counter()
         procs = start_servers(root, Path(tmp), args.baseline)
         try:
-            wait_ready(procs, runs=args.runs, steps=args.steps, tb_timeout=args.tb_load_timeout)
+            wait_ready(procs, tb_runs=tb_runs, tb_timeout=args.tb_load_timeout)
             tb_load = time.perf_counter() - t_tb
             load_before = os.getloadavg()[0]
-            rows, cold, cards = navigate(procs, args.repeat)
+            rows, cold, counts = navigate(procs, args.repeat)
         finally:
             for proc, _ in procs.values():
                 proc.terminate()
                 proc.wait(timeout=30)
-    print_table(rows, cards, args, load=(load_before, os.getloadavg()[0]), tb_load=tb_load)
-    print("first visit after the servers started (cold caches), first/all s: " +
-          ", ".join(f"{label} {a:.2f}/{b:.2f}" for label, (a, b, _) in cold.items()))
+    print_table(rows, counts, args, load=(load_before, os.getloadavg()[0]), tb_load=tb_load)
+    print("first visit after the servers started (cold caches), on screen/interactive/all s: " +
+          ", ".join(f"{label} {a:.2f}/{b:.2f}/{c:.2f}" for label, (a, b, c, _) in cold.items()))
 
 
-def print_table(rows: dict, cards, args, *, load: tuple[float, float], tb_load: float) -> None:
-    med = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in rows.items()}
+def print_table(rows: dict, counts: dict, args, *, load: tuple[float, float], tb_load: float) -> None:
+    med = {k: tuple(statistics.median(r[i] for r in v) for i in range(4)) for k, v in rows.items()}
     print(f"\n{args.runs} runs x {args.steps:,} steps, headless Chromium, median of {args.repeat} interleaved "
           f"navigations; 1-min load average {load[0]:.1f} before, {load[1]:.1f} after, on {os.cpu_count()} cores\n")
-    print("| server | first chart drawn (s) | all charts drawn (s) | Chromium CPU (s) | charts |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| server | first chart on screen (s) | first interactive chart (s) | all charts drawn (s) | Chromium CPU (s) "
+          "| charts |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     names = {
         "kforge-dash": f"kforge-dash (compare page, {args.runs} runs selected at landing)",
         "kforge-dash (baseline)": f"kforge-dash baseline ({args.baseline})",
         "TensorBoard": f"TensorBoard {tb_version()} (time series, its own server)",
         "floor": "Streamlit alone: one 3-point plotly chart (the floor of any Streamlit app here)",
     }
-    charts = {"TensorBoard": f"{cards} shown at load", "floor": "1"}
-    for label, (first, every, cpu) in med.items():
-        print(f"| {names[label]} | {first:.2f} | {every:.2f} | {cpu:.2f} | {charts.get(label, CHARTS)} |")
+    charts = {label: str(n) for label, n in counts.items()}
+    charts.update({"TensorBoard": f"{counts.get('TensorBoard')} shown at load", "floor": "1"})
+    for label, (shown, first, every, cpu) in med.items():
+        print(f"| {names[label]} | {shown:.2f} | {first:.2f} | {every:.2f} | {cpu:.2f} | {charts.get(label, '')} |")
     k, tb = med["kforge-dash"], med["TensorBoard"]
-    print(f"| TensorBoard / kforge-dash | {tb[0] / k[0]:.2f}x | {tb[1] / k[1]:.2f}x | | |")
+    print(f"| TensorBoard / kforge-dash | {tb[0] / k[0]:.2f}x | {tb[1] / k[1]:.2f}x | {tb[2] / k[2]:.2f}x | | |")
     if "kforge-dash (baseline)" in med:
         b = med["kforge-dash (baseline)"]
-        print(f"| baseline / kforge-dash | {b[0] / k[0]:.2f}x | {b[1] / k[1]:.2f}x | {b[2] / k[2]:.2f}x | |")
+        print(f"| baseline / kforge-dash | {b[0] / k[0]:.2f}x | {b[1] / k[1]:.2f}x | {b[2] / k[2]:.2f}x "
+              f"| {b[3] / k[3]:.2f}x | |")
     print(f"\nTensorBoard's own load of the event files before its first page (not in the times above): {tb_load:.0f} s")
 
 

@@ -170,9 +170,10 @@ def test_report_size_stays_small_for_long_runs(tmp_path):
     np.testing.assert_equal(small.runs, ["r0", "r1"])
 
 
-def test_a_sessions_first_page_sends_the_first_chart_ahead_of_the_others(tmp_path, monkeypatch):
+def test_a_sessions_first_page_sends_previews_then_the_first_chart_ahead_of_the_others(tmp_path, monkeypatch):
     """The frontend draws every chart that has arrived in one task: on a session's first page the
-    script holds the rest back once the first chart is sent (so it shows sooner), and only then."""
+    script sends a static preview of every chart, then holds the other plotly charts back once the
+    first is sent (so it shows sooner), and only then."""
     import time
 
     from kforge_dash.browse.views import common
@@ -182,14 +183,15 @@ def test_a_sessions_first_page_sends_the_first_chart_ahead_of_the_others(tmp_pat
     held, real_sleep = [], time.sleep
 
     def sleep(seconds):
-        if seconds == common.FIRST_CHART_HEAD_START_S:
+        if seconds in (common.FIRST_CHART_HEAD_START_S, common.FIRST_PAGE_HOLD_S):
             held.append(seconds)
         real_sleep(0)
 
     monkeypatch.setattr(time, "sleep", sleep)
     at = _app(tmp_path, monkeypatch).run()
     assert not at.exception
-    assert held == [common.FIRST_CHART_HEAD_START_S] and len(_titles(at)) >= 5
-    at.run()  # the same session again (a widget changed): plotly.js is loaded, nothing held back
+    assert held == [common.FIRST_PAGE_HOLD_S] and len(_titles(at)) >= 5
+    assert len(at.get("image")) == len(_titles(at))  # one static preview per chart
+    at.run()  # the same session again (a widget changed): plotly.js is loaded, nothing held back, no previews
     assert not at.exception
-    assert held == [common.FIRST_CHART_HEAD_START_S] and len(_titles(at)) >= 5
+    assert held == [common.FIRST_PAGE_HOLD_S] and len(_titles(at)) >= 5 and not at.get("image")

@@ -176,8 +176,7 @@ def test_landing_page_draws_at_once_and_every_page_has_a_url(browser, tmp_path):
         # No picking: the most recent runs are selected and every chart is drawn at once.
         page.wait_for_function(DRAWN, arg=4)
         settled(page)
-        loss = page.locator(".js-plotly-plot").filter(has=page.locator(".gtitle", has_text="loss")).first
-        legend = set(loss.locator(".legendtext").all_text_contents())
+        legend = set(page.locator(".st-key-legend button").all_text_contents())  # the page's one legend
         assert set(sample_run_names()) <= legend, legend
         # plotly.js was preloaded by an empty element (views/common.plotly_preload): gone once the charts are sent.
         assert page.locator(".js-plotly-plot").count() == page.locator(".js-plotly-plot .gtitle").count() >= 4
@@ -203,14 +202,16 @@ def test_a_run_keeps_its_colour_and_hostile_names_stay_text_with_no_request_leav
     settled(page)
     before = {t["name"]: t["colour"] for t in traces(page, "loss") if t["mode"] == "lines"}
     page.get_by_text(HOSTILE_DIR, exact=False).first.wait_for()  # the "not ingested" panel, as typed
-    assert page.locator(".js-plotly-plot .legendtext").all_text_contents() == [HOSTILE_RUN]
+    assert page.locator(".st-key-legend button").all_text_contents() == [HOSTILE_RUN]
     assert page.locator("img[src*='evil'], img[src='x'], strong:has-text('b')").count() == 0
     runs = page.get_by_role("combobox", name="Runs", exact=True)
     runs.click()
     runs.fill("b-seed1")
     page.get_by_role("option", name="b-seed1", exact=True).click()
     page.keyboard.press("Escape")
-    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .legendtext').length >= 2")
+    page.wait_for_function("() => document.querySelectorAll('.st-key-legend button').length >= 2 && [...document"
+                           ".querySelectorAll('.js-plotly-plot')].some(gd => new Set((gd._fullData || []).filter("
+                           "d => d.mode === 'lines').map(d => d.name)).size >= 2)")
     settled(page)
     after = {t["name"]: t["colour"] for t in traces(page, "loss") if t["mode"] == "lines"}
     # The plotly name is the escaped text; the colour of the run already shown did not move.
@@ -223,7 +224,7 @@ def test_group_band(browser, synthetic):
     page, _ = new_page(browser)
     page.goto(url + "/compare?runs=a-seed1&runs=a-seed2&runs=b-seed1&metrics=loss&group_by=name+pattern")
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer path.js-fill').length >= 2")
-    legends = page.locator(".js-plotly-plot .legendtext").all_text_contents()
+    legends = page.locator(".st-key-legend button").all_text_contents()
     assert sorted(legends) == ["a (2 runs)", "b (1 runs)"]
 
 

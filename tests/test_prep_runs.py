@@ -98,9 +98,9 @@ def test_filter_runs_by_name_and_tag_and_stable_colours(tmp_path):
     assert names(prep_runs.filter_runs(runs, query="BASE")) == ["baseline-1"]
     assert names(prep_runs.filter_runs(runs, query="moe")) == ["moe-1"]  # by tag text too
     assert names(prep_runs.filter_runs(runs, tags=["sweep"])) == ["baseline-1", "moe-1"]
-    colours = prep_runs.run_colours(names(runs))
+    colours = prep_runs.run_colours(prep_runs.claim_order(runs))
     assert len(set(colours.values())) == 3
-    assert prep_runs.run_colours(list(reversed(names(runs)))) == colours
+    assert prep_runs.run_colours(prep_runs.claim_order(list(reversed(runs)))) == colours  # the runs' order, not the list's
 
 
 def test_load_summary_errors_name_the_file(tmp_path):

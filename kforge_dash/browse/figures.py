@@ -13,6 +13,7 @@ import re
 import plotly.graph_objects as go
 
 from kforge_dash.browse.groups import GroupData
+from kforge_dash.browse.overlap import identical_runs
 from kforge_dash.browse.ranks import Heatmap
 from kforge_dash.browse.series import X_LABELS, CompareData
 
@@ -65,13 +66,22 @@ def _finish(fig: go.Figure, metric: str, x_axis: str, *, log_y: bool, select_zoo
     return fig
 
 
+def _dash(run: str, dashes: dict[str, str] | None, same: dict[str, str]) -> str:
+    """A run's dash pattern; a run whose line equals an earlier run's is dashed over it, so both show."""
+    own = (dashes or {}).get(run, "solid")
+    return "dash" if own == "solid" and run in same else own
+
+
 def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, log_y: bool = False,
-                  select_zoom: bool = False) -> go.Figure:
+                  select_zoom: bool = False, dashes: dict[str, str] | None = None, legend: bool = True) -> go.Figure:
     """One chart: every run's raw (faint when smoothed) and smoothed line, plus markers.
 
-    Hover shows the run, the exact step and the value (MFU in %, memory in GiB).
+    Hover shows the run, the exact step and the value (MFU in %, memory in GiB); a marker's hover
+    starts with its run's name. `dashes` (run -> plotly dash) tells apart runs sharing a colour;
+    `legend=False` leaves the legend to the page (the dashboard has one legend per page).
     """
     fig = go.Figure()
+    same = identical_runs(data, metric)
     scale, _, fmt = _unit(metric)
     smoothed = {s.run for s in data.series if s.metric == metric and s.kind == "smoothed"}
     on_steps = data.x_axis == "step"
@@ -85,14 +95,15 @@ def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, lo
         fig.add_trace(go.Scatter(
             x=_compact(s.x), y=s.y * scale if scale != 1.0 else s.y, customdata=None if on_steps else _compact(s.step),
             mode="lines", name=text(s.run), legendgroup=text(s.run), showlegend=not faint,
-            opacity=0.3 if faint else 1.0, connectgaps=False, line=dict(color=colours.get(s.run), width=1 if faint else 1.8),
+            opacity=0.3 if faint else 1.0, connectgaps=False,
+            line=dict(color=colours.get(s.run), width=1 if faint else 1.8, dash=_dash(s.run, dashes, same)),
             hovertemplate=f"%{{y:{fmt}}} ({s.kind}) · step {step_ref}{show_x}",
         ))
     for m in data.markers:
         if m.metric != metric:
             continue
         fig.add_trace(go.Scatter(
-            x=m.x, y=m.y * scale if scale != 1.0 else m.y, customdata=m.step, text=[text(t) for t in m.text],
+            x=m.x, y=m.y * scale if scale != 1.0 else m.y, customdata=m.step, text=[text(f"{m.run}: {t}") for t in m.text],
             mode="markers", legendgroup=text(m.run), name=text(f"{m.run}: {m.kind}"), showlegend=False,
             marker=dict(symbol=_MARKER_SYMBOL.get(m.kind, "circle"), size=11, color=colours.get(m.run),
                         line=dict(width=1.5, color="black")),
@@ -101,6 +112,8 @@ def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, lo
         if m.kind == "restart":
             for x in m.x:
                 fig.add_vline(x=x, line=dict(color=colours.get(m.run), dash="dot", width=1))
+    if not legend:
+        fig.update_layout(showlegend=False)
     return _finish(fig, metric, data.x_axis, log_y=log_y, select_zoom=select_zoom)
 
 
@@ -120,8 +133,9 @@ def _rgba(colour: str, alpha: float) -> str:
 
 
 def group_figure(data: GroupData, metric: str, colours: dict[str, str], *, log_y: bool = False,
-                 select_zoom: bool = False) -> go.Figure:
-    """One chart: each group's mean line over its band (min–max or ±std of the group's runs)."""
+                 select_zoom: bool = False, dashes: dict[str, str] | None = None, legend: bool = True) -> go.Figure:
+    """One chart: each group's mean line over its band (min–max or ±std of the group's runs);
+    `dashes` and `legend` as in metric_figure."""
     fig = go.Figure()
     scale, _, fmt = _unit(metric)
     for b in data.bands:
@@ -136,10 +150,12 @@ def group_figure(data: GroupData, metric: str, colours: dict[str, str], *, log_y
         fig.add_trace(go.Scatter(
             x=b.x, y=b.mean * scale, customdata=list(zip(b.step.tolist(), (b.lo * scale).tolist(),
                                                          (b.hi * scale).tolist(), b.n_runs.tolist())),
-            mode="lines", name=name, legendgroup=name, line=dict(color=colour, width=1.8),
+            mode="lines", name=name, legendgroup=name, line=dict(color=colour, width=1.8, dash=(dashes or {}).get(b.group)),
             hovertemplate=f"mean %{{y:{fmt}}} [%{{customdata[1]:{fmt}}}, %{{customdata[2]:{fmt}}}]"
                           " of %{customdata[3]} runs · step %{customdata[0]}",
         ))
+    if not legend:
+        fig.update_layout(showlegend=False)
     return _finish(fig, metric, data.x_axis, log_y=log_y, select_zoom=select_zoom)
 
 

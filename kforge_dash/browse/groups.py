@@ -68,6 +68,32 @@ def group_of(name: str, summary: dict, by: GroupBy) -> str:
     return re.sub(by.key, "", name) or name
 
 
+def _flat_keys(v, prefix: str = "") -> list[str]:
+    if not isinstance(v, dict) or not v:
+        return [prefix[:-1]] if prefix else []
+    return [k for name, sub in v.items() for k in _flat_keys(sub, f"{prefix}{name}.")]
+
+
+def hparam_keys(summaries: list[dict]) -> list[str]:
+    """The hparams of the runs, nested ones as dotted keys (`optim.lr`), sorted."""
+    return sorted({k for s in summaries for k in _flat_keys(s.get("hparams") or {})})
+
+
+def default_hparam_key(summaries: list[dict]) -> str | None:
+    """The hparam "Group runs by" opens with: one whose values differ between the runs, preferring
+    one every run has and that makes real groups (fewer groups than runs: `lr` over `seed`), then
+    the one with the most groups, then by name. None without hparams."""
+    n = len(summaries)
+
+    def rank(key: str):
+        values = [_hparam(s, key) for s in summaries]
+        distinct = len({json.dumps(v, sort_keys=True) for v in values})
+        return (distinct < 2, any(v is None for v in values), not distinct < n, -distinct, key)
+
+    keys = hparam_keys(summaries)
+    return min(keys, key=rank) if keys else None
+
+
 def group_runs(sources: list[RunSource], by: GroupBy) -> dict[str, list[str]]:
     """{group: [run names]}, groups in order of their first run."""
     out: dict[str, list[str]] = {}

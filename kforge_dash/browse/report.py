@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
@@ -124,24 +125,6 @@ def _script_json(obj) -> str:
     return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def _with_values(sources, schemas, metrics: list[str]) -> list[str]:
-    """Those of `metrics` that hold a value (not null) in at least one run's steps.parquet."""
-    import polars as pl
-
-    found: set[str] = set()
-    for src, schema in zip(sources, schemas):
-        cols = [m for m in metrics if m in schema and m not in found]
-        if not cols:
-            continue
-        try:
-            row = pl.scan_parquet(src.steps_path, glob=False).select(
-                [pl.col(c).is_not_null().any() for c in cols]).collect().row(0)
-        except (pl.exceptions.PolarsError, OSError):
-            row = [True] * len(cols)  # a damaged file: charts_html's reading names it
-        found.update(c for c, has in zip(cols, row) if has)
-    return [m for m in metrics if m in found]
-
-
 def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions) -> tuple[str, list[str], list[str]]:
     """(divs and scripts of the charts, metrics drawn, notes)."""
     import plotly.io
@@ -152,7 +135,8 @@ def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions) -> tuple[
     if options.metrics:
         metrics = list(options.metrics)
     else:  # the default charts that some run has values for: a CPU run's memory columns are all null
-        metrics = _with_values(sources, schemas, [m for m in prep_series.DEFAULT_CHARTS if m in have])
+        with_values = set().union(*(prep_columns.metrics_with_values(s.steps_path) for s in sources))
+        metrics = prep_columns.default_metrics(have, with_values)  # the dashboard's choice (browse/columns.py)
     data = prep_series.prepare_compare(sources, metrics, x_axis=options.x_axis, smoothing=options.smoothing,
                                        max_points=options.max_points)
     colours = prep_runs.run_colours(prep_runs.claim_order(runs))

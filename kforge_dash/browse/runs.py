@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,6 +166,19 @@ def list_runs(root: str | os.PathLike) -> list[RunInfo]:
     return runs
 
 
+def no_runs_message(root: str | os.PathLike, runs: list[RunInfo]) -> str:
+    """What a page says when the root has nothing to show (plain text; the page escapes it): with no
+    run at all, how to record one and ingest it; with runs waiting, that they need an ingest."""
+    if runs:
+        return (f"No ingested runs under {root} yet: {len(runs)} run(s) recorded there wait for an ingest. "
+                f"Press the Ingest button above, or run: kforge-ingest {root}")
+    return (f"No runs under {root} yet. Record one from your training loop: "
+            f"rec = kforge_record.Recorder('{root}/my-run'); each step rec.start_step() ... "
+            "rec.end_step(step, loss=loss, tokens=n); rec.close(). "
+            f"Then ingest it: kforge-ingest {root} (this page shows it at once; or try the bundled "
+            "runs: kforge-ingest sample_runs && kforge-dash sample_runs).")
+
+
 def filter_runs(runs: list[RunInfo], *, query: str = "", tags: list[str] = ()) -> list[RunInfo]:
     """Runs whose name or a tag contains `query` (case-insensitive) and that carry every tag in `tags`."""
     q = query.strip().lower()
@@ -204,29 +216,39 @@ def recent_runs(runs: list[RunInfo], limit: int = 8) -> list[str]:
     return list(reversed(claim_order(ingested)))[:limit]
 
 
+# Okabe & Ito's colour-blind-safe set first (without its yellow and black, which read poorly on white),
+# then Paul Tol's "muted" colours (without its grey): 13 hues, none a grey, the first 7 told apart
+# under deuteranopia and protanopia too. Hex, so bands can add alpha.
 PALETTE = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-    "#17becf", "#b68100", "#511cfb", "#00a08b", "#fb00d1", "#222a2a", "#6c7c32", "#778aae", "#862a16",
-    "#620042", "#eb663b",
-)  # plotly's D3, then the members of Dark24 that no D3 colour resembles; hex, so bands can add alpha
+    "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#332288",
+    "#999933", "#882255", "#44AA99", "#DDCC77", "#AA4499", "#117733",
+)
+# Past len(PALETTE) runs the colours come round again, each round with its own dash pattern.
+DASHES = ("solid", "dash", "dot", "dashdot")
+
+
+@dataclass(frozen=True)
+class RunStyle:
+    """How a run (or group) is drawn on every chart: its colour and its line's dash pattern."""
+    colour: str
+    dash: str = "solid"
+
+
+def run_styles(names: list[str]) -> dict[str, RunStyle]:
+    """One style per name, in order: the i-th name gets PALETTE[i % len(PALETTE)], and the rounds
+    after the first a dash pattern, so up to len(PALETTE) * len(DASHES) names are told apart.
+
+    Pass claim_order (oldest run first): a run then keeps its colour on every chart and page
+    whatever is selected, a new run never moves one already there, and any len(PALETTE) runs
+    started one after another (the landing page's most recent ones) have distinct colours.
+    """
+    n = len(PALETTE)
+    return {name: RunStyle(PALETTE[i % n], DASHES[(i // n) % len(DASHES)]) for i, name in enumerate(names)}
 
 
 def run_colours(names: list[str]) -> dict[str, str]:
-    """One colour per name, stable: each name hashes to a palette slot; on a clash the name later
-    in `names` (pass claim_order: newer runs later) moves to the next free slot.
-
-    So a run keeps its colour on every chart and page whatever is selected, and adding a run to
-    the root never changes the colour of a run already there.
-    """
-    used: set[int] = set()
-    out = {}
-    for n in names:
-        slot = zlib.crc32(n.encode("utf-8", "surrogatepass")) % len(PALETTE)
-        while slot in used and len(used) < len(PALETTE):
-            slot = (slot + 1) % len(PALETTE)
-        used.add(slot)
-        out[n] = PALETTE[slot]
-    return out
+    """The colour of each name's run_styles entry."""
+    return {name: style.colour for name, style in run_styles(names).items()}
 
 
 _TABLE_SCHEMA = {

@@ -8,6 +8,7 @@ selection_mode="box")), not its client-side zoom, so the charts' drag mode is a 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -54,3 +55,34 @@ def zoom_from_inputs(first, last) -> StepRange | None:
     lo = -(2**62) if first is None else int(first)
     hi = 2**62 if last is None else int(last)
     return StepRange(lo, hi) if lo <= hi else None
+
+
+# The largest integer a browser's number input holds exactly (and the bound Streamlit's inputs check).
+MAX_STEP = 2**53 - 1
+
+
+@dataclass(frozen=True)
+class StepParam:
+    """A From/To step read from the URL: the value to use (None: ignored) and a note when it was changed."""
+    value: int | None
+    note: str | None = None
+
+
+def step_param(name: str, text: str) -> StepParam:
+    """`?step_from=` / `?step_to=` as typed in a URL: an integer (also `1e6`) is kept, one beyond
+    ±MAX_STEP (or ±inf) clamped to it, anything else (nan, words) ignored; each change says so."""
+    shown = text if len(text) <= 24 else text[:20] + "…"
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            f = float(text)
+        except ValueError:
+            f = math.nan
+        if math.isnan(f) or (math.isfinite(f) and not f.is_integer()):
+            return StepParam(None, f"{name}={shown} in the URL is not a step number: ignored")
+        value = int(f) if math.isfinite(f) else (MAX_STEP + 1 if f > 0 else -MAX_STEP - 1)
+    if abs(value) > MAX_STEP:
+        clamped = MAX_STEP if value > 0 else -MAX_STEP
+        return StepParam(clamped, f"{name}={shown} in the URL is beyond the largest step: read as {clamped:,}")
+    return StepParam(value)

@@ -13,6 +13,7 @@ import time
 import plotly.graph_objects as go
 import streamlit as st
 
+from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import groups as prep_groups
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
@@ -27,6 +28,10 @@ LIVE_EVERY_S = 5
 # frontend draws every chart that has arrived in one task, so sent together the first showed with
 # the last (benchmarks/bench_dash_browser.py).
 FIRST_CHART_HEAD_START_S = 0.5
+# On a first page with previews, how long the other plotly charts wait after the first one: sent at
+# once they arrived before plotly.js and were drawn with it in one go (first interactive chart 6.61 ->
+# 5.25 s, python benchmarks/bench_dash_browser.py --sample, medians of 4 at load 6-10).
+FIRST_PAGE_HOLD_S = 1.0
 
 
 def preload_pending() -> bool:
@@ -34,9 +39,9 @@ def preload_pending() -> bool:
     return not st.session_state.get("_plotly_preloaded")
 
 
-def plotly_preload():
-    """An empty, 10-pixel plotly element sent before the widgets, once per session; returns its slot,
-    which the page empties once its charts are sent.
+def plotly_preload(send: bool = True):
+    """An empty, 10-pixel plotly element sent before the charts, once per session (only marked as
+    done when not `send`); returns its slot, which the page empties once its charts are sent.
 
     Streamlit's frontend fetches and evaluates plotly.js (a 4.7 MB chunk) only when it renders the
     first chart, after every widget's own code: the charts that arrive meanwhile are then all drawn
@@ -45,10 +50,50 @@ def plotly_preload():
     slot = st.empty()
     if not st.session_state.get("_plotly_preloaded"):
         st.session_state["_plotly_preloaded"] = True
+        if not send:
+            return slot
         slot.plotly_chart(go.Figure(layout=dict(height=10, margin=dict(l=0, r=0, t=0, b=0), xaxis_visible=False,
                                                 yaxis_visible=False)),
                           height=10, config={"staticPlot": True, "displayModeBar": False})
     return slot
+
+
+def _ink(colour: str) -> str:
+    """Black or white, whichever reads better on `colour` (a #rrggbb)."""
+    r, g, b = (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return "#000000" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.55 else "#ffffff"
+
+
+def _swatch(style: prep_runs.RunStyle) -> str:
+    """A CSS background drawing a short line in the style's colour (dashed for a dashed style)."""
+    if style.dash == "solid":
+        return style.colour
+    on, off = {"dash": (6, 4), "dot": (2, 3), "dashdot": (6, 3)}.get(style.dash, (4, 4))
+    return f"repeating-linear-gradient(90deg, {style.colour} 0 {on}px, transparent {on}px {on + off}px)"
+
+
+# A chart's static preview (browse/preview.py) takes no room of its own: it lies over the place of the
+# plotly chart that follows it in the cell, until that chart has drawn its lines.
+PREVIEW_CSS = ("[class*='st-key-preview-'] { height: 0; overflow: visible; position: relative; z-index: 2; }\n"
+               "[class*='st-key-cell-']:has(.js-plotly-plot) [class*='st-key-preview-'] { display: none; }")
+
+
+def legend_css(styles: list[prep_runs.RunStyle], *, pills_key: str, tags_key: str | None = None) -> str:
+    """Colours the legend's pills (st.pills keyed `pills_key`, one per entry in order) and the tags of
+    a multiselect (`tags_key`) with each entry's own colour. Only colours and positions go into the
+    CSS, never a name from disk."""
+    rules = [".stMainBlockContainer { padding-top: 2.5rem; }", PREVIEW_CSS,  # the charts start higher on the first screen
+             f".st-key-{pills_key} button {{ border-width: 2px; background-color: transparent !important; "
+             "color: inherit !important; }",
+             f".st-key-{pills_key} button[aria-pressed='false'] p {{ opacity: 0.45; text-decoration: line-through; }}"]
+    for i, st_ in enumerate(styles, start=1):
+        rules.append(f".st-key-{pills_key} button:nth-of-type({i}) {{ border-color: {st_.colour} !important; }}")
+        rules.append(f".st-key-{pills_key} button:nth-of-type({i})::before {{ content: ''; display: inline-block; "
+                     f"width: 18px; height: 3px; margin-right: 6px; vertical-align: middle; background: {_swatch(st_)}; }}")
+        if tags_key is not None:
+            rules.append(f".st-key-{tags_key} [data-tag-index='{i - 1}'] {{ background-color: {st_.colour} !important; "
+                         f"color: {_ink(st_.colour)} !important; }}")
+    return "<style>\n" + "\n".join(rules) + "\n</style>"
 
 
 def runs_root():
@@ -114,6 +159,16 @@ def stop_on_error(fn, *args):
     except ValueError as e:  # a damaged file (named in the message) or a bad setting: keep the app up
         st.error(md_text(e))
         st.stop()
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def _with_values(path: str, stamp) -> frozenset:
+    return frozenset(prep_columns.metrics_with_values(path))
+
+
+def metrics_with_values(srcs) -> set[str]:
+    """Columns with at least one value in any of the runs (footers only, cached per file)."""
+    return set().union(*(stop_on_error(_with_values, str(s.steps_path), file_stamp(s.steps_path)) for s in srcs))
 
 
 def compare_data(srcs, metrics, *, x_axis: str, smoothing: float, step_range=None):

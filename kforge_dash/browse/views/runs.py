@@ -13,7 +13,7 @@ root = common.runs_root()
 runs = common.load_runs(root)
 common.ingest_panel(root, runs)
 if not runs:
-    st.info(f"No runs under {md_text(root)}.")
+    st.info(md_text(prep_runs.no_runs_message(root, runs)))
     st.stop()
 
 cfg = st.column_config

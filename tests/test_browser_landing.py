@@ -1,0 +1,121 @@
+"""The landing page's first screen in headless Chromium (issue 21, items 4 and 5): the first chart wholly
+visible at 1400x1000, one legend for the page, and runs told apart by colour, read from the plot's own data.
+
+The screenshot of the landing page goes to $KFORGE_SCREENSHOT (docs/screenshot-compare.png) or tmp_path.
+"""
+
+import colorsys
+import itertools
+import json
+import os
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from dash_fixtures import copy_and_ingest_sample_runs, sample_run_names, write_run
+from test_browser import DRAWN, browser, new_page, serve, settled  # noqa: F401 (browser: the module's Chromium)
+
+pytestmark = [pytest.mark.slow]
+WIDTH, HEIGHT = 1400, 1000
+
+LINES = """() => { const out = {}; for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    for (const d of gd._fullData || []) if (d.mode === 'lines' && d.opacity === 1)
+        out[d.name] = [d.line.color, d.line.dash]; } return out; }"""
+
+
+def rgb_hex(css: str) -> str:
+    """'rgb(0, 114, 178)' (a computed style) or '#0072B2' (plotly) as '#0072b2'."""
+    if css.startswith("#"):
+        return css.lower()
+    r, g, b = (int(v) for v in css[css.index("(") + 1:css.index(")")].split(",")[:3])
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def lab(colour: str):
+    """CIELAB (D65) of a #rrggbb colour: distances there are distances the eye sees."""
+    c = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    c = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
+    xyz = [sum(m * v for m, v in zip(row, c)) / w for row, w in zip(
+        ((0.4124, 0.3576, 0.1805), (0.2126, 0.7152, 0.0722), (0.0193, 0.1192, 0.9505)), (0.95047, 1.0, 1.08883))]
+    f = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def greys(colours) -> list[str]:
+    return [c for c in colours if colorsys.rgb_to_hsv(*(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)))[1] < 0.25]
+
+
+def test_first_chart_wholly_on_the_first_screen_with_one_legend_in_the_runs_colours(browser, tmp_path):  # noqa: F811
+    root = copy_and_ingest_sample_runs(tmp_path / "runs")
+    names = sample_run_names()
+    shot = Path(os.environ.get("KFORGE_SCREENSHOT") or tmp_path / "screenshot-compare.png")
+    with serve(root, tmp_path / "server.log") as url:
+        page, left = new_page(browser, width=WIDTH, height=HEIGHT)
+        page.goto(url + "/")
+        page.wait_for_function(DRAWN, arg=4)
+        settled(page)
+        first = page.locator(".js-plotly-plot").first.bounding_box()
+        # The whole first chart, title to x axis, is inside the 1400x1000 window without scrolling.
+        assert page.evaluate("() => window.scrollY") == 0
+        assert first["y"] >= 0 and first["x"] >= 0, first
+        assert first["y"] + first["height"] <= HEIGHT and first["x"] + first["width"] <= WIDTH, first
+        # One legend for the page: no chart draws its own.
+        assert page.locator(".js-plotly-plot .legendtext").count() == 0
+        pills = page.locator(".st-key-legend button")
+        assert sorted(pills.all_text_contents()) == names
+        lines = {n: rgb_hex(c) for n, (c, _) in page.evaluate(LINES).items()}
+        assert set(lines) == set(names) and len(set(lines.values())) == len(names)
+        # Each legend pill and each picked run's tag in the sidebar wear the run's own line colour.
+        for i, name in enumerate(pills.all_text_contents()):
+            border = pills.nth(i).evaluate("e => getComputedStyle(e).borderTopColor")
+            assert rgb_hex(border) == lines[name], (name, border)
+        tags = page.locator(".st-key-runs [data-tag-index]")
+        assert tags.count() == len(names)
+        for i in range(tags.count()):
+            name = tags.nth(i).get_attribute("aria-label")
+            assert rgb_hex(tags.nth(i).evaluate("e => getComputedStyle(e).backgroundColor")) == lines[name], name
+        # The static preview drawn while plotly.js loaded is under the plotly chart, and hidden once it is drawn.
+        preview = page.locator(".st-key-preview-0")
+        assert preview.locator("img").count() == 1 and preview.evaluate("e => getComputedStyle(e).display") == "none"
+        page.wait_for_timeout(800)  # plotly's transitions end before the picture
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot))
+        # A click on a legend pill hides that run on every chart, and a second one brings it back.
+        hidden = pills.first.text_content()
+        pills.first.click()
+        page.wait_for_function("n => !Object.keys((" + LINES + ")()).includes(n)", arg=hidden)
+        assert len(page.evaluate(LINES)) == len(names) - 1
+        page.locator(".st-key-legend button").first.click()
+        page.wait_for_function("n => Object.keys((" + LINES + ")()).includes(n)", arg=hidden)
+        assert left == []
+
+
+def test_thirteen_runs_get_thirteen_distinct_colours_none_grey_and_markers_name_their_run(browser, tmp_path):  # noqa: F811
+    root = tmp_path / "runs"
+    names = [f"r{i:02d}" for i in range(14)]
+    for i, name in enumerate(names):
+        run = write_run(root, name, n=60, seed=i, restart_at=30 if i == 0 else None)
+        p = run / "ingested" / "summary.json"
+        s = json.loads(p.read_text())
+        s["attempts"][0]["start_time"] = 1.7e9 + 60 * i  # claim order: r00 oldest
+        p.write_text(json.dumps(s))
+    query = "&".join("runs=" + urllib.parse.quote(n) for n in names) + "&metrics=loss"
+    with serve(root, tmp_path / "server.log") as url:
+        page, _ = new_page(browser, width=WIDTH, height=HEIGHT)
+        page.goto(url + "/compare?" + query)
+        page.wait_for_function(DRAWN, arg=1)
+        settled(page)
+        lines = page.evaluate(LINES)
+        assert set(lines) == set(names)
+        colours = {n: rgb_hex(c) for n, (c, _) in lines.items()}
+        first13 = [colours[n] for n in names[:13]]
+        assert len(set(first13)) == 13  # 13 runs started one after another: 13 colours
+        assert len(greys(set(colours.values()))) <= 1, greys(set(colours.values()))
+        close = min(sum((a - b) ** 2 for a, b in zip(lab(x), lab(y))) ** 0.5 for x, y in itertools.combinations(first13, 2))
+        assert close >= 15, close  # CIELAB distance: no two of them nearly the same colour
+        # The 14th run comes round to the first colour again, told apart by its dash pattern.
+        assert len({tuple(v) for v in lines.values()}) == 14 and lines[names[13]][1] != lines[names[0]][1]
+        # The restart marker's hover names the run it belongs to.
+        texts = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(gd => gd._fullData
+            .filter(d => d.mode === 'markers' && d.marker.symbol === 'diamond').flatMap(d => Array.from(d.text)))""")
+        assert texts and all(t.startswith("r00: restart") for t in texts), texts
