@@ -19,7 +19,7 @@ from kforge_dash.browse.series import CompareData, downsample_indices
 
 WIDTH, HEIGHT = 460, 360  # a chart cell at 1400 px (plotly: 360 px high); drawn as an image scaled to the cell
 _LEFT, _RIGHT, _TOP, _BOTTOM = 56, 12, 40, 44
-_DASH = {"dash": "6 4", "dot": "2 3", "dashdot": "6 3 2 3"}
+SVG_DASHES = {"dash": "6 4", "dot": "2 3", "dashdot": "6 3 2 3"}  # plotly dash -> SVG stroke-dasharray
 POINTS = 400  # per line: about one per pixel column of a chart cell
 
 
@@ -91,7 +91,7 @@ def preview_svg(data: CompareData, metric: str, colours: dict[str, str], dashes:
     for s, x, y in lines:
         faint = s.kind == "raw" and any(o.run == s.run and o.kind == "smoothed" for o, _, _ in lines)
         own = (dashes or {}).get(s.run, "solid")
-        dash = _DASH.get("dash" if own == "solid" and s.run in same else own)
+        dash = SVG_DASHES.get("dash" if own == "solid" and s.run in same else own)
         pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px(x), py(y)))
         out.append(f'<polyline points="{pts}" fill="none" stroke="{colours.get(s.run, "#0072B2")}" '
                    f'stroke-width="{1 if faint else 1.8}" stroke-opacity="{0.3 if faint else 1}"'

@@ -22,6 +22,7 @@ from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import findings_figures, units
+from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
@@ -60,12 +61,20 @@ def _esc(v) -> str:
     return html.escape(str(v), quote=True)
 
 
-def find_runs(paths: list[str | os.PathLike], names: list[str] | None = None) -> tuple[list[prep_runs.RunInfo], list[str]]:
-    """Ingested runs under each PATH (a runs root, or one run directory), in order; (runs, notes).
+@dataclass(frozen=True)
+class FoundRuns:
+    runs: list[prep_runs.RunInfo]  # the runs to report, in order
+    notes: list[str]
+    listed: list[prep_runs.RunInfo]  # every run listed under the paths, ingested or not: they claim colours
+
+
+def find_runs(paths: list[str | os.PathLike], names: list[str] | None = None) -> FoundRuns:
+    """Ingested runs under each PATH (a runs root, or one run directory), in order.
 
     `names` keeps only those runs (in the order given); a name found nowhere is a note.
     """
     found: dict[str, prep_runs.RunInfo] = {}
+    listed: dict[str, prep_runs.RunInfo] = {}
     notes = []
     for p in map(Path, paths):
         if (p / "ingested" / SUMMARY_FILE).is_file():
@@ -75,6 +84,8 @@ def find_runs(paths: list[str | os.PathLike], names: list[str] | None = None) ->
         else:
             notes.append(f"{p}: not a directory")
             continue
+        for r in cands:
+            listed.setdefault(r.name, r)
         ingested = [r for r in cands if r.ingested]
         if not ingested:
             notes.append(f"{p}: no ingested run (run kforge-ingest first)")
@@ -84,9 +95,9 @@ def find_runs(paths: list[str | os.PathLike], names: list[str] | None = None) ->
             else:
                 found[r.name] = r
     if names is None:
-        return list(found.values()), notes
+        return FoundRuns(list(found.values()), notes, list(listed.values()))
     notes += [f"--runs {n}: no ingested run of that name" for n in names if n not in found]
-    return [found[n] for n in dict.fromkeys(names) if n in found], notes
+    return FoundRuns([found[n] for n in dict.fromkeys(names) if n in found], notes, list(listed.values()))
 
 
 def _table(header: list[str], rows: list[list[str]], *, cls: str = "") -> str:
@@ -125,8 +136,9 @@ def _script_json(obj) -> str:
     return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions) -> tuple[str, list[str], list[str]]:
-    """(divs and scripts of the charts, metrics drawn, notes)."""
+def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions,
+                styles: dict[str, prep_runs.RunStyle]) -> tuple[str, list[str], list[str]]:
+    """(the run list, divs and scripts of the charts; metrics drawn; notes). `styles`: each run's colour and dash."""
     import plotly.io
 
     sources = [r.source() for r in runs]
@@ -139,17 +151,53 @@ def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions) -> tuple[
         metrics = prep_columns.default_metrics(have, with_values)  # the dashboard's choice (browse/columns.py)
     data = prep_series.prepare_compare(sources, metrics, x_axis=options.x_axis, smoothing=options.smoothing,
                                        max_points=options.max_points)
-    colours = prep_runs.run_colours(prep_runs.claim_order(runs))
+    colours = {r.name: styles[r.name].colour for r in runs}
+    dashes = {r.name: styles[r.name].dash for r in runs}
     specs = []
-    for metric in data.drawn_metrics():
-        spec = json.loads(plotly.io.to_json(prep_figures.metric_figure(data, metric, colours), validate=False))
+    for metric in data.drawn_metrics():  # no legend per chart: the run list above them is the page's one legend
+        fig = prep_figures.metric_figure(data, metric, colours, dashes=dashes, legend=False)
+        spec = json.loads(plotly.io.to_json(fig, validate=False))
         specs.append({"data": spec["data"], "layout": spec["layout"],
                       "config": {**prep_figures.chart_config(metric), "responsive": True}})
     cells = "".join(f'<div class="chart" id="chart-{i}"></div>' for i in range(len(specs)))
-    return (f'<div class="charts">{cells}</div><script type="application/json" id="chart-specs">'
+    return (run_list_html(runs, styles) + f'<div class="charts">{cells}</div><script type="application/json" id="chart-specs">'
             f"{_script_json(specs)}</script>"), data.drawn_metrics(), data.notes
 
 
+def run_list_html(runs: list[prep_runs.RunInfo], styles: dict[str, prep_runs.RunStyle]) -> str:
+    """The page's one legend: a button per run with a swatch of its line (colour, dash); _TOGGLE hides or
+    shows the run on every chart. data-group is the run's legendgroup on the charts (figures.text of its name)."""
+    out = []
+    for r in runs:
+        st = styles[r.name]
+        dash = prep_preview.SVG_DASHES.get(st.dash)
+        line = (f'<line x1="0" y1="6" x2="28" y2="6" stroke="{_esc(st.colour)}" stroke-width="3"'
+                + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
+        out.append(f'<button type="button" class="run-toggle" aria-pressed="true" data-group="{_esc(prep_figures.text(r.name))}"'
+                   f' title="hide or show this run on every chart"><svg width="28" height="12" aria-hidden="true">{line}'
+                   f"</svg>{_esc(r.name)}</button>")
+    return f'<div class="run-list" role="group" aria-label="runs: show or hide on every chart">{"".join(out)}</div>'
+
+
+# A run-list button hides or shows its run's traces (legendgroup) on every chart; a chart not drawn yet
+# takes the hidden runs when drawn (_DRAW).
+_TOGGLE = """var kforgeHidden = new Set();
+function kforgeVisible(data) { return data.map(function (t) { return !kforgeHidden.has(t.legendgroup); }); }
+document.addEventListener("DOMContentLoaded", function () {
+  document.querySelectorAll("button.run-toggle").forEach(function (b) {
+    b.addEventListener("click", function () {
+      var g = b.dataset.group, show = kforgeHidden.has(g);
+      if (show) { kforgeHidden.delete(g); } else { kforgeHidden.add(g); }
+      b.setAttribute("aria-pressed", show ? "true" : "false");
+      document.querySelectorAll(".chart.js-plotly-plot").forEach(function (gd) {
+        var idx = [];
+        gd.data.forEach(function (t, i) { if (t.legendgroup === g) { idx.push(i); } });
+        if (idx.length) { Plotly.restyle(gd, {visible: show}, idx); }
+      });
+    });
+  });
+});
+"""
 # Each chart is drawn once the whole grid is laid out (plotly sizes a chart to its cell when drawn:
 # drawn while the page was still being parsed, the first cell was the page's only one, full width,
 # and plotly's `responsive` follows window resizes only, so the chart overflowed its cell until one).
@@ -157,7 +205,8 @@ def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions) -> tuple[
 _DRAW = """document.addEventListener("DOMContentLoaded", function () {
   var specs = JSON.parse(document.getElementById("chart-specs").textContent);
   specs.forEach(function (s, i) {
-    var cell = document.getElementById("chart-" + i);
+    var cell = document.getElementById("chart-" + i), shown = kforgeVisible(s.data);
+    s.data.forEach(function (t, j) { t.visible = shown[j]; });
     Plotly.newPlot(cell, s.data, s.layout, s.config).then(function () {
       if (window.ResizeObserver) {
         var w = cell.clientWidth;
@@ -255,7 +304,10 @@ _STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{
 margin:.5em 0;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f4f4f4}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:12px}.chart{height:380px;min-width:0}
 .warn{color:#a40}section.run{border-top:1px solid #ccc;margin-top:1em}table.findings td:last-child{min-width:30em}
-.key{font-size:13px;color:#555}.run-figure{height:380px;max-width:760px}"""
+.key{font-size:13px;color:#555}
+.run-list{display:flex;flex-wrap:wrap;gap:6px;margin:.3em 0 .8em}.run-toggle{font:inherit;font-size:13px;cursor:pointer;
+display:inline-flex;align-items:center;gap:6px;padding:3px 10px;border:1px solid #bbb;border-radius:999px;background:#fff}
+.run-toggle[aria-pressed=false]{opacity:.45;text-decoration:line-through}.run-toggle:focus-visible{outline:2px solid #0072B2}.run-figure{height:380px;max-width:760px}"""
 
 
 def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = None,
@@ -263,19 +315,23 @@ def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = Non
     """The report's HTML for the ingested runs under `paths` (optionally only `runs`)."""
     from plotly.offline import get_plotlyjs
 
-    chosen, notes = find_runs(paths, runs)
+    found = find_runs(paths, runs)
+    chosen, notes = found.runs, found.notes
     if not chosen:
         raise ValueError("no ingested run to report: " + "; ".join(notes or ["nothing found"]))
-    charts, metrics, chart_notes = charts_html(chosen, options)
+    # The dashboard's colours: every run under the paths claims one, oldest first (runs.run_styles).
+    styles = prep_runs.run_styles(prep_runs.claim_order(found.listed))
+    charts, metrics, chart_notes = charts_html(chosen, options, styles)
     notes += chart_notes
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = (
         f"<h1>{_esc(options.title)}</h1><p>{len(chosen)} run(s), generated {when}. Charts: up to "
         f"{options.max_points:,} points per line (MinMaxLTTB keeps every local extreme); drag to zoom, "
-        "double-click to reset; the camera button saves a chart as PNG. Key: ◆ restart · × NaN · ▲/▼ ±inf · "
+        "double-click to reset; the camera button saves a chart as PNG; a run's button above the charts hides or "
+        "shows it on every chart. Key: ◆ restart · × NaN · ▲/▼ ±inf · "
         "★ loss or grad-norm spike (a finding, at its raw peak)</p>"
         + "".join(f"<p class=warn>{_esc(n)}</p>" for n in notes)
-        + f"<h2>Charts</h2>{charts}<script>{_DRAW}{_DRAW_RUN_FIGURES}</script>"
+        + f"<h2>Charts</h2>{charts}<script>{_TOGGLE}{_DRAW}{_DRAW_RUN_FIGURES}</script>"
         + f"<h2>Runs</h2>{runs_table_html(chosen)}<h2>Config diff</h2>{config_diff_html(chosen)}"
         + "<h2>Each run</h2>" + "".join(run_section_html(r) for r in chosen)
     )
