@@ -307,7 +307,8 @@ margin:.5em 0;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-al
 .key{font-size:13px;color:#555}
 .run-list{display:flex;flex-wrap:wrap;gap:6px;margin:.3em 0 .8em}.run-toggle{font:inherit;font-size:13px;cursor:pointer;
 display:inline-flex;align-items:center;gap:6px;padding:3px 10px;border:1px solid #bbb;border-radius:999px;background:#fff}
-.run-toggle[aria-pressed=false]{opacity:.45;text-decoration:line-through}.run-toggle:focus-visible{outline:2px solid #0072B2}.run-figure{height:380px;max-width:760px}"""
+.run-toggle[aria-pressed=false]{opacity:.45;text-decoration:line-through}.run-toggle:focus-visible{outline:2px solid #0072B2}
+.run-figure{height:380px;max-width:760px}"""
 
 
 def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = None,
