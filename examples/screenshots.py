@@ -5,11 +5,12 @@
 
 sample_runs/ is copied to --root (default /tmp/kforge/sample_runs, so the sidebar's "Runs root"
 reads well on one line; its old contents are replaced), its shards dated a day back (finished runs:
-the dashboard's live refresh stays off, as for a run copied off a cluster), ingested with `kforge-ingest --no-tensorboard --no-wandb`,
-served by `kforge-dash` on a free 127.0.0.1 port and photographed by headless Chromium
-(/usr/bin/chromium, never downloaded; every request off 127.0.0.1 or the report file is blocked).
-The report is written by `kforge-report`. Each picture waits on the page's own conditions (charts
-drawn, the detail page's buttons there), never on a fixed sleep alone.
+the dashboard's live refresh stays off, as for a run copied off a cluster), ingested with
+`kforge-ingest --no-tensorboard --no-wandb`, served by `kforge-dash` on a free 127.0.0.1 port and
+photographed by headless Chromium (/usr/bin/chromium, never downloaded; every request off
+127.0.0.1 or the report file is blocked). The report is written by `kforge-report`. Each picture
+waits on the page's own conditions (charts drawn, the detail page's headings there), never on a
+fixed sleep alone.
 """
 
 from __future__ import annotations

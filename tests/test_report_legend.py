@@ -7,6 +7,8 @@ from html.parser import HTMLParser
 
 import pytest
 from dash_fixtures import write_run
+from test_browser import browser, new_page  # noqa: F401  (browser: the module's Chromium fixture)
+from test_browser_detail import CHARTS_DRAWN
 
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import preview as prep_preview
@@ -50,7 +52,7 @@ def root(tmp_path_factory):
     """15 runs (two past the palette's 13, so dashed), one with a name that is HTML and Markdown."""
     root = tmp_path_factory.mktemp("legend")
     for i in range(14):
-        write_run(root, f"run-{i:02d}", n=60, seed=i, with_ranks=False)
+        write_run(root, f"run-{i:02d}", n=60, seed=i, with_ranks=False, restart_at=30 if i == 1 else None)
     write_run(root, HOSTILE, n=60, seed=99, with_ranks=False)
     return root
 
@@ -89,43 +91,38 @@ def test_report_has_one_run_list_in_the_traces_own_colours_and_no_legend_per_cha
 
 
 @pytest.mark.slow
-def test_a_runs_button_hides_and_shows_it_on_every_chart_offline(root, tmp_path):
-    from test_browser import ARGS, CHROMIUM, new_page
-    from test_browser_detail import CHARTS_DRAWN
-
+def test_a_runs_button_hides_and_shows_it_on_every_chart_offline(browser, root, tmp_path):  # noqa: F811
     from kforge_dash.browse.report import write_report
 
     out = tmp_path / "report.html"
     names = ["run-00", "run-01", HOSTILE]
     report = write_report([root], out, runs=names)
-    from playwright.sync_api import sync_playwright
-
+    # Per chart: `visible` of each trace of the run (its line and markers), then of each of its restart lines.
     visible = """g => [...document.querySelectorAll('.charts .js-plotly-plot')].map(gd => gd.data
-        .filter(t => t.legendgroup === g).map(t => t.visible))"""
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page, left = new_page(browser, allow="file", width=1400, height=1000)
-            page.goto(out.as_uri())
-            page.wait_for_function(CHARTS_DRAWN, arg=len(report.metrics))
-            button = page.get_by_role("button", name=HOSTILE, exact=True)
-            group = prep_figures.text(HOSTILE)
-            other = prep_figures.text("run-00")
-            before = page.evaluate(visible, group)
-            assert len(before) == len(report.metrics) and all(v == [True] for v in before)
-            button.click()
-            page.wait_for_function(f"g => ({visible})(g).every(v => v.length && v.every(x => x === false))", arg=group)
-            assert all(v == [True] for v in page.evaluate(visible, other))  # the other runs stay
-            assert button.get_attribute("aria-pressed") == "false"
-            button.click()
-            page.wait_for_function(f"g => ({visible})(g).every(v => v.length && v.every(x => x === true))", arg=group)
-            # Keyboard: Tab reaches the button, Enter hides the run again.
-            page.get_by_role("button", name="run-01", exact=True).focus()
-            page.keyboard.press("Tab")
-            assert page.evaluate("() => document.activeElement.textContent") == HOSTILE
-            page.keyboard.press("Enter")
-            page.wait_for_function(f"g => ({visible})(g).every(v => v.length && v.every(x => x === false))", arg=group)
-            assert left == []
-            page.context.close()
-        finally:
-            browser.close()
+        .filter(t => t.legendgroup === g).map(t => t.visible)
+        .concat((gd.layout.shapes || []).filter(s => s.name === g).map(s => s.visible)))"""
+    every = "g => ({visible})(g).every(v => v.length && v.every(x => x === {want}))"
+    page, left = new_page(browser, allow="file", width=1400, height=1000)
+    page.goto(out.as_uri())
+    page.wait_for_function(CHARTS_DRAWN, arg=len(report.metrics))
+    before = {n: page.evaluate(visible, prep_figures.text(n)) for n in names}
+    assert all(len(vs) == len(report.metrics) for vs in before.values())
+    assert all(v and all(x is True for x in v) for vs in before.values() for v in vs), before
+    assert len(before["run-01"][0]) == 3  # its line, its ◆ restart marker and its restart line on the loss chart
+    for name in ("run-01", HOSTILE):
+        button, group = page.get_by_role("button", name=name, exact=True), prep_figures.text(name)
+        button.click()
+        page.wait_for_function(every.format(visible=visible, want="false"), arg=group)
+        assert button.get_attribute("aria-pressed") == "false"
+        assert page.evaluate(visible, prep_figures.text("run-00")) == before["run-00"]  # the other runs stay
+        button.click()
+        page.wait_for_function(every.format(visible=visible, want="true"), arg=group)
+        assert button.get_attribute("aria-pressed") == "true"
+    # A real button in the tab order: Tab from run-01's reaches the next run's, Enter hides that run.
+    page.get_by_role("button", name="run-01", exact=True).focus()
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.textContent") == HOSTILE
+    page.keyboard.press("Enter")
+    page.wait_for_function(every.format(visible=visible, want="false"), arg=prep_figures.text(HOSTILE))
+    assert left == []
+    page.context.close()

@@ -111,7 +111,8 @@ def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, lo
         ))
         if m.kind == "restart":
             for x in m.x:
-                fig.add_vline(x=x, line=dict(color=colours.get(m.run), dash="dot", width=1))
+                # named as the run's legendgroup: the report's run list hides it with the run's traces
+                fig.add_vline(x=x, line=dict(color=colours.get(m.run), dash="dot", width=1), name=text(m.run))
     if not legend:
         fig.update_layout(showlegend=False)
     return _finish(fig, metric, data.x_axis, log_y=log_y, select_zoom=select_zoom)

@@ -179,7 +179,8 @@ def run_list_html(runs: list[prep_runs.RunInfo], styles: dict[str, prep_runs.Run
     return f'<div class="run-list" role="group" aria-label="runs: show or hide on every chart">{"".join(out)}</div>'
 
 
-# A run-list button hides or shows its run's traces (legendgroup) on every chart; a chart not drawn yet
+# A run-list button hides or shows its run's traces (legendgroup) and restart lines (shape name) on every
+# chart; a chart not drawn yet
 # takes the hidden runs when drawn (_DRAW).
 _TOGGLE = """var kforgeHidden = new Set();
 function kforgeVisible(data) { return data.map(function (t) { return !kforgeHidden.has(t.legendgroup); }); }
@@ -193,6 +194,9 @@ document.addEventListener("DOMContentLoaded", function () {
         var idx = [];
         gd.data.forEach(function (t, i) { if (t.legendgroup === g) { idx.push(i); } });
         if (idx.length) { Plotly.restyle(gd, {visible: show}, idx); }
+        var shapes = {};  // its restart lines
+        (gd.layout.shapes || []).forEach(function (sh, i) { if (sh.name === g) { shapes["shapes[" + i + "].visible"] = show; } });
+        if (Object.keys(shapes).length) { Plotly.relayout(gd, shapes); }
       });
     });
   });
@@ -207,6 +211,7 @@ _DRAW = """document.addEventListener("DOMContentLoaded", function () {
   specs.forEach(function (s, i) {
     var cell = document.getElementById("chart-" + i), shown = kforgeVisible(s.data);
     s.data.forEach(function (t, j) { t.visible = shown[j]; });
+    (s.layout.shapes || []).forEach(function (sh) { sh.visible = !kforgeHidden.has(sh.name); });
     Plotly.newPlot(cell, s.data, s.layout, s.config).then(function () {
       if (window.ResizeObserver) {
         var w = cell.clientWidth;
