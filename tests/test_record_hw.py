@@ -25,16 +25,22 @@ def fake_nvml(clock_mhz=lambda: 1980, reasons=lambda: 0):
     m = types.ModuleType("pynvml")
     m.NVML_TEMPERATURE_GPU, m.NVML_CLOCK_SM = 0, 1
     m.reads = []  # (time.time(), thread name, value of the SM clock)
+    # Writer threads of recorders that earlier tests left open (a hung write, say) sample too once the
+    # process looks like a CUDA one: their reads are answered but neither counted nor numbered.
+    elder = {t.ident for t in threading.enumerate()}
     m.nvmlInit = lambda: None
     m.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
     m.nvmlDeviceGetHandleByUUID = lambda u: ("gpu", u)
 
     def util(h):
-        m.reads.append([time.time(), threading.current_thread().name, None])
+        if threading.get_ident() not in elder:
+            m.reads.append([time.time(), threading.current_thread().name, None])
         return types.SimpleNamespace(gpu=97, memory=40)
 
     def clock(h, kind):
         assert kind == m.NVML_CLOCK_SM
+        if threading.get_ident() in elder:
+            return 1980
         v = clock_mhz()
         m.reads[-1][2] = v
         return v
@@ -142,12 +148,14 @@ def test_without_nvml_nothing_is_recorded_and_one_warning_is_given(tmp_path, mon
     monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import pynvml -> ImportError
     run = tmp_path / "run"
     with pytest.warns(RuntimeWarning, match="GPU telemetry is off") as got:
-        with Recorder(run, rank=0, world_size=1, hw_every_s=0.01, flush_every_steps=5, memory_every_steps=0,
+        # rank 5: recorders that earlier tests left open (rank 0) say it too, once each, now that the
+        # process looks like a CUDA one; this recorder's line is the one counted.
+        with Recorder(run, rank=5, world_size=8, hw_every_s=0.01, flush_every_steps=5, memory_every_steps=0,
                       install_sigterm_handler=False) as rec:
             for step in range(1, 31):
                 time.sleep(0.004)
                 rec.end_step(step, loss=1.0)
-    assert len([w for w in got if "GPU telemetry" in str(w.message)]) == 1
+    assert len([w for w in got if "(rank 5)" in str(w.message) and "GPU telemetry" in str(w.message)]) == 1
     assert not set(HW_COLUMNS) & set(_rows(run).column_names)
 
 
