@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, sample_run_names, shown
+from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, ingest_sample_run, sample_run_names, shown
 from streamlit.testing.v1 import AppTest
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
@@ -231,14 +231,12 @@ def test_run_detail_finds_the_straggler_in_its_phase_timers(app, root):
 
 
 def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_path, monkeypatch):
-    from kforge_dash.ingest.run import ingest_run
-
     names = sample_run_names()
     root = tmp_path / "runs"
     shutil.copytree(SAMPLE_RUNS, root, ignore=shutil.ignore_patterns("ingested"))
     fresh = names[0]
     for n in names[1:]:
-        ingest_run(root / n)
+        ingest_sample_run(root / n)
     stale = names[1] if len(names) > 1 else None
     if stale:
         # Shards written after its ingest: date the ingest back before the newest shard.

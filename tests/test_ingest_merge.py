@@ -9,7 +9,7 @@ import statistics
 import pytest
 from ingest_fixtures import LLAMA7B, close_all, ingest_whole_and_windowed, open_ranks, read_outputs, run_steps
 
-from kforge_dash.ingest.options import IngestOptions
+from kforge_dash.ingest.options import IngestOptions, IngestWarning
 from kforge_dash.ingest.run import ingest_run
 
 
@@ -165,7 +165,8 @@ def test_elastic_world_size_change_uses_each_attempts_size(tmp_path, monkeypatch
     run_steps(monkeypatch, a1, range(11, 21), step_time=lambda r, s: 1.0,
               values=lambda r, s: {"loss": 1.0, "tokens": 1000}, clock=clock)
     close_all(a1)
-    ingest_run(run)
+    with pytest.warns(IngestWarning, match=r"world size changed across attempts \(4 -> 2\)"):
+        ingest_run(run)
     steps, _, summary = read_outputs(run)
     by_step = {r["step"]: r for r in steps.iter_rows(named=True)}
     assert by_step[5]["n_ranks"] == 4 and by_step[15]["n_ranks"] == 2
