@@ -14,6 +14,7 @@ import sys
 import polars as pl
 import pytest
 import torch
+from ingest_fixtures import warns_each
 from kempnerforge_fixtures import SHIPPED, kempnerforge_fixture, kf_estimate, router_flops  # noqa: F401  (the fixture)
 
 from kforge_dash import ingest_run
@@ -226,7 +227,7 @@ def test_log_eval_records_and_prints_and_never_raises(kempnerforge, tmp_path, ca
 
 def test_without_kempnerforge_installed_end_step_returns_none_and_says_why(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "kempnerforge", None)  # import kempnerforge... raises ImportError
-    with pytest.warns(RuntimeWarning, match="KempnerForge's metrics modules cannot be imported"):
+    with warns_each("KempnerForge's metrics modules cannot be imported", "no model shape recorded", category=RuntimeWarning):
         tracker = MetricsTracker(None, run_dir=str(tmp_path / "r"))
     tracker.start_step()
     assert tracker.end_step(1, 3.0, 1.0, 3e-4, 2048) is None
