@@ -118,13 +118,18 @@ STILL = """ms => { const sig = [...document.querySelectorAll('.js-plotly-plot')]
     return now - w.since >= ms; }"""
 
 
+def still(page, ms: int = 500) -> None:
+    """Wait until the page's charts have not changed for `ms` (plotly's transitions have ended)."""
+    page.evaluate("() => { window.__kforgeStill = null; }")
+    page.wait_for_function(STILL, arg=ms, polling=100)
+
+
 def settled(page, still_ms: int = 500) -> None:
     """The compare page's script has finished: its note on what is drawn is written after every chart
     (charts stream in one by one, and the page may redraw them once the notes above them appear);
     then the charts stay as they are for `still_ms`."""
     page.get_by_text("Drawing ", exact=False).first.wait_for()
-    page.evaluate("() => { window.__kforgeStill = null; }")
-    page.wait_for_function(STILL, arg=still_ms, polling=100)
+    still(page, still_ms)
 
 
 def traces(page, title: str) -> list[dict]:
