@@ -135,7 +135,7 @@ def ingest_sample_run(run_dir: Path):
     from kforge_dash.ingest import run as ingest
 
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="peak_tflops differs between attempts", category=ingest.IngestWarning)
+        warnings.filterwarnings("ignore", message=r".*\(peak_tflops\) differs between attempts", category=ingest.IngestWarning)
         return ingest.ingest_run(run_dir)
 
 
