@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 _SHAPE = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size", "seq_len")
 _MOE = ("moe_num_experts", "moe_top_k", "moe_shared_experts", "moe_frequency", "moe_ffn_hidden_dim")
+# What every refusal of an incomplete description suggests: the form that fits any model.
+_ANY_MODEL = "for any model (a transformer or not) give model=dict(flops_per_token=...)"
 MLP_KINDS = ("swiglu", "gelu")  # gated (3 matrices: gate, up, down) or plain (2: up, down, e.g. GPT-2)
 
 
@@ -46,13 +48,14 @@ class ModelSpec:
             _check_field(f.name, getattr(self, f.name))
         given = {f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
         if not given:
-            raise ValueError("model: empty; give flops_per_token, or n_params with n_layers/dim/seq_len, or the shape")
+            raise ValueError(f"model: empty; {_ANY_MODEL}, or n_params with n_layers/dim/seq_len, or the shape")
         if self.flops_per_token is not None:
             return
         if self.n_params is not None:
             missing = [k for k in ("n_layers", "dim", "seq_len") if k not in given]
             if missing:
-                raise ValueError(f"model: n_params also needs {', '.join(missing)} (for the attention term 12·L·D·S)")
+                raise ValueError(f"model: n_params also needs {', '.join(missing)} (for the attention term 12·L·D·S "
+                                 f"of a transformer); {_ANY_MODEL}")
             return
         self._check_shape(given)
         self._check_moe(given)
@@ -61,8 +64,8 @@ class ModelSpec:
         missing = [k for k in _SHAPE if k not in given]
         if missing:
             raise ValueError(
-                f"model: the shape is missing {', '.join(missing)} "
-                "(or give flops_per_token, or n_params with n_layers/dim/seq_len)"
+                f"model: the shape is missing {', '.join(missing)}; {_ANY_MODEL}, "
+                "or n_params with n_layers/dim/seq_len"
             )
         if self.n_heads and self.dim % self.n_heads:
             raise ValueError(f"model: dim {self.dim} is not divisible by n_heads {self.n_heads}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -127,12 +128,22 @@ def sample_run_names() -> list[str]:
     return names
 
 
+def ingest_sample_run(run_dir: Path):
+    """ingest_run of a copy of a sample run. The preempted run's two launches each measured the machine's
+    peak (examples/train_tiny.py) and got two values, which ingest rightly says: a fact of the bundled
+    data, not of the code a dashboard test is about, so that one warning is left out here."""
+    from kforge_dash.ingest import run as ingest
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*\(peak_tflops\) differs between attempts", category=ingest.IngestWarning)
+        return ingest.ingest_run(run_dir)
+
+
 def copy_and_ingest_sample_runs(dst: Path) -> Path:
     """Copy the repo's sample_runs/ to `dst` and ingest every run there (no TB/W&B exports)."""
-    from kforge_dash.ingest import run as ingest
     shutil.copytree(SAMPLE_RUNS, dst, ignore=shutil.ignore_patterns("ingested"))
     for name in sample_run_names():
-        ingest.ingest_run(dst / name)
+        ingest_sample_run(dst / name)
     return dst
 
 

@@ -8,14 +8,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from contextlib import contextmanager
 
 import polars as pl
+import pytest
 
 import kforge_record.recorder as recorder_mod
+from kforge_dash.ingest.options import IngestWarning
 from kforge_record import Recorder
 
 LLAMA7B = {"n_layers": 32, "dim": 4096, "n_heads": 32, "n_kv_heads": 32, "ffn_hidden_dim": 11008,
            "vocab_size": 32000, "seq_len": 4096}
+
+
+@contextmanager
+def warns_each(*patterns: str, category=IngestWarning):
+    """pytest.warns for a call that gives several warnings: each pattern (a regex) matches one of them."""
+    with pytest.warns(category) as got:
+        yield got
+    said = [str(w.message) for w in got]
+    missing = [p for p in patterns if not any(re.search(p, m) for m in said)]
+    assert not missing, f"no warning matched {missing}; the warnings were {said}"
 
 
 class FakeClock:

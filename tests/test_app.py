@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, sample_run_names, shown
+from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, ingest_sample_run, sample_run_names, shown
 from streamlit.testing.v1 import AppTest
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
@@ -27,7 +27,8 @@ def root(tmp_path_factory):
 @pytest.fixture
 def app(root, monkeypatch):
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
-    return AppTest.from_file(str(APP), default_timeout=60)
+    # A limit, not a wait (a run ends when the script does): a loaded 2-core machine took over 60 s for one.
+    return AppTest.from_file(str(APP), default_timeout=300)
 
 
 def summary(root, name):
@@ -198,7 +199,7 @@ def test_run_detail_page(app, root):
         table = frame_with(at, "metric")
         assert (table["metric"] == "loss").sum() == nonfinite
     # A run name from the URL that is not a run of the root: said so, and no other run shown under it.
-    app2 = AppTest.from_file(str(APP), default_timeout=60)
+    app2 = AppTest.from_file(str(APP), default_timeout=300)
     app2.query_params["run"] = "../../etc"
     at2 = app2.run()
     at2.switch_page("views/run_detail.py").run()
@@ -231,21 +232,19 @@ def test_run_detail_finds_the_straggler_in_its_phase_timers(app, root):
 
 
 def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_path, monkeypatch):
-    from kforge_dash.ingest.run import ingest_run
-
     names = sample_run_names()
     root = tmp_path / "runs"
     shutil.copytree(SAMPLE_RUNS, root, ignore=shutil.ignore_patterns("ingested"))
     fresh = names[0]
     for n in names[1:]:
-        ingest_run(root / n)
+        ingest_sample_run(root / n)
     stale = names[1] if len(names) > 1 else None
     if stale:
         # Shards written after its ingest: date the ingest back before the newest shard.
         newest = max(f.stat().st_mtime for f in (root / stale).glob("rank-*/*/*"))
         os.utime(root / stale / "ingested" / "summary.json", (newest - 60, newest - 60))
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
-    at = AppTest.from_file(str(APP), default_timeout=120)
+    at = AppTest.from_file(str(APP), default_timeout=300)
     at.run()
     at.switch_page("views/runs.py").run()
     status = dict(zip(*at.dataframe[0].value[["run", "status"]].T.values))
@@ -270,7 +269,7 @@ def test_damaged_steps_file_is_named_not_a_crash(root, tmp_path, monkeypatch):
     steps_file = copy / name / "ingested" / "steps.parquet"
     steps_file.write_bytes(b"PAR1 damaged")
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(copy))
-    at = AppTest.from_file(str(APP), default_timeout=60)
+    at = AppTest.from_file(str(APP), default_timeout=300)
     at.query_params["runs"] = [name]
     at.run()
     assert not at.exception

@@ -20,7 +20,7 @@ HOSTILE = "![pix](https:evil.invalid)"
 
 def _app(root, monkeypatch, **params):
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
-    at = AppTest.from_file(str(APP), default_timeout=60)
+    at = AppTest.from_file(str(APP), default_timeout=300)
     at.query_params.update(params)
     return at
 

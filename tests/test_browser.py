@@ -27,6 +27,9 @@ pytestmark = [pytest.mark.slow]
 HOSTILE_DIR = "![pix](https:evil.invalid)"  # not ingested: listed in the "not ingested" panel
 HOSTILE_RUN = "<img src=x onerror=alert(1)> **b**"  # ingested: in pickers, legends, tables
 SPIKE = 654_321
+# Every wait is on a condition, with room for a loaded machine (a 2-core runner at load 5-46 took over
+# 60 s for one page): a wait ends as soon as its condition holds, so a generous limit costs nothing.
+WAIT_MS = 300_000
 DRAWN = "n => { const p = document.querySelectorAll('.js-plotly-plot'); return p.length >= n && [...p].every(" \
         "e => e.querySelectorAll('.scatterlayer .trace path.js-line').length >= 1); }"
 
@@ -50,7 +53,7 @@ def serve(root: Path, log_path: Path):
     proc = subprocess.Popen([*kforge_dash_cmd(), str(root), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WAIT_MS / 1000
         while True:
             try:
                 with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
@@ -102,15 +105,31 @@ def new_page(browser, *, allow: str = "127.0.0.1", height: int = 1250, width: in
 
     ctx.route("**/*", gate)
     page = ctx.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(WAIT_MS)
     return page, left
 
 
-def settled(page) -> None:
+# True once the charts (how many, their points, their place and size) have not changed for `ms`.
+STILL = """ms => { const sig = [...document.querySelectorAll('.js-plotly-plot')].map(e => {
+        const r = e.getBoundingClientRect();
+        return [r.top, r.height, ...(e._fullData || []).map(d => (d.x || []).length)].join(','); }).join('|');
+    const now = performance.now(), w = window.__kforgeStill;
+    if (!w || w.sig !== sig) { window.__kforgeStill = {sig, since: now}; return false; }
+    return now - w.since >= ms; }"""
+
+
+def still(page, ms: int = 500) -> None:
+    """Wait until the page's charts have not changed for `ms` (plotly's transitions have ended)."""
+    page.evaluate("() => { window.__kforgeStill = null; }")
+    page.wait_for_function(STILL, arg=ms, polling=100)
+
+
+def settled(page, still_ms: int = 500) -> None:
     """The compare page's script has finished: its note on what is drawn is written after every chart
-    (charts stream in one by one, and the page may redraw them once the notes above them appear)."""
+    (charts stream in one by one, and the page may redraw them once the notes above them appear);
+    then the charts stay as they are for `still_ms`."""
     page.get_by_text("Drawing ", exact=False).first.wait_for()
-    page.wait_for_timeout(300)
+    still(page, still_ms)
 
 
 def traces(page, title: str) -> list[dict]:
@@ -184,7 +203,7 @@ def test_landing_page_draws_at_once_and_every_page_has_a_url(browser, tmp_path):
         nav = page.get_by_test_id("stSidebarNav").inner_text()
         assert "Compare runs" in nav and "Runs table" in nav and "Run detail" in nav and "kforge" not in nav
         assert page.get_by_text("Deploy").count() == 0  # the developer toolbar is hidden
-        time.sleep(1.0)  # let plotly finish its transitions before the picture
+        settled(page, still_ms=1000)  # plotly's transitions have ended before the picture
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot))
         for path, title in (("/compare", "Compare runs"), ("/runs", "Runs"), ("/detail", "Run detail")):
@@ -275,7 +294,7 @@ def test_live_refresh_picks_up_a_new_part_file(browser, synthetic):
     time.sleep(1.1)  # a part file newer than the page (file times have a coarse clock on some filesystems)
     live.more(25)
     page.wait_for_function("""() => { const gd = document.querySelector('.js-plotly-plot');
-        return gd && gd._fullData.some(d => Array.from(d.x || []).map(Number).includes(55)); }""", timeout=40_000)
+        return gd && gd._fullData.some(d => Array.from(d.x || []).map(Number).includes(55)); }""")
 
 
 def test_report_opened_offline_draws_its_charts_and_names_every_run(browser, synthetic, tmp_path):

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_browser import DRAWN, browser, new_page, serve  # noqa: F401  (browser: the module's Chromium fixture)
+from test_browser import DRAWN, browser, new_page, serve, still  # noqa: F401  (browser: the module's Chromium fixture)
 
 pytestmark = [pytest.mark.slow]
 
@@ -68,7 +68,7 @@ def test_run_detail_findings_are_whole_and_their_buttons_work_from_the_keyboard(
         page.goto(url + "/detail?run=straggler")
         page.get_by_role("button", name="Open steps 1–250").wait_for()
         page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2")
-        page.wait_for_timeout(500)  # let plotly finish its transitions before the picture
+        still(page, 1000)  # plotly's transitions have ended before the picture
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot))
         page.goto(url + "/detail?run=spike-nan")

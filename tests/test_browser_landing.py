@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from dash_fixtures import copy_and_ingest_sample_runs, sample_run_names, write_run
-from test_browser import DRAWN, browser, new_page, serve, settled  # noqa: F401 (browser: the module's Chromium)
+from test_browser import DRAWN, browser, new_page, serve, settled, still  # noqa: F401 (browser: the module's Chromium)
 
 pytestmark = [pytest.mark.slow]
 WIDTH, HEIGHT = 1400, 1000
@@ -77,7 +77,7 @@ def test_first_chart_wholly_on_the_first_screen_with_one_legend_in_the_runs_colo
         # The static preview drawn while plotly.js loaded is under the plotly chart, and hidden once it is drawn.
         preview = page.locator(".st-key-preview-0")
         assert preview.locator("img").count() == 1 and preview.evaluate("e => getComputedStyle(e).display") == "none"
-        page.wait_for_timeout(800)  # plotly's transitions end before the picture
+        still(page, 1000)  # plotly's transitions have ended before the picture
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot))
         # A click on a legend pill hides that run on every chart, and a second one brings it back.

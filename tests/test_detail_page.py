@@ -24,7 +24,7 @@ def root(tmp_path_factory):
 
 def _detail(root, monkeypatch, run):
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
-    at = AppTest.from_file(str(APP), default_timeout=60)
+    at = AppTest.from_file(str(APP), default_timeout=300)
     at.query_params["run"] = run
     at.run()
     return at.switch_page("views/run_detail.py").run()
@@ -66,7 +66,7 @@ def test_config_diff_says_not_set_instead_of_none(tmp_path, monkeypatch):
     write_run(tmp_path, "a", n=5, hparams={"lr": 1e-3, "nan_step": None, "peak": 0.10882826149463654, "eps": 1.0000001})
     write_run(tmp_path, "b", n=5, hparams={"lr": 3e-3, "peak": 0.111696757376194, "eps": 1.0000002})
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(tmp_path))
-    at = AppTest.from_file(str(APP), default_timeout=60)
+    at = AppTest.from_file(str(APP), default_timeout=300)
     at.run()
     at.switch_page("views/runs.py").run()
     assert not at.exception

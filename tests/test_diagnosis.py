@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from findings_fixtures import Clock, close_all, drive, install, open_ranks
 
 from kforge_dash import IngestOptions, ingest_run
+from kforge_dash.ingest.options import IngestWarning
 
 
 def _noise(s: int, k: int = 0) -> float:
@@ -126,7 +127,8 @@ def test_the_mfu_waterfall_adds_up_to_one_and_ends_at_the_achieved_mfu(tmp_path,
     assert parts["below_peak"] == pytest.approx(g["productive_s"] / g["total_s"] * (1 - m["productive_mfu"]), rel=1e-9)
     assert 0.1 < parts["achieved"] < 0.3
     # a peak below what the run did (MFU while productive > 1) is said, not drawn
-    low = ingest_run(run, options=IngestOptions(peak_tflops=0.05, force=True)).summary
+    with pytest.warns(IngestWarning, match="mfu_waterfall: the FLOPs done exceed the peak"):
+        low = ingest_run(run, options=IngestOptions(peak_tflops=0.05, force=True)).summary
     assert low["mfu_waterfall"] is None and any("exceed the peak" in w for w in low["warnings"])
     unknown = ingest_run(_planted(tmp_path, monkeypatch, slow=False, ranks=2, steps=50, name="nomfu")).summary
     assert unknown["mean_mfu"] is None and unknown["mfu_waterfall"] is None

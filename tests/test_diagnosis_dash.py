@@ -42,7 +42,7 @@ def test_mfu_waterfall_steps_down_from_peak_to_the_achieved_mfu(root):
 
 def test_run_page_says_what_the_stragglers_cost_and_draws_both_waterfalls(root, monkeypatch):
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
-    at = AppTest.from_file(str(APP), default_timeout=60)
+    at = AppTest.from_file(str(APP), default_timeout=300)
     at.query_params["run"] = "straggler"
     at.run()
     at.switch_page("views/run_detail.py").run()

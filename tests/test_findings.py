@@ -105,7 +105,7 @@ def test_memory_growth_names_the_rank_that_leaks(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
     assert sys.modules["torch"] is torch
     clock = install(monkeypatch, Clock())
-    recs = open_ranks(tmp_path / "leak", 3, memory_every_steps=5)
+    recs = open_ranks(tmp_path / "leak", 3, memory_every_steps=5, peak_tflops=100.0)  # a fake GPU has no peak in the table
 
     def values(r, s):  # rank 1 keeps 4 MiB a step alive; the others stay at 1 GiB
         mem["alloc"] = 2**30 + (s * 2**22 if r == 1 else 0)

@@ -89,7 +89,7 @@ def test_compare_charts_mark_spikes(root):
 @pytest.fixture
 def app(root, monkeypatch):
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
-    return AppTest.from_file(str(APP), default_timeout=60)
+    return AppTest.from_file(str(APP), default_timeout=300)
 
 
 def _charts(at):

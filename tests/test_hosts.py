@@ -114,7 +114,7 @@ def test_hosts_page_data_and_links(root):
 def test_hosts_page_renders_the_table_and_a_hosts_findings(root, monkeypatch):
     _ingest_json(root)
     monkeypatch.setenv(prep_runs.ROOT_ENV, str(root))
-    at = AppTest.from_file(str(APP.parent / "views" / "hosts.py"), default_timeout=60)
+    at = AppTest.from_file(str(APP.parent / "views" / "hosts.py"), default_timeout=300)
     at.query_params["host"] = "node-3"
     at.run()
     assert not at.exception

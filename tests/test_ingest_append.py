@@ -3,20 +3,24 @@ are read, on top of the last outputs, and the result is the same as a full inges
 Cases an append cannot reproduce exactly must fall back to a full ingest, and say so."""
 
 import os
+import warnings
 
 import polars as pl
 import pytest
 from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
 
-from kforge_dash.ingest.options import IngestOptions
+from kforge_dash.ingest.options import IngestOptions, IngestWarning
 from kforge_dash.ingest.run import ingest_run
 
 SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}
 
 
 def full_outputs(run, **kw):
-    """What a from-scratch ingest of the run gives now (forced: no footer cache, no append)."""
-    res = ingest_run(run, options=IngestOptions(force=True, **kw))
+    """What a from-scratch ingest of the run gives now (forced: no footer cache, no append). Its warnings are
+    the run's, which the test asserted when it ingested: assert_same compares the summaries' warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IngestWarning)
+        res = ingest_run(run, options=IngestOptions(force=True, **kw))
     assert not res.appended
     return read_outputs(run)
 
@@ -110,7 +114,8 @@ def test_what_an_append_cannot_reproduce_falls_back_to_a_full_ingest(tmp_path, m
         for r, rec in recs.items():
             rec.log(20, **{"eval/loss": 3.0})
     flush_all(recs)
-    res = ingest_run(run)
+    with pytest.warns(IngestWarning, match="recorded more than once" if case == "rollback" else "logged with different values"):
+        res = ingest_run(run)
     assert not res.appended and not res.skipped
     got = read_outputs(run)
     if case == "rollback":
@@ -180,10 +185,12 @@ def test_a_corrupt_part_stays_reported_across_appends(tmp_path, monkeypatch):
     bad = part_files(run)[1]
     with open(bad, "r+b") as f:
         f.truncate(os.path.getsize(bad) // 2)
-    first = ingest_run(run)
+    with pytest.warns(IngestWarning, match="corrupt"):
+        first = ingest_run(run)
     assert any(bad in w and "corrupt" in w for w in first.summary["warnings"])
     run_steps(monkeypatch, recs, range(21, 31), step_time=lambda r, s: 0.1, values=values, clock=clock, flush_every=5)
-    res = ingest_run(run)
+    with pytest.warns(IngestWarning, match="corrupt"):
+        res = ingest_run(run)
     assert res.appended
     assert any(bad in w and "corrupt" in w for w in res.summary["warnings"])
     assert_same(read_outputs(run), full_outputs(run))
@@ -235,7 +242,8 @@ def test_new_parts_that_fail_to_decode_are_skipped_and_the_old_rows_kept(tmp_pat
     close_all(recs)  # the node lost power while the last parts were written
     for p in sorted(set(part_files(run)) - before):
         scribble(p)
-    res = ingest_run(run)
+    with pytest.warns(IngestWarning, match="corrupt part file"):
+        res = ingest_run(run)
     assert res.appended and res.summary["steps"] == 10
     assert sum("corrupt part file" in w for w in res.summary["warnings"]) == 2
     assert ingest_run(run).skipped  # and the next poll has nothing to redo
@@ -253,11 +261,13 @@ def test_a_restart_whose_first_parts_are_corrupt_plans_as_a_full_ingest(tmp_path
     flush_all(recs)
     for p in sorted(set(part_files(run)) - before):
         scribble(p)
-    first = ingest_run(run)
+    with pytest.warns(IngestWarning, match="corrupt part file"):
+        first = ingest_run(run)
     assert first.summary["restarts"][0]["resumed_at_step"] == 15  # from the footers, rows unreadable
     run_steps(monkeypatch, recs, range(20, 26), step_time=lambda r, s: 0.5, values=values, clock=clock)
     flush_all(recs)
-    res = ingest_run(run)
+    with pytest.warns(IngestWarning, match="corrupt part file"):
+        res = ingest_run(run)
     assert res.appended
     assert_same(read_outputs(run), full_outputs(run))
 
@@ -278,7 +288,8 @@ def test_a_footer_that_failed_to_read_once_is_read_again(tmp_path, monkeypatch):
         return real(path, *a, **k)
 
     monkeypatch.setattr(footers, "read_metadata", flaky)
-    first = ingest_run(run)
+    with pytest.warns(IngestWarning, match="Input/output error"):
+        first = ingest_run(run)
     assert first.summary["ranks"] == [1]
     monkeypatch.setattr(footers, "read_metadata", real)
     run_steps(monkeypatch, recs, range(11, 21), step_time=lambda r, s: 0.1, values=values, clock=clock)

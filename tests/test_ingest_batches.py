@@ -8,7 +8,7 @@ import os
 import numpy as np
 import polars as pl
 import pytest
-from ingest_fixtures import FakeClock
+from ingest_fixtures import FakeClock, warns_each
 
 import kforge_record.recorder as recorder_mod
 from kforge_dash.ingest.options import IngestOptions
@@ -68,6 +68,12 @@ def _launch(run, clock, steps, *, skip, extra=None):
             for rec in recs.values():
                 rec.flush()
     return recs
+
+
+def warns_of_make_run():
+    """What every ingest of make_run's run says: its clashing logs and the rank that ends steps again."""
+    return warns_each("'loss' given by both end_step and log", "'eval/loss' logged with different values",
+                      "steps recorded more than once")
 
 
 def make_run(path, monkeypatch, *, resume_eval: bool) -> str:
@@ -131,11 +137,14 @@ def test_big_windows_are_read_in_batches_of_ranks_with_the_outputs_of_one_read(t
                                                                               resume_eval):
     run = make_run(tmp_path / "run", monkeypatch, resume_eval=resume_eval)
     whole_reads, reads, returned_reads = Reads(), Reads(), Reads()
-    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows), windows=Whole(), progress=whole_reads)
+    with warns_of_make_run():
+        ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows), windows=Whole(), progress=whole_reads)
     whole = outputs(run)
-    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows, force=True), progress=reads)
+    with warns_of_make_run():
+        ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows, force=True), progress=reads)
     batched = outputs(run)
-    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows, force=True), windows=Returned(), progress=returned_reads)
+    with warns_of_make_run():
+        ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows, force=True), windows=Returned(), progress=returned_reads)
     returned = outputs(run)
 
     assert batched[0] == whole[0] == returned[0]  # steps.parquet, byte for byte

@@ -8,7 +8,7 @@ import pytest
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
 
 import kforge_dash.ingest.run as ingest_mod
-from kforge_dash.ingest.options import IngestOptions
+from kforge_dash.ingest.options import IngestOptions, IngestWarning
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.pipeline import ingest_path
 
@@ -103,7 +103,8 @@ def test_an_eval_logged_at_the_resume_step_does_not_supersede_it(tmp_path, monke
 def test_a_log_at_step_0_of_every_launch_does_not_drop_earlier_launches(tmp_path, monkeypatch):
     run = str(tmp_path / "log0")
     _two_launches(run, monkeypatch, log0=(0, {"setup/params_m": 7.0}), log1=(0, {"setup/params_m": 8.0}))
-    ingest_run(run)
+    with pytest.warns(IngestWarning, match="'setup/params_m' logged with different values"):
+        ingest_run(run)
     steps, ranks, summary = read_outputs(run)
     _check_no_step_lost(steps, summary)
     assert steps["step"].to_list() == list(range(0, 31)) and ranks.height == 31
@@ -126,7 +127,8 @@ def test_an_in_process_rollback_keeps_the_last_row_of_each_step(tmp_path, monkey
     run_steps(monkeypatch, recs, list(range(1, 11)) + list(range(6, 13)), values=values,
               step_time=lambda r, s: 1.0 if calls[r] < 10 else 2.0)
     close_all(recs)
-    out = ingest_path(run, tensorboard=True, wandb=False, chunk_rows=chunk_rows)[0]
+    with pytest.warns(IngestWarning, match="5 steps recorded more than once"):
+        out = ingest_path(run, tensorboard=True, wandb=False, chunk_rows=chunk_rows)[0]
     steps, ranks, summary = read_outputs(run)
     assert steps["step"].to_list() == list(range(1, 13))
     assert steps["loss"].to_list() == [float(s) for s in range(1, 6)] + [100.0 + s for s in range(6, 13)]
@@ -151,7 +153,8 @@ def test_a_rollback_that_redoes_only_some_steps_is_put_back_in_step_order(tmp_pa
 
     run_steps(monkeypatch, recs, list(range(1, 11)) + [3, 4, 5], step_time=lambda r, s: 1.0, values=values)
     close_all(recs)
-    ingest_run(run)
+    with pytest.warns(IngestWarning, match="3 steps recorded more than once"):
+        ingest_run(run)
     steps, ranks, summary = read_outputs(run)
     want = [100.0 + s if s in (3, 4, 5) else float(s) for s in range(1, 11)]
     assert steps["loss"].to_list() == want and ranks["loss"].to_list() == want
@@ -174,8 +177,10 @@ def test_a_stray_folder_under_a_rank_is_not_an_attempt(tmp_path, monkeypatch):
     os.makedirs(empty)
     junk = os.path.join(run, "rank-00001", "notes")
     os.makedirs(junk)
-    open(os.path.join(junk, "readme.txt"), "w").write("not a shard")
-    ingest_run(run)
+    with open(os.path.join(junk, "readme.txt"), "w") as f:
+        f.write("not a shard")
+    with pytest.warns(IngestWarning, match="neither meta.json nor part files"):
+        ingest_run(run)
     steps, ranks, summary = read_outputs(run)
     assert [a["attempt_ids"] for a in summary["attempts"]] == [ids] and summary["restarts"] == []
     assert steps["step"].to_list() == [1, 2, 3, 4, 5] and ranks.height == 10 and summary["tokens"] == 100
@@ -206,7 +211,8 @@ def test_a_missing_meta_says_tokens_are_assumed_counted(tmp_path, monkeypatch):
     d = os.path.join(run, "rank-00001")
     meta = os.path.join(d, os.listdir(d)[0], "meta.json")
     os.remove(meta)
-    ingest_run(run)
+    with pytest.warns(IngestWarning, match="meta.json: missing"):
+        ingest_run(run)
     steps, _, summary = read_outputs(run)
     assert steps["tokens"].to_list() == [20] * 5  # rank 1's tokens still counted
     said = [w for w in summary["warnings"] if meta in w]

@@ -7,7 +7,7 @@ import threading
 
 import polars as pl
 import pytest
-from test_ingest_batches import Whole, make_run, outputs
+from test_ingest_batches import Whole, make_run, outputs, warns_of_make_run
 
 from kforge_dash.ingest import accumulate, buffers, window
 from kforge_dash.ingest.options import IngestOptions
@@ -19,9 +19,11 @@ def test_windows_reduced_on_a_thread_give_the_outputs_of_read_then_reduce(tmp_pa
     # 30: windows in many batches; 360: many windows, each read whole (reduce_steps on the
     # thread, one window's reduction while the next is read); 100_000: one window.
     run = make_run(tmp_path / "run", monkeypatch, resume_eval=True)
-    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows), windows=Whole())  # in this thread, read then reduce
+    with warns_of_make_run():
+        ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows), windows=Whole())  # in this thread, read then reduce
     whole = outputs(run)
-    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows, force=True))
+    with warns_of_make_run():
+        ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows, force=True))
     here = outputs(run)
     assert here[0] == whole[0]
     assert here[1].equals(whole[1])
@@ -49,7 +51,8 @@ def test_a_batch_is_reduced_while_the_next_one_is_read(tmp_path, monkeypatch):
 
     monkeypatch.setattr(window, "read_window", read)
     monkeypatch.setattr(accumulate.StepAcc, "add", add)
-    ingest_run(run, options=IngestOptions(chunk_rows=60))
+    with warns_of_make_run():
+        ingest_run(run, options=IngestOptions(chunk_rows=60))
     assert len(calls) > 2
     assert threads["add"].isdisjoint(threads["read"])
 
@@ -90,6 +93,7 @@ def test_the_reads_and_the_reductions_use_their_own_buffers(tmp_path, monkeypatc
         return real(self, role, dtype, n)
 
     monkeypatch.setattr(buffers.Buffers, "get", get)
-    ingest_run(run, options=IngestOptions(chunk_rows=60))
+    with warns_of_make_run():
+        ingest_run(run, options=IngestOptions(chunk_rows=60))
     assert owners and all(len(names) == 1 for names in owners.values())
     assert pl.read_parquet(os.path.join(run, "ingested", "steps.parquet")).height == 70

@@ -9,7 +9,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 from filelock import FileLock
-from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run_steps
+from ingest_fixtures import close_all, open_ranks, part_files, read_outputs, run_steps, warns_each
 
 from kforge_dash.ingest.options import IngestError, IngestOptions
 from kforge_dash.ingest.run import ingest_run
@@ -256,7 +256,7 @@ def test_an_unreadable_merged_part_gives_way_to_the_parts_it_replaces(tmp_path, 
     merged = os.path.join(os.path.dirname(parts[0]), "part-000000-000002.parquet")  # names flushes 0..2
     with open(merged, "wb") as f:
         f.write(b"" if damage == "empty" else b"not parquet")
-    with pytest.warns(UserWarning, match="a merged part that cannot be read") as caught:
+    with warns_each("a merged part that cannot be read", "corrupt or truncated part file") as caught:
         ingest_run(run, options=IngestOptions(force=True))
     assert any(merged in str(w.message) for w in caught)
     steps, ranks, summary = read_outputs(run)

@@ -14,6 +14,7 @@ import sys
 import polars as pl
 import pytest
 import torch
+from ingest_fixtures import warns_each
 from kempnerforge_fixtures import SHIPPED, kempnerforge_fixture, kf_estimate, router_flops  # noqa: F401  (the fixture)
 
 from kforge_dash import ingest_run
@@ -113,6 +114,9 @@ def test_flops_per_token_of_every_shipped_config_is_kempnerforges_plus_the_route
     assert ("moe" in source) == bool(model.get("num_experts"))
 
 
+# A loop of no work: the FLOPs a step claims far exceed the peak over the few ms of wall clock the goodput
+# timeline has, so the MFU waterfall says so (what this test checks is elsewhere).
+@pytest.mark.filterwarnings("ignore:mfu_waterfall. the FLOPs done exceed the peak:UserWarning")
 def test_moe_config_ingests_with_mfu(kempnerforge, tmp_path):
     model, seq_len, kf_flops = SHIPPED["debug_moe"]
     run = str(tmp_path / "moe")
@@ -170,6 +174,9 @@ def test_a_shape_it_cannot_derive_is_warned_naming_the_cause(kempnerforge, tmp_p
 # -- end_step: KempnerForge's StepMetrics and line on log steps, a raw record ----------------------
 
 
+# A loop of no work: the FLOPs a step claims far exceed the peak over the few ms of wall clock the goodput
+# timeline has, so the MFU waterfall says so (what this test checks is elsewhere).
+@pytest.mark.filterwarnings("ignore:mfu_waterfall. the FLOPs done exceed the peak:UserWarning")
 def test_end_step_returns_kempnerforges_step_metrics_on_log_steps_only(kempnerforge, tmp_path, capsys, monkeypatch):
     from kempnerforge.metrics.tracker import StepMetrics
 
@@ -226,7 +233,7 @@ def test_log_eval_records_and_prints_and_never_raises(kempnerforge, tmp_path, ca
 
 def test_without_kempnerforge_installed_end_step_returns_none_and_says_why(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "kempnerforge", None)  # import kempnerforge... raises ImportError
-    with pytest.warns(RuntimeWarning, match="KempnerForge's metrics modules cannot be imported"):
+    with warns_each("KempnerForge's metrics modules cannot be imported", "no model shape recorded", category=RuntimeWarning):
         tracker = MetricsTracker(None, run_dir=str(tmp_path / "r"))
     tracker.start_step()
     assert tracker.end_step(1, 3.0, 1.0, 3e-4, 2048) is None

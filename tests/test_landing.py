@@ -31,7 +31,7 @@ def sample_root(tmp_path_factory):
 
 def _app(root, monkeypatch, **params):
     monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
-    at = AppTest.from_file(str(APP), default_timeout=60)
+    at = AppTest.from_file(str(APP), default_timeout=300)
     at.query_params.update(params)
     return at
 

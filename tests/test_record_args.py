@@ -39,6 +39,15 @@ def test_bad_arguments(tmp_path, kwargs, error, match):
     assert not (tmp_path / "run").exists(), "a rejected recorder leaves nothing on disk"
 
 
+@pytest.mark.parametrize("model", [{"n_params": 7e9}, {}, {"n_layers": 32, "dim": 4096}], ids=["n_params", "empty", "shape"])
+def test_an_incomplete_model_names_the_form_for_any_model(tmp_path, model):
+    """A model that is not a transformer has no layers, width or sequence length to give: every refusal of an
+    incomplete description names the form that fits it, and that form is accepted as written."""
+    with pytest.raises(ValueError, match=r"model=dict\(flops_per_token=\.\.\.\)"):
+        Recorder(tmp_path / "run", model=model)
+    assert ModelSpec.from_dict(dict(flops_per_token=3 * 4.1e9)).to_dict() == {"flops_per_token": 3 * 4.1e9}
+
+
 def test_run_dir_that_is_a_file(tmp_path):
     f = tmp_path / "run"
     f.write_text("x")

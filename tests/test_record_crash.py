@@ -12,6 +12,7 @@ import warnings
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from ingest_fixtures import warns_each
 
 from kforge_record import Recorder
 from kforge_record.heartbeat import read_heartbeat
@@ -206,23 +207,25 @@ rec.close()
 
 def test_a_hung_write_bounds_waiting_rows_and_the_loop_goes_on(tmp_path):
     run = tmp_path / "run"
-    rec = Recorder(run, rank=0, world_size=1, flush_every_steps=10, flush_every_s=3600, max_backlog_rows=50)
-    (attempt,) = run.glob("rank-*/*")
-    fifo = attempt / ".part-000000.parquet.tmp"
-    os.mkfifo(fifo)  # opening it for writing blocks until a reader comes: the first part write hangs
-    for step in range(1, 11):
-        rec.end_step(step, loss=1.0)
-    time.sleep(1.0)  # the writer has taken steps 1..10 and is stuck in open()
-    for step in range(11, 201):
-        rec.end_step(step, loss=1.0)  # never blocks, never raises
-    # 19 windows arrived while the writer hung; only 50 rows may wait: the 14 oldest windows are dropped.
-    assert rec.dropped_rows == 140
-    fd = os.open(fifo, os.O_RDONLY)  # now unblock the writer, and make its retries go to a real file
-    fifo.unlink()
-    while os.read(fd, 1 << 16):
-        pass
-    os.close(fd)
-    rec.close()
+    said = ("has been on one write", "could not write part file", "150 rows were dropped in all")
+    with warns_each(*said, category=RuntimeWarning):
+        rec = Recorder(run, rank=0, world_size=1, flush_every_steps=10, flush_every_s=3600, max_backlog_rows=50)
+        (attempt,) = run.glob("rank-*/*")
+        fifo = attempt / ".part-000000.parquet.tmp"
+        os.mkfifo(fifo)  # opening it for writing blocks until a reader comes: the first part write hangs
+        for step in range(1, 11):
+            rec.end_step(step, loss=1.0)
+        time.sleep(1.0)  # the writer has taken steps 1..10 and is stuck in open()
+        for step in range(11, 201):
+            rec.end_step(step, loss=1.0)  # never blocks, never raises
+        # 19 windows arrived while the writer hung; only 50 rows may wait: the 14 oldest windows are dropped.
+        assert rec.dropped_rows == 140
+        fd = os.open(fifo, os.O_RDONLY)  # now unblock the writer, and make its retries go to a real file
+        fifo.unlink()
+        while os.read(fd, 1 << 16):
+            pass
+        os.close(fd)
+        rec.close()
     # The hung write of steps 1..10 went into the pipe and failed (fsync of a FIFO), so they waited
     # again, on top of the 50 newest: the bound pushed them out too. Nothing beyond 50 ever waited.
     assert _steps_on_disk(run) == list(range(151, 201))

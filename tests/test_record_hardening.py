@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kforge_dash import ingest_run
+from kforge_dash.ingest.options import IngestWarning
 from kforge_record import Recorder
 
 
@@ -92,7 +93,9 @@ def test_bad_steps_are_refused_at_the_call_counted_and_never_written(tmp_path):
     messages = [str(w.message) for w in caught]
     assert len([m for m in messages if "end_step: step" in m and "not an integer" in m]) == 1  # once per call site
     assert len([m for m in messages if "log: step" in m]) == 1
-    summary = ingest_run(run).summary  # the run ingests: no null step anywhere
+    # the rows were refused, not lost to the disk: the warning must not say only "disk errors"
+    with pytest.warns(IngestWarning, match=f"the recorder dropped {2 * len(BAD_STEPS)} row.*refused steps"):
+        summary = ingest_run(run).summary  # the run ingests: no null step anywhere
     assert summary["steps"] == 2 and summary["dropped_rows"] == 2 * len(BAD_STEPS)
 
 

@@ -122,7 +122,7 @@ def test_readings_of_steps_written_already_are_coalesced_by_ingest_without_a_cla
     monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
     run = tmp_path / "run"
     with Recorder(run, rank=0, world_size=1, hw_every_s=0.01, flush_every_steps=1, memory_every_steps=0,
-                  install_sigterm_handler=False) as rec:
+                  peak_tflops=100.0, install_sigterm_handler=False) as rec:  # the fake GPU has no peak in the table
         for step in range(1, 11):
             time.sleep(0.06)
             rec.end_step(step, loss=1.0)
@@ -210,7 +210,7 @@ def test_the_sampler_feeds_the_throttle_finding(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
     run = tmp_path / "run"
     with Recorder(run, rank=0, world_size=1, hw_every_s=0.03, flush_every_steps=10, memory_every_steps=0,
-                  install_sigterm_handler=False) as rec:
+                  peak_tflops=100.0, install_sigterm_handler=False) as rec:  # the fake GPU has no peak in the table
         for step in range(1, 121):
             hot["on"] = 40 <= step <= 80  # this step's work runs throttled
             time.sleep(0.02)

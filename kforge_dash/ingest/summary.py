@@ -37,7 +37,8 @@ def build_summary(inp: SummaryInput) -> dict:
     _warn_mixed_launches(live, inp.flops, inp.warnings)
     dropped_rows = _dropped_rows(inp.attempts)
     if dropped_rows:
-        inp.warnings.append(f"the recorder dropped {dropped_rows} row(s) on disk errors (see end.json / part metadata)")
+        inp.warnings.append(f"the recorder dropped {dropped_rows} row(s): disk errors, a stuck writer, values it could not "
+                            "convert or refused steps (end.json's dropped_rows_by_reason says which)")
     meta = lead_meta(cur)
     timeline = launch_timeline(inp.launches, inp.first_ended, inp.last_ended, inp.warnings)
     return {
