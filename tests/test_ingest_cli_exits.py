@@ -49,8 +49,10 @@ def test_ctrl_c_mid_ingest_lists_the_finished_runs_and_exits_130(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", "from kforge_dash.cli.ingest import main; main()", str(root), *NO_EXPORT],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not list(root.glob("*/ingested/summary.json")):
-        assert p.poll() is None and time.monotonic() < deadline, "the ingest ended before any run finished"
+    # Two summaries: runs are ingested in order, so the first is finished (a summary alone may be
+    # written a moment before its run counts as finished: waiting for one raced about 1 run in 3).
+    while len(list(root.glob("*/ingested/summary.json"))) < 2:
+        assert p.poll() is None and time.monotonic() < deadline, "the ingest ended before two runs finished"
         time.sleep(0.01)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
