@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync"]
 
 
 @pytest.fixture()
@@ -43,3 +45,17 @@ def switch_threads_often():
     sys.setswitchinterval(1e-6)
     yield
     sys.setswitchinterval(old)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the module (Debian's; missing is a failure, not a skip)."""
+    from playwright.sync_api import sync_playwright
+
+    assert os.path.exists(CHROMIUM), f"{CHROMIUM} is absent: apt-get install chromium"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()

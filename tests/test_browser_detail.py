@@ -1,4 +1,4 @@
-"""Headless Chromium on the run detail page and the static report (issue 21 items 1, 8): every chart
+"""Headless Chromium on the run detail page and the static report: every chart
 inside its own cell on open, the key names the ★, findings in full with real buttons.
 
 Screenshots go to $KFORGE_SCREENSHOT_DETAIL / $KFORGE_SCREENSHOT_REPORT (docs/screenshot-detail.png,
@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_browser import DRAWN, browser, new_page, serve, still  # noqa: F401  (browser: the module's Chromium fixture)
+from browser_fixtures import DRAWN, new_page, serve, still
 
 pytestmark = [pytest.mark.slow]
 
@@ -26,7 +26,7 @@ _BOXES = """() => [...document.querySelectorAll('.chart')].map(cell => {
           title: (cell.layout.title || {}).text}; })"""
 
 
-def test_report_charts_sit_inside_their_cells_on_open_at_every_width(browser, sample_runs_copy, tmp_path):  # noqa: F811
+def test_report_charts_sit_inside_their_cells_on_open_at_every_width(browser, sample_runs_copy, tmp_path):
     from kforge_dash.browse.report import write_report
 
     out = tmp_path / "report.html"
@@ -59,7 +59,7 @@ def test_report_charts_sit_inside_their_cells_on_open_at_every_width(browser, sa
     page.context.close()
 
 
-def test_run_detail_findings_are_whole_and_their_buttons_work_from_the_keyboard(browser, sample_runs_copy, tmp_path):  # noqa: F811
+def test_run_detail_findings_are_whole_and_their_buttons_work_from_the_keyboard(browser, sample_runs_copy, tmp_path):
     summary = json.loads((sample_runs_copy / "spike-nan" / "ingested" / "summary.json").read_text())
     shot = Path(os.environ.get("KFORGE_SCREENSHOT_DETAIL") or tmp_path / "screenshot-detail.png")
     with serve(sample_runs_copy, tmp_path / "server.log") as url:
