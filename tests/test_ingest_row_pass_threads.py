@@ -7,7 +7,7 @@ import threading
 
 import polars as pl
 import pytest
-from test_ingest_batches import Whole, make_run, outputs, warns_of_make_run
+from row_pass_fixtures import Whole, make_run, outputs, warns_of_make_run
 
 from kforge_dash.ingest import accumulate, buffers, window
 from kforge_dash.ingest.options import IngestOptions
