@@ -145,20 +145,3 @@ def test_np_array_is_pa_array():
             fill = False if values.dtype.kind == "b" else 0
             assert np.array_equal(got.fill_null(fill).to_numpy(zero_copy_only=False),
                                   want.fill_null(fill).to_numpy(zero_copy_only=False), equal_nan=values.dtype.kind == "f")
-
-
-def test_an_ingest_does_not_import_pandas(tmp_path):
-    """pyarrow's pa.array and pq.read_table import pandas (~0.2 s of every ingest's start)."""
-    import shutil
-    import subprocess
-    import sys
-
-    import pandas  # noqa: F401 (installed here, so the check below can fail)
-
-    run = tmp_path / "preempted"  # two launches; parts that mix log and end_step rows
-    shutil.copytree("sample_runs/preempted", run, ignore=shutil.ignore_patterns("ingested"))
-    code = ("import sys, warnings; warnings.simplefilter('ignore')\nfrom kforge_dash.ingest.run import ingest_run\n"
-            "from kforge_dash.ingest.options import IngestOptions\n"
-            f"ingest_run({str(run)!r})\ningest_run({str(run)!r}, IngestOptions(force=True))\nprint('pandas' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False"]
