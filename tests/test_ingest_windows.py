@@ -1,10 +1,18 @@
 """Many full (ranks x steps) windows in one ingest: the matrix path reuses its numpy buffers from
 window to window, so every window's numbers must be its own (same as one big window, and as a
-plain polars group-by over ranks.parquet)."""
+plain polars group-by over ranks.parquet); and each window's work is one function of plain values
+(picklable, as a Dask worker runs it)."""
+
+import os
+import pickle
 
 import polars as pl
 import pytest
 from ingest_fixtures import close_all, ingest_whole_and_windowed, open_ranks, run_steps
+from parts_fixtures import make_run, read_outputs_by_path
+
+import kforge_dash.ingest.run as ingest_mod
+from kforge_dash.ingest.run import ingest_run
 
 
 def test_many_matrix_windows_match_one_window_and_a_plain_group_by(tmp_path, monkeypatch):
@@ -116,3 +124,22 @@ def test_windows_end_where_a_merged_parts_row_groups_start(tmp_path, monkeypatch
     assert planned[1] == [(1, 51), (51, 101), (101, 151), (151, 201)]
     assert many_steps.height == 200 and many_steps.equals(one_steps)
     assert many_ranks.sort("step", "rank").equals(one_ranks.sort("step", "rank"))
+
+
+def test_the_window_work_is_one_function_of_plain_values(tmp_path, monkeypatch):
+    from kforge_dash.ingest.plan import make_plan
+    from kforge_dash.ingest.read import overlapping_parts
+    from kforge_dash.ingest.run import WindowTask, ingest_window, plan_windows
+
+    run = make_run(tmp_path / "run", monkeypatch, world=2)
+    ingest_run(run)
+    inputs = ingest_mod._list_inputs(run, os.path.join(run, "ingested"), ingest_mod.IngestOptions(force=True), [])
+    plan = make_plan(inputs, [], force=True, chunk_rows=10)
+    windows = plan_windows(plan.files, 10)
+    assert len(windows) > 1
+    tasks = [WindowTask(lo, hi, overlapping_parts(plan.files, lo, hi), plan.spec) for lo, hi in windows]
+    got = [pickle.loads(pickle.dumps(ingest_window(pickle.loads(pickle.dumps(t))))) for t in tasks]
+    steps = pl.concat([g.steps for g in got]).sort("step")
+    want = read_outputs_by_path(run)[0].select(steps.columns)
+    assert steps.equals(want)
+    assert sum(g.rows.num_rows for g in got) == 40
