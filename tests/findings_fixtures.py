@@ -105,3 +105,17 @@ def drive(recs: dict, steps, clock: Clock, *, phases, values=None, after=None, l
 def close_all(recs: dict):
     for rec in recs.values():
         rec.close()
+
+
+def nan_run(tmp_path, monkeypatch):
+    """4 ranks, 40 steps: rank 2's loss is NaN at step 30, every grad norm is inf at step 31."""
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(tmp_path / "nan", 4)
+
+    def values(r, s):  # rank 2's loss is NaN at step 30; every rank's grad norm is inf at 31
+        return {"loss": float("nan") if (r, s) == (2, 30) else 1.0, "grad_norm": float("inf") if s == 31 else 0.5,
+                "lr": 1e-3, "tokens": 10}
+
+    drive(recs, range(1, 41), clock, phases=lambda r, s: [("data", 0.01), ("fwd_bwd", 0.09)], values=values)
+    close_all(recs)
+    return recs[0].run_dir

@@ -1,4 +1,5 @@
-"""The per-step facts over ranks are the same through numpy matrices and through polars' group-by."""
+"""The per-step facts over ranks are the same through numpy matrices and through polars' group-by, in
+many windows as in one; a window with a row twice where another is missing is no matrix."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute below
 import pyarrow.parquet as pq
 import pytest
-from findings_fixtures import Clock, close_all, drive, install, open_ranks
+from findings_fixtures import Clock, close_all, drive, install, nan_run, open_ranks
 
 from kforge_dash import ingest_run
 from kforge_dash.ingest.findings import perstep, units
@@ -208,3 +209,37 @@ def test_units_too_big_to_hold_are_read_in_pieces(tmp_path, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(units, "UNIT_BYTES", 1_000)
     assert _both(monkeypatch, facts)[0] is None
+
+
+def test_window_matrix_refuses_a_row_twice_where_another_is_missing():
+    from kforge_dash.ingest.findings.matrix import Window
+
+    steps, ranks = [1, 1, 2, 2], [0, 1, 0, 1]
+    df = pl.DataFrame({"step": steps, "rank": ranks, "v": [1.0, 2.0, 3.0, 4.0]})
+    win = Window.of(df.reverse())
+    assert win.col("v").tolist() == [[1.0, 2.0], [3.0, 4.0]]  # steps x ranks, whatever the row order
+    # (2, 1) missing and (1, 0) twice: as many rows as cells, but no matrix
+    assert Window.of(df.with_columns(pl.Series("step", [1, 1, 2, 1]), pl.Series("rank", [0, 1, 0, 0]))) is None
+    # ranks 0, 1, 3 (rank 2 recorded nothing): still a matrix, its columns the ranks present
+    gap = Window.of(pl.DataFrame({"step": steps + [1, 2], "rank": ranks + [3, 3], "v": [1.0, 2, 3, 4, 5, 6]}))
+    assert gap.ranks.tolist() == [0, 1, 3] and gap.col("v").tolist() == [[1.0, 2.0, 5.0], [3.0, 4.0, 6.0]]
+
+
+@pytest.mark.filterwarnings("ignore::kforge_dash.ingest.options.IngestWarning")
+def test_per_step_facts_are_the_same_in_many_windows_two_at_a_time(tmp_path, monkeypatch):
+    from kforge_dash.ingest.findings import perstep
+    from kforge_dash.ingest.findings.model import classify_phases
+
+    run = nan_run(tmp_path, monkeypatch)
+    ingest_run(run)
+    steps = pl.read_parquet(f"{run}/ingested/steps.parquet")
+    o = FindingsOptions()
+    facts = RunFacts(steps=steps, ranks_path=f"{run}/ingested/ranks.parquet", launches=[], summary={"ranks": [0, 1, 2, 3]},
+                     opts=o, phases=classify_phases(steps.columns, o), hosts={})
+    whole = perstep.per_step(facts)
+    monkeypatch.setattr(perstep, "WINDOW_ROWS", 40)  # 5-step windows (one straggler block each)
+    monkeypatch.setattr(perstep, "usable_cpus", lambda: 2)
+    assert len(perstep.windows(facts, perstep.WINDOW_ROWS // 2)) == 9  # [0, 5), [5, 10) ... [40, 41)
+    many = perstep.per_step(facts)
+    for a, b in zip(whole, many):
+        assert a.height and a.equals(b, null_equal=True)

@@ -1,5 +1,6 @@
-"""Part footers: the kforge metadata shared between parts is still checked part by part; a footer is
-read from the file's tail alone; a file that is no footer warns as pyarrow's own open words it."""
+"""Part footers: the kforge metadata shared between parts is still checked part by part; parts sharing
+a schema keep their own facts and a wrong column type is still refused; a footer is read from the
+file's tail alone; a file that is no footer warns as pyarrow's own open words it."""
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -70,3 +71,24 @@ def test_a_footer_is_read_from_the_file_tail_alone_and_bad_files_warn_as_before(
         except Exception as e:
             want.append(f"{path}: corrupt or truncated part file ({type(e).__name__}: {e}); skipped")
         assert got == want and len(got) == 1
+
+
+def test_footers_sharing_a_schema_keep_their_own_facts_and_a_wrong_type_is_still_refused(tmp_path):
+    from kforge_dash.ingest import parquet_io as footer_schema
+    from kforge_dash.ingest.shards import read_part
+
+    def part(name, steps, step_time):
+        path = str(tmp_path / name)
+        pq.write_table(pa.table({"step": pa.array(steps, pa.int64()), "step_time_s": step_time}), path)
+        return path
+
+    footer_schema._SCHEMA_FACTS.clear()
+    a = part("a.parquet", [1, 2], pa.array([0.5, None], pa.float64()))
+    b = part("b.parquet", [7, 9], pa.array([0.5, 0.5], pa.float64()))
+    bad = part("bad.parquet", [3], pa.array([1], pa.int64()))  # step_time_s as int64: same names, other schema
+    warnings = []
+    pa_, pb, pbad = (read_part(p, 0, warnings) for p in (a, b, bad))
+    assert len(footer_schema._SCHEMA_FACTS) == 2  # a and b share one entry
+    assert (pa_.min_step, pa_.max_step, pa_.has_log_rows, pb.min_step, pb.max_step, pb.has_log_rows) == (1, 2, True, 7, 9, False)
+    assert pa_.columns is pb.columns == {"step": "int64", "step_time_s": "double"}
+    assert pbad is None and warnings == [f"{bad}: column 'step_time_s' is int64, expected double; skipped"]

@@ -2,7 +2,7 @@
 batch's values copied from polars' chunks, whatever their count, offsets and nulls, into buffers
 kept from a bigger or smaller batch before; and the cheap checks that read them (dedup_rows'
 step order, coalescing's key order, the slowest rank) give what the whole-frame polars
-expressions give."""
+expressions give; an Arrow array made from numpy values and a mask is what pa.array makes."""
 
 import numpy as np
 import polars as pl
@@ -131,3 +131,17 @@ def test_rows_for_ranks_parquet_keep_their_chunks_without_a_copy():
     assert t.column("loss").chunk(1).buffers()[1].address == df["loss"].get_chunks()[1].to_arrow().buffers()[1].address
     assert t.to_pydict() == {"step": [1, 2, 1, 2], "loss": [0.5, None, 0.5, None]}
     assert arrow_table(df.clear()).schema == pa.schema([("step", pa.int64()), ("loss", pa.float64()), ("_counts", pa.bool_())])
+
+
+def test_np_array_is_pa_array():
+    from kforge_dash.ingest.arrays import np_array
+
+    for values in (np.array([1.5, np.nan, -np.inf, 4.0]), np.arange(4, dtype=np.int64), np.arange(4, dtype=np.uint32),
+                   np.arange(8, dtype=np.float64)[::2], np.array([], np.float64), np.array([True, False, True, True])):
+        for mask in (None, np.array([False, True, False, True])[:len(values)], np.zeros(len(values), bool)):
+            want, got = pa.array(values, mask=mask), np_array(values, mask)
+            assert got.type == want.type and got.null_count == want.null_count
+            assert got.is_valid().equals(want.is_valid())
+            fill = False if values.dtype.kind == "b" else 0
+            assert np.array_equal(got.fill_null(fill).to_numpy(zero_copy_only=False),
+                                  want.fill_null(fill).to_numpy(zero_copy_only=False), equal_nan=values.dtype.kind == "f")
