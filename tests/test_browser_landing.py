@@ -1,4 +1,4 @@
-"""The landing page's first screen in headless Chromium (issue 21, items 4 and 5): the first chart wholly
+"""The landing page's first screen in headless Chromium: the first chart wholly
 visible at 1400x1000, one legend for the page, and runs told apart by colour, read from the plot's own data.
 
 The screenshot of the landing page goes to $KFORGE_SCREENSHOT (docs/screenshot-compare.png) or tmp_path.
@@ -12,8 +12,8 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from dash_fixtures import copy_and_ingest_sample_runs, sample_run_names, write_run
-from test_browser import DRAWN, browser, new_page, serve, settled, still  # noqa: F401 (browser: the module's Chromium)
+from browser_fixtures import DRAWN, new_page, serve, settled, still
+from dash_fixtures import copy_and_ingest_sample_runs, lab, sample_run_names, write_run
 
 pytestmark = [pytest.mark.slow]
 WIDTH, HEIGHT = 1400, 1000
@@ -31,21 +31,11 @@ def rgb_hex(css: str) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def lab(colour: str):
-    """CIELAB (D65) of a #rrggbb colour: distances there are distances the eye sees."""
-    c = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
-    c = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
-    xyz = [sum(m * v for m, v in zip(row, c)) / w for row, w in zip(
-        ((0.4124, 0.3576, 0.1805), (0.2126, 0.7152, 0.0722), (0.0193, 0.1192, 0.9505)), (0.95047, 1.0, 1.08883))]
-    f = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz]
-    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
-
-
 def greys(colours) -> list[str]:
     return [c for c in colours if colorsys.rgb_to_hsv(*(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)))[1] < 0.25]
 
 
-def test_first_chart_wholly_on_the_first_screen_with_one_legend_in_the_runs_colours(browser, tmp_path):  # noqa: F811
+def test_first_chart_wholly_on_the_first_screen_with_one_legend_in_the_runs_colours(browser, tmp_path):
     root = copy_and_ingest_sample_runs(tmp_path / "runs")
     names = sample_run_names()
     shot = Path(os.environ.get("KFORGE_SCREENSHOT") or tmp_path / "screenshot-compare.png")
@@ -90,7 +80,7 @@ def test_first_chart_wholly_on_the_first_screen_with_one_legend_in_the_runs_colo
         assert left == []
 
 
-def test_thirteen_runs_get_thirteen_distinct_colours_none_grey_and_markers_name_their_run(browser, tmp_path):  # noqa: F811
+def test_thirteen_runs_get_thirteen_distinct_colours_none_grey_and_markers_name_their_run(browser, tmp_path):
     root = tmp_path / "runs"
     names = [f"r{i:02d}" for i in range(14)]
     for i, name in enumerate(names):

@@ -1,4 +1,4 @@
-"""The landing (compare) page's defaults and bad input (issues 21 and 23): plain functions and Streamlit's AppTest."""
+"""The landing (compare) page's defaults and bad input: plain functions and Streamlit's AppTest."""
 
 import colorsys
 import itertools
@@ -9,9 +9,8 @@ from pathlib import Path
 import plotly.io
 import polars as pl
 import pytest
-from dash_fixtures import copy_and_ingest_sample_runs, shown, write_run
+from dash_fixtures import copy_and_ingest_sample_runs, lab, shown, write_run
 from streamlit.testing.v1 import AppTest
-from test_browser_landing import lab
 
 from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import figures as prep_figures
