@@ -1,4 +1,4 @@
-"""Pages through Streamlit's AppTest (issues 14 and 11.17-19), and kforge-report's library and CLI."""
+"""Pages through Streamlit's AppTest, and kforge-report's library and CLI."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""The dashboard's plain preparation (issue 14): per-series smoothing, zoom re-query, restart gaps,
+"""The dashboard's plain preparation: per-series smoothing, zoom re-query, restart gaps,
 groups with bands, stable colours, units, Markdown escaping, MFU inputs and the MLP kind."""
 
 import json

@@ -1,5 +1,5 @@
-"""The run detail page through Streamlit's AppTest (issue 21 items 7-8, issue 23's vanished and
-never-ingested runs): expected values read from summary.json, not from the page's prep code."""
+"""The run detail page through Streamlit's AppTest, a vanished run and a never-ingested one:
+expected values read from summary.json, not from the page's prep code."""
 
 import json
 import re

@@ -1,4 +1,4 @@
-"""A TensorBoard server already running follows re-ingests (issue 11 item 16): a real `tensorboard`
+"""A TensorBoard server already running follows re-ingests: a real `tensorboard`
 on 127.0.0.1, both of its loaders, read through its HTTP API while the run grows and is rewritten."""
 
 from __future__ import annotations

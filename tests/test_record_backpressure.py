@@ -1,5 +1,5 @@
-"""A loop faster than the writer thread loses no row, and a SIGKILL then loses a bounded few
-(issue 11 item 2). The bound: the window being filled plus 2 windows the writer has not finished."""
+"""A loop faster than the writer thread loses no row, and a SIGKILL then loses a bounded few.
+The bound: the window being filled plus 2 windows the writer has not finished."""
 
 import json
 import os

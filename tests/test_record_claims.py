@@ -1,4 +1,4 @@
-"""Two writers never share an attempt folder or a part file name (issue 11 item 1)."""
+"""Two writers never share an attempt folder or a part file name."""
 
 import os
 import subprocess

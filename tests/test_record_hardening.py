@@ -1,5 +1,4 @@
-"""One bad argument or value costs only itself, and the recorder never raises into the loop
-(issue 11 items 3, 4, 5, 7 and 12's recorder side)."""
+"""One bad argument or value costs only itself, and the recorder never raises into the loop."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""kforge-report's -o path (issue 23): a missing folder is made; a path that cannot be written is a
+"""kforge-report's -o path: a missing folder is made; a path that cannot be written is a
 usage error on one line naming it, never a traceback."""
 
 from click.testing import CliRunner
