@@ -1,4 +1,5 @@
-"""One bad argument or value costs only itself, and the recorder never raises into the loop."""
+"""One bad value, step or name costs only itself, and the recorder never raises into the loop: not
+with warnings as errors, off the main thread, in a forked child or from several threads at once."""
 
 import json
 import os
