@@ -5,13 +5,11 @@ import os
 
 import polars as pl
 import pytest
-from click.testing import CliRunner
 from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
+from parts_fixtures import NO_EXPORT, runner
 
 from kforge_dash import pipeline
 from kforge_dash.cli.ingest import main
-
-NO_EXPORT = ["--no-tensorboard", "--no-wandb"]
 
 
 def make_run(path, monkeypatch, *, steps=10, **kw):
@@ -20,13 +18,6 @@ def make_run(path, monkeypatch, *, steps=10, **kw):
                       values=lambda r, s: {"loss": 3.0 - 0.1 * s, "tokens": 256})
     close_all(recs)
     return str(path), clock
-
-
-def runner():
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:  # click >= 8.2 always keeps stderr apart
-        return CliRunner()
 
 
 class FakeExporter:
