@@ -3,7 +3,6 @@
 its lines, and the compare page settled (its charts still)."""
 
 import contextlib
-import socket
 import subprocess
 import sys
 import time
@@ -12,18 +11,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ports_fixtures import free_port
 
 # Every wait is on a condition, with room for a loaded machine (a 2-core runner at load 5-46 took over
 # 60 s for one page): a wait ends as soon as its condition holds, so a generous limit costs nothing.
 WAIT_MS = 300_000
 DRAWN = "n => { const p = document.querySelectorAll('.js-plotly-plot'); return p.length >= n && [...p].every(" \
         "e => e.querySelectorAll('.scatterlayer .trace path.js-line').length >= 1); }"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kforge_dash_cmd() -> list[str]:

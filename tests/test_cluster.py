@@ -5,7 +5,6 @@ quick and clear and never touch the last good outputs. Dask starts in seconds: f
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from ingest_fixtures import close_all, flush_all, open_ranks, read_outputs, run_steps
+from ports_fixtures import free_port
 
 from kforge_dash.cli.ingest import main
 from kforge_dash.cluster import ClusterError, DaskOptions, DaskWindows, dask_client, ingest_paths_dask
@@ -184,16 +184,10 @@ def test_cli_dask_local2_equals_a_local_ingest(tmp_path, monkeypatch):
         assert_same(outputs(str(tmp_path / "runs" / name)), outputs(os.path.join(local, name)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_unreachable_scheduler_fails_fast_and_writes_nothing(tmp_path, monkeypatch):
     run = make_run(tmp_path / "a", monkeypatch, ranks=2)
     t0 = time.monotonic()
-    res = CliRunner().invoke(main, [run, "--dask", f"tcp://127.0.0.1:{_free_port()}", "--dask-connect-timeout", "2",
+    res = CliRunner().invoke(main, [run, "--dask", f"tcp://127.0.0.1:{free_port()}", "--dask-connect-timeout", "2",
                                     *NO_EXPORT])
     assert res.exit_code == 1
     assert "could not reach the Dask scheduler within 2s" in res.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,11 @@ import urllib.request
 import polars as pl
 import pytest
 from ingest_fixtures import open_ranks, run_steps
+from ports_fixtures import free_port
 
 from kforge_dash import IngestOptions, ingest_run
 from kforge_dash.export.run import export_run
 from kforge_dash.export.tensorboard import kforge_event_files
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(port: int, path: str, **query):
@@ -67,7 +61,7 @@ def test_a_running_tensorboard_follows_appends_and_rewrites(tmp_path, monkeypatc
     first = export_run(run, wandb=False).tensorboard
     assert first.ok and os.path.dirname(first.path) == run
 
-    port = _free_port()
+    port = free_port()
     tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--host", "127.0.0.1",
                            "--port", str(port), "--reload_interval", "1", "--load_fast", load_fast],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -115,7 +109,7 @@ def test_findings_are_in_tensorboards_text_tab_not_among_its_scalar_cards(tmp_pa
     shutil.copytree(SAMPLE_RUNS / "straggler", run, ignore=shutil.ignore_patterns("ingested", "events.out.*"))
     ingest_run(run)
     assert export_run(str(run), wandb=False).tensorboard.ok
-    port = _free_port()
+    port = free_port()
     tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--host", "127.0.0.1",
                            "--port", str(port), "--reload_interval", "1", "--load_fast", "false"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

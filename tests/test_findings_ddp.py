@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 
 import polars as pl
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from ports_fixtures import free_port
 
 from kforge_dash import ingest_run
 from kforge_record import Recorder
 
 STEPS = 40
 SLOW_S = 0.03
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _train(run_dir, rank, *, slow_data_rank=None, busy_between_rank=None):
@@ -64,7 +58,7 @@ def _worker(rank, world, port, root):
 
 
 def test_the_straggler_is_the_rank_with_slow_own_work_not_the_one_that_waits(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
 
     slow = ingest_run(tmp_path / "slow-data").summary
     (f,) = [f for f in slow["findings"] if f["kind"] == "straggler"]

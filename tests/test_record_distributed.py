@@ -2,19 +2,13 @@
 
 import json
 import os
-import socket
 
 import polars as pl
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from ports_fixtures import free_port
 
 from kforge_record import Recorder
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world, port, run_dir):
@@ -33,7 +27,7 @@ def _worker(rank, world, port, run_dir):
 
 def test_two_gloo_ranks_write_two_rank_folders(tmp_path):
     run = tmp_path / "run"
-    mp.spawn(_worker, args=(2, _free_port(), str(run)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(run)), nprocs=2, join=True)
     assert sorted(p.name for p in run.iterdir()) == ["rank-00000", "rank-00001"]
     for rank in (0, 1):
         (meta_path,) = run.glob(f"rank-{rank:05d}/*/meta.json")
