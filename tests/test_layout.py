@@ -4,6 +4,7 @@ kforge_record <- kforge_dash.contract (and its helpers) <- ingest <- {export, br
 Inside ingest: the row pass (plan, read, rows, options...) <- findings (an analysis of the row pass's
 outputs) <- run (ingest_run, which calls both).
 Every import counts, those under `if TYPE_CHECKING:` and inside functions included.
+And in tests/: no test module imports another.
 """
 
 import ast
@@ -138,3 +139,14 @@ def test_modules_stay_small():
     big = [f"{n}: {len(p.read_text().splitlines())} lines" for n, p in modules().items()
            if len(p.read_text().splitlines()) > 400]
     assert not big, big
+
+
+def test_no_test_module_imports_another():
+    """Helpers shared by test modules live in *_fixtures.py (fixtures in conftest.py), never in a test module."""
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert not found, found
