@@ -1,7 +1,6 @@
 """Steps recorded more than once (an in-process rollback, a duplicate end_step: the last row kept, with a
 warning) and log rows with no ended step (a log-only window, a log-only run)."""
 
-
 import polars as pl
 import pytest
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps

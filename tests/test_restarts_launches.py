@@ -2,7 +2,6 @@
 supersedes no step of an earlier launch; a launch whose start is unknown follows the known ones by
 attempt id."""
 
-
 import polars as pl
 import pytest
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
