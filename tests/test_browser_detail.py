@@ -10,13 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
-from browser_fixtures import DRAWN, new_page, serve, still
+from browser_fixtures import CHARTS_DRAWN, new_page, serve, still
 
 pytestmark = [pytest.mark.slow]
 
-# The compare charts drawn (DRAWN's test, on the grid's charts only: a run section's MFU waterfall has no line).
-CHARTS_DRAWN = DRAWN.replace("'.js-plotly-plot'", "'.charts .js-plotly-plot'")
-assert CHARTS_DRAWN != DRAWN
 
 # Each chart's rendered SVG and legend against its grid cell, in page pixels.
 _BOXES = """() => [...document.querySelectorAll('.chart')].map(cell => {

@@ -1,4 +1,4 @@
-"""The report's one legend (issue 21 item 5): a run list above the charts, a real <button> per run with
+"""The report's one legend: a run list above the charts, a real <button> per run with
 a swatch of its line, that hides or shows the run on every chart; no plotly legend under each chart."""
 
 import json
@@ -6,9 +6,8 @@ import re
 from html.parser import HTMLParser
 
 import pytest
+from browser_fixtures import CHARTS_DRAWN, new_page
 from dash_fixtures import write_run
-from test_browser import browser, new_page  # noqa: F401  (browser: the module's Chromium fixture)
-from test_browser_detail import CHARTS_DRAWN
 
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import preview as prep_preview
@@ -91,7 +90,7 @@ def test_report_has_one_run_list_in_the_traces_own_colours_and_no_legend_per_cha
 
 
 @pytest.mark.slow
-def test_a_runs_button_hides_and_shows_it_on_every_chart_offline(browser, root, tmp_path):  # noqa: F811
+def test_a_runs_button_hides_and_shows_it_on_every_chart_offline(browser, root, tmp_path):
     from kforge_dash.browse.report import write_report
 
     out = tmp_path / "report.html"
