@@ -134,6 +134,8 @@ def test_group_band(browser, synthetic):
     page, _ = new_page(browser)
     page.goto(url + "/compare?runs=a-seed1&runs=a-seed2&runs=b-seed1&metrics=loss&group_by=name+pattern")
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer path.js-fill').length >= 2")
+    # The legend may reach the page a moment after the charts (the charts are sent first): wait for it.
+    page.wait_for_function("() => document.querySelectorAll('.st-key-legend button').length >= 2")
     legends = page.locator(".st-key-legend button").all_text_contents()
     assert sorted(legends) == ["a (2 runs)", "b (1 runs)"]
 
