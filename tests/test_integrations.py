@@ -184,15 +184,20 @@ class _Config:
     train: _Train = dataclasses.field(default_factory=_Train)
 
 
+# Microsecond steps at a 100 TFLOPS peak may do more FLOPs than the peak allows (then: no MFU
+# waterfall, with a warning); whether they do depends on the machine's speed, so it is not asserted.
+@pytest.mark.filterwarnings("ignore:mfu_waterfall")
 def test_kempnerforge_tracker_call_shape(tmp_path):
     from kforge_record.integrations.kempnerforge import MetricsTracker
 
     run = str(tmp_path / "kf")
-    tracker = MetricsTracker(_Config(), num_gpus=1, gpu_peak_tflops=100.0, run_dir=run)
-    for step in range(1, 6):
-        tracker.start_step()
-        loss = torch.tensor(3.0 - step / 10)
-        assert tracker.end_step(step, loss, 1.5, 3e-4, 4096) is None
+    # Without KempnerForge installed the drop-in records all the same, says so once, returns None.
+    with pytest.warns(RuntimeWarning, match="KempnerForge's metrics modules cannot be imported"):
+        tracker = MetricsTracker(_Config(), num_gpus=1, gpu_peak_tflops=100.0, run_dir=run)
+        for step in range(1, 6):
+            tracker.start_step()
+            loss = torch.tensor(3.0 - step / 10)
+            assert tracker.end_step(step, loss, 1.5, 3e-4, 4096) is None
     tracker.log_eval({"eval/loss": 2.5}, step=5)
     tracker.close()
     res = ingest_run(run)
