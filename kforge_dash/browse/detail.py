@@ -1,8 +1,8 @@
 """Which run the run detail page shows for its ?run=, and what it says instead when it cannot.
 
 A run named in the URL is shown under that name or not at all: never another run's data under it
-(issue 23: a run deleted while its page was open came back, once the listing cache expired, as
-the first run of the root, with ?run= dropped). Plain functions, no Streamlit.
+(e.g. a run deleted while its page is open is not replaced, once the listing cache expires, by the
+first run of the root with ?run= dropped). Plain functions, no Streamlit.
 """
 
 from __future__ import annotations

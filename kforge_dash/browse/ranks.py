@@ -127,7 +127,7 @@ def slowest_own_work(ranks_path: str | Path) -> SlowestOwnWork | None:
 
     Not the step time's argmax: under data parallelism every rank waits for the others in the
     collective, so all ranks' step times are equal up to noise and "the slowest" is a coin toss,
-    which contradicted the straggler finding (issue 21, item 3)."""
+    which would contradict the straggler finding."""
     lf = pl.scan_parquet(ranks_path, glob=False)
     own = own_work_phases(lf.collect_schema())
     if not own:

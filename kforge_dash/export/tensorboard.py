@@ -6,7 +6,7 @@ logdir). Event files of an older layout (``RUN/ingested/tensorboard/*.kforge``) 
 
 A TensorBoard server that is already running must follow re-exports. Both of its loaders keep a
 file open and read on from where they stopped, so a file replaced under the same name is never
-seen again (issue 11, item 16). Their rules (tensorboard's ``directory_watcher.py``: a run's
+seen again. Their rules (tensorboard's ``directory_watcher.py``: a run's
 files are read in name order, the next one only once the current one has no more data, and only
 a name greater than the current one; the Rust data server reads each file from its last offset)
 give the two cases:

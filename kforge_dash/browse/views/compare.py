@@ -1,6 +1,6 @@
 """Compare runs: overlay metrics of the selected runs (or groups of them). Render only; data comes from browse/.
 
-Layout (issue 21): every control lives in the sidebar; the main area holds the title, one legend
+Layout: every control lives in the sidebar; the main area holds the title, one legend
 for the page (pills in the runs' own colours that show or hide a run on every chart), a one-line
 note on non-finite values when there are any, and then the charts, so at 1400x1000 the first chart
 is wholly on the first screen. Everything else the page says comes after the charts.
