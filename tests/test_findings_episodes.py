@@ -53,7 +53,7 @@ def test_a_clean_run_and_single_slow_steps_have_no_episode(tmp_path, monkeypatch
 
 
 def test_a_slowdown_that_lasts_to_the_end_is_an_open_episode(tmp_path, monkeypatch):
-    """What step_time_regression answered before: the job got slower and stayed slower."""
+    """A job that got slower and stayed slower: one episode, open to the last step."""
     s = _run(tmp_path, monkeypatch, "regressed", lambda s: s >= 250, steps=400, ranks=2)
     (ep,) = _episodes(s)
     assert abs(ep["first_step"] - 250) <= 20 and ep["last_step"] == 400
