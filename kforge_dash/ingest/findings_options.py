@@ -30,17 +30,17 @@ class FindingsOptions:
     episode_min_rel: float = 0.25
     episode_k: float = 4.0
     episode_min_steps: int = 20
-    # data_stall: a centred rolling median of regression_window steps, for >= regression_min_steps.
-    regression_window: int = 20
-    regression_min_steps: int = 20
+    # data_stall: a centred rolling median of stall_window steps, for >= stall_min_steps.
+    stall_window: int = 20
+    stall_min_steps: int = 20
     # memory_growth: allocated memory of the last 10% of a launch over that of its 10-25% stretch.
     memory_growth_frac: float = 0.1
     # data_stall: the median rank's data phase over this share of the step time, sustained.
     data_stall_frac: float = 0.25
 
     def __post_init__(self):
-        for name in ("spike_window", "straggler_min_steps", "episode_min_steps", "regression_window",
-                     "regression_min_steps"):
+        for name in ("spike_window", "straggler_min_steps", "episode_min_steps", "stall_window",
+                     "stall_min_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 2:
                 raise ValueError(f"{name}: must be an integer >= 2, got {v!r}")

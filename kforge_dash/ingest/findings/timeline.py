@@ -83,12 +83,12 @@ def data_stall_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
     opts = facts.opts
     s = facts.steps.select("step", "step_time_s").join(med.select("step", "data_med"), on="step", how="inner")
     s = s.with_columns(share=(pl.col("data_med") / pl.col("step_time_s")))
-    w = opts.regression_window
+    w = opts.stall_window
     s = s.with_columns(r=pl.col("share").rolling_median(window_size=w, min_samples=w // 2, center=True),
                        raw=pl.col("share") > opts.data_stall_frac)
     out = []
     for a, b in _stretches(s.with_columns(flag=(pl.col("r") > opts.data_stall_frac).fill_null(False)),
-                           opts.regression_min_steps):
+                           opts.stall_min_steps):
         a, b = _snap(s, a, b)
         part = s.filter(pl.col("step").is_between(a, b))
         share = part["share"].median()
