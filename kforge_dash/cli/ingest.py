@@ -314,3 +314,7 @@ def _on_dask(paths, address, connect_timeout, *, options, exporters, quiet, as_j
         return 1
     _report(result, as_json=as_json, quiet=quiet)
     return result.exit_code
+
+
+if __name__ == "__main__":  # python -m kforge_dash.cli.ingest, as the benchmarks run it
+    main()
