@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from ports_fixtures import free_port
+from ports_fixtures import free_port, stop
 
 # Every wait is on a condition, with room for a loaded machine (a 2-core runner at load 5-46 took over
 # 60 s for one page): a wait ends as soon as its condition holds, so a generous limit costs nothing.
@@ -50,12 +50,7 @@ def serve(root: Path, log_path: Path):
             time.sleep(0.3)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout=15)
         log.close()
 
 

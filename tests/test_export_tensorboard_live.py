@@ -14,7 +14,7 @@ import urllib.request
 import polars as pl
 import pytest
 from ingest_fixtures import open_ranks, run_steps
-from ports_fixtures import free_port
+from ports_fixtures import free_port, stop
 
 from kforge_dash import IngestOptions, ingest_run
 from kforge_dash.export.run import export_run
@@ -86,19 +86,14 @@ def test_a_running_tensorboard_follows_appends_and_rewrites(tmp_path, monkeypatc
         _wait_for(port, "live", "train/loss", _want(run, "loss"))
         assert list(_get(port, "/data/runs")) == ["live"]
     finally:
-        tb.terminate()
-        try:
-            tb.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            tb.kill()
-            tb.wait()
+        stop(tb)
         for rec in recs.values():
             rec.close()
 
 
 @pytest.mark.slow
 def test_findings_are_in_tensorboards_text_tab_not_among_its_scalar_cards(tmp_path):
-    """A real TensorBoard on the straggler sample run (issue 21, item 10): its scalar cards are the
+    """A real TensorBoard on the straggler sample run: its scalar cards are the
     training metrics only; the finding is served by the text plugin at its first step."""
     import shutil
 
@@ -122,9 +117,4 @@ def test_findings_are_in_tensorboards_text_tab_not_among_its_scalar_cards(tmp_pa
         assert entry["step"] == 1 and "straggler" in entry["text"] and "rank 1" in entry["text"]
         assert "<script" not in entry["text"]
     finally:
-        tb.terminate()
-        try:
-            tb.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            tb.kill()
-            tb.wait()
+        stop(tb)
