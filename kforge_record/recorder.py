@@ -132,7 +132,9 @@ class Recorder:
         self._flush_every_s = o.flush_every_s
         self._mem_every = o.memory_every_steps
         self._close_timeout_s = o.close_timeout_s
-        self._warn = Warner(f"rank {self.rank}")
+        # The run's name beside the rank: a process may hold two recorders (train and eval runs)
+        self._where = f"rank {self.rank}, run {os.path.basename(os.path.normpath(self.run_dir))!r}"
+        self._warn = Warner(self._where)
         self._lock = threading.RLock()
         self._rows: list[tuple] = []
         self._pending: list[tuple[str, float]] = []  # (column, seconds) from phase timers (phase.py)
@@ -144,7 +146,7 @@ class Recorder:
 
     def _start_writer(self) -> None:
         self._writer = ShardWriter(self.attempt_dir, self._meta, max_backlog_rows=self._opts.max_backlog_rows,
-                                   lag_rows=self._opts.lag_rows, where=f"rank {self.rank}", merge_parts=self._opts.merge_parts,
+                                   lag_rows=self._opts.lag_rows, where=self._where, merge_parts=self._opts.merge_parts,
                                    hw_every_s=self._opts.hw_every_s)
         self._writer.write_meta()  # synchronously: a bad path fails at construction, loudly
         # pyarrow's first pa.array() imports pandas when present (~0.2 s holding the GIL): paid here, not by the writer.

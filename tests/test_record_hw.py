@@ -146,16 +146,16 @@ def test_readings_of_steps_written_already_are_coalesced_by_ingest_without_a_cla
 def test_without_nvml_nothing_is_recorded_and_one_warning_is_given(tmp_path, monkeypatch):
     _as_cuda_process(monkeypatch)
     monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import pynvml -> ImportError
-    run = tmp_path / "run"
+    run = tmp_path / "no-nvml"
     with pytest.warns(RuntimeWarning, match="GPU telemetry is off") as got:
-        # rank 5: recorders that earlier tests left open (rank 0) say it too, once each, now that the
-        # process looks like a CUDA one; this recorder's line is the one counted.
+        # recorders that earlier tests left open say it too, once each, now that the process looks
+        # like a CUDA one; this recorder's line (its rank and run named) is the one counted.
         with Recorder(run, rank=5, world_size=8, hw_every_s=0.01, flush_every_steps=5, memory_every_steps=0,
                       install_sigterm_handler=False) as rec:
             for step in range(1, 31):
                 time.sleep(0.004)
                 rec.end_step(step, loss=1.0)
-    assert len([w for w in got if "(rank 5)" in str(w.message) and "GPU telemetry" in str(w.message)]) == 1
+    assert len([w for w in got if "(rank 5, run 'no-nvml')" in str(w.message) and "GPU telemetry" in str(w.message)]) == 1
     assert not set(HW_COLUMNS) & set(_rows(run).column_names)
 
 

@@ -13,7 +13,7 @@ import pytest
 from kforge_record import Recorder
 
 # The values that hold a call open are not numbers: they are recorded as null, with the recorder's warning.
-pytestmark = pytest.mark.filterwarnings(r"ignore:kforge_record \(rank 0\). value <test_record_threads\.:RuntimeWarning")
+pytestmark = pytest.mark.filterwarnings(r"ignore:kforge_record \(rank 0, run .*\). value <test_record_threads\.:RuntimeWarning")
 
 
 def _table(rec):
