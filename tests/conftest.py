@@ -59,3 +59,22 @@ def browser():
             yield b
         finally:
             b.close()
+
+
+@pytest.fixture()
+def closes_recorders(monkeypatch):
+    """Close, after the test, every Recorder it built: for tests that leave theirs open (KempnerForge's
+    own, a job between two ingests), so that writer threads do not go on into later tests."""
+    from kforge_record import Recorder
+
+    made = []
+    init = Recorder.__init__
+
+    def remembered(self, *args, **kwargs):
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Recorder, "__init__", remembered)
+    yield
+    for rec in made:
+        rec.close()

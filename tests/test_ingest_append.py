@@ -12,6 +12,8 @@ from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_o
 from kforge_dash.ingest.options import IngestOptions, IngestWarning
 from kforge_dash.ingest.run import ingest_run
 
+pytestmark = pytest.mark.usefixtures("closes_recorders")  # the job between two ingests stays open
+
 SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}
 
 

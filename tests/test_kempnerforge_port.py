@@ -21,6 +21,8 @@ from kempnerforge_fixtures import kempnerforge_fixture  # noqa: F401  (the fixtu
 # from kempnerforge.metrics.tracker import MetricsTracker
 from kforge_record.integrations.kempnerforge import MetricsTracker
 
+pytestmark = pytest.mark.usefixtures("closes_recorders")  # KempnerForge's tests leave theirs open
+
 JobConfig = MetricsConfig = ModelConfig = StepMetrics = None  # KempnerForge's (the stand-in's), set by kf_names
 
 
