@@ -1,6 +1,7 @@
 """A run for the tests of the row pass (its batches of ranks, its reduction thread): 12 ranks, a
-restart, log rows, rollbacks and NaNs, and the warnings its every ingest gives; windows executors
-that read each window whole or return its rows; and the outputs an ingest wrote, for comparison."""
+restart, log rows, rollbacks, NaNs and a bitmask column, and the warnings its every ingest gives;
+windows executors that read each window whole or return its rows; and the outputs an ingest wrote,
+for comparison."""
 
 import dataclasses
 import json
@@ -48,6 +49,8 @@ def _launch(run, clock, steps, *, skip, extra=None):
                 v["grad_norm"] = float(rng.random())  # at steps % 4 == 0, only ranks of later batches report one
             if (r + s) % 3:
                 v["aux"] = float(rng.normal())
+            if (r * s) % 4:  # a bitmask, OR-ed over ranks (no slowdown bit: no hw_throttle finding)
+                v["hw/throttle_reasons"] = float((0x1, 0x2, 0x4, 0x10, 0x100)[(r + s) % 5])
             rec.end_step(s, **v)
             if extra:
                 extra(r, s, rec)

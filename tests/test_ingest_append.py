@@ -305,7 +305,8 @@ def test_a_footer_that_failed_to_read_once_is_read_again(tmp_path, monkeypatch):
 
 def test_means_are_bit_identical_whichever_window_a_step_falls_in(tmp_path, monkeypatch):
     """Random floats over 8 ranks: the matrix path and the group-by path add ranks in the same
-    order, so an append (whose windows start elsewhere) gives the very same bits."""
+    order, so an append (whose windows start elsewhere) gives the very same bits (and the same
+    bitwise OR of a bitmask column)."""
     import numpy as np
 
     rng = np.random.default_rng(1)
@@ -315,7 +316,10 @@ def test_means_are_bit_identical_whichever_window_a_step_falls_in(tmp_path, monk
         rec.log(0, warmup=1.0)  # a log-only row at step 0: its window takes the group-by path
 
     def vals(r, s):
-        return {"loss": float(rng.random() * 10), "tokens": 100, "aux": float(rng.random() * 1e3)}
+        v = {"loss": float(rng.random() * 10), "tokens": 100, "aux": float(rng.random() * 1e3)}
+        if (r + s) % 3:  # a bitmask (OR over ranks, int64), with holes
+            v["hw/throttle_reasons"] = float(1 << int(rng.integers(0, 12)))
+        return v
 
     clock = run_steps(monkeypatch, recs, range(1, 21), values=vals, step_time=lambda r, s: float(rng.random()))
     flush_all(recs)
@@ -323,6 +327,7 @@ def test_means_are_bit_identical_whichever_window_a_step_falls_in(tmp_path, monk
     run_steps(monkeypatch, recs, range(21, 41), values=vals, step_time=lambda r, s: float(rng.random()), clock=clock)
     flush_all(recs)
     assert ingest_run(run).appended
+    assert read_outputs(run)[0].schema["hw/throttle_reasons"] == pl.Int64
     assert_same(read_outputs(run), full_outputs(run))
     assert_same(read_outputs(run), full_outputs(run, chunk_rows=24))  # and any window cut
 

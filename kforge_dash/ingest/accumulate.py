@@ -5,9 +5,10 @@ reduce.reduce_steps gives for the whole window at once.
 Batches come in the window's row order and never split a (rank, step). Per step the
 accumulator keeps what combines exactly: max/min step time and time, the slowest rank (lowest on
 ties), rows, the highest attempt, the tokens sum, the first reported grad_norm/lr (the lowest
-reporting rank), memory maxima, and for each mean a running total to which every rank's value
-is added one after the other in row order, as the whole-window reductions add them (so means
-stay bit-identical), plus the count. The median needs every value: only the window's
+reporting rank), memory maxima, the bitwise OR of each bitmask column (reduce.OR_COLUMNS) and
+where one was reported, and for each mean a running total to which every rank's value is added
+one after the other in row order, as the whole-window reductions add them (so means stay
+bit-identical), plus the count. The median needs every value: only the window's
 step_time_s is kept (8 bytes a row), in one buffer reused window after window.
 
 Whether the whole window would have taken the matrix path (every batch a grid on the same
@@ -24,13 +25,15 @@ import pyarrow as pa
 from kforge_dash.ingest.arrays import np_array
 from kforge_dash.ingest.buffers import Buffers
 from kforge_dash.ingest.reduce import (
-    NOT_MEAN,
+    as_bits,
     as_grid,
     dense_lowest_rank,
     dense_tokens,
     masked,
+    mean_columns,
     median_by_group,
     median_down_rows,
+    or_columns,
     order_free_aggs,
     step_columns,
 )
@@ -76,7 +79,8 @@ class StepAcc:
 
     def __init__(self, cols: list[str], counts_col: bool, buffers: Buffers, *, expect_rows: int):
         self.cols, self.counts_col, self.buf = cols, counts_col, buffers
-        self.means = ["loss", *(c for c in cols if c not in NOT_MEAN)]
+        self.means = mean_columns(cols)
+        self.ors = or_columns(cols)
         self.steps = np.empty(0, np.int64)
         self.a: dict[str, np.ndarray] = {}
         self.kept = _Kept(buffers, expect_rows)
@@ -91,9 +95,9 @@ class StepAcc:
         f = {"time": -np.inf, "time_nan": False, "st_max": -np.inf, "st_min": np.inf, "slowest": 0, "n_ranks": 0,
              "attempt": _I64_MIN, "tokens": 0, "grad_norm": 0.0, "lr": 0.0,
              **{c: _I64_MIN for c in MEM_COLUMNS}, **{f"sum/{c}": 0.0 for c in self.means},
-             **{f"count/{c}": 0 for c in self.means}}
+             **{f"count/{c}": 0 for c in self.means}, **{f"or/{c}": 0 for c in self.ors}}
         f.update({f"has/{k}": False for k in ("time", "st_max", "st_min", "slowest", "tokens", "grad_norm", "lr",
-                                               *MEM_COLUMNS)})
+                                               *MEM_COLUMNS, *(f"or/{c}" for c in self.ors))})
         return f
 
     def _at(self, steps: np.ndarray):
@@ -196,6 +200,10 @@ class StepAcc:
             v, has = g(c, 0.0)
             self._sum_rows(f"sum/{c}", ix, v, first)
             self.a[f"count/{c}"][ix] += g.n_ranks if has is None else has.sum(axis=0)
+        for c in self.ors:
+            bits, ok = as_bits(*g(c, 0.0))
+            self.a[f"or/{c}"][ix] |= np.bitwise_or.reduce(bits, axis=0)
+            self.a[f"has/or/{c}"][ix] |= ok.any(axis=0)
 
     def _add_tokens(self, ix, tok: np.ndarray, has: np.ndarray | None) -> None:
         self.a["tokens"][ix] += tok if has is None else np.where(has, tok, 0)
@@ -230,6 +238,10 @@ class StepAcc:
             tot = self.a[f"sum/{c}"]
             self.a[f"sum/{c}"] = np.bincount(np.r_[np.arange(n), at[has]], weights=np.r_[tot, s.to_numpy()[has]], minlength=n)
             self.a[f"count/{c}"] += np.bincount(at[has], minlength=n)
+        for c in self.ors:
+            bits, ok = as_bits(df[c].to_numpy(), df[c].is_not_null().to_numpy())
+            np.bitwise_or.at(self.a[f"or/{c}"], at[ok], bits[ok])
+            self.a[f"has/or/{c}"][at[ok]] = True
         st = df["step_time_s"]
         has = st.is_not_null().to_numpy()
         self.kept.add(st.to_numpy()[has], df["step"].to_numpy()[has], None)
@@ -250,6 +262,8 @@ class StepAcc:
                "attempt": np_array(a["attempt"]), "tokens": masked(a["tokens"], a["has/tokens"])}
         for c in ("grad_norm", "lr", *MEM_COLUMNS):
             out[c] = masked(a[c], a[f"has/{c}"])
+        for c in self.ors:
+            out[c] = masked(a[f"or/{c}"], a[f"has/or/{c}"])
         for c in self.means:
             total, count = a[f"sum/{c}"], a[f"count/{c}"]
             with np.errstate(invalid="ignore", divide="ignore"):

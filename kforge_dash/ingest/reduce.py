@@ -10,7 +10,8 @@ Two ways to the same numbers:
 
 Both: max/min/median step time, slowest rank (lowest on ties), global tokens (null when no rank
 reported any, never 0), loss and every other scalar = mean over reporting ranks with NaN kept,
-grad_norm/lr from the lowest reporting rank, memory = max.
+except the bitmasks of OR_COLUMNS (bitwise OR over reporting ranks, int64), grad_norm/lr from the
+lowest reporting rank, memory = max.
 """
 
 from __future__ import annotations
@@ -39,12 +40,36 @@ def ema_expr(col: str, *, alpha: float) -> pl.Expr:
     finite = pl.when(pl.col(col).is_finite()).then(pl.col(col))
     return finite.ewm_mean(alpha=alpha, adjust=False, ignore_nulls=True, min_samples=1).forward_fill()
 NOT_MEAN = set(FIXED_NAMES) | {"rank", "attempt", "step", "_counts"}
+# Scalars that are bitmasks (NVML's clock-throttle reasons, float64 in the shards): a step's value is
+# the bitwise OR over the ranks that reported one (every reason any rank gave), int64; a mean of
+# bitmasks means nothing. Every other scalar is a mean.
+OR_COLUMNS = frozenset({"hw/throttle_reasons"})
 _HEAD = REDUCED_HEAD
 
 
 def step_columns(cols: list[str]) -> list[str]:
     """The columns reduce_steps gives, in order, for the output columns ``cols``."""
     return [*_HEAD, *(c for c in cols if c not in NOT_MEAN)]
+
+
+def mean_columns(cols: list[str]) -> list[str]:
+    """The columns of ``cols`` reduced by the mean over reporting ranks (loss first)."""
+    return ["loss", *(c for c in cols if c not in NOT_MEAN and c not in OR_COLUMNS)]
+
+
+def or_columns(cols: list[str]) -> list[str]:
+    """The columns of ``cols`` reduced by bitwise OR (OR_COLUMNS)."""
+    return [c for c in cols if c in OR_COLUMNS]
+
+
+def as_bits(v: np.ndarray, has: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """A bitmask column's values as int64 bits (0 where not reported) and where a rank reported one:
+    a finite value in [0, 2**63), its fraction dropped (as the hw_throttle finding reads it); any
+    other value (NaN, negative, too big) counts as not reported."""
+    ok = np.isfinite(v) & (v >= 0) & (v < 2.0**63)
+    if has is not None:
+        ok &= has
+    return np.where(ok, v, 0).astype(np.int64), ok
 
 
 def reduce_steps(df: pl.DataFrame, cols: list[str], counts_col: bool, buffers: Buffers | None = None) -> pl.DataFrame:
@@ -67,7 +92,12 @@ def _grouped(df: pl.DataFrame, cols: list[str], counts_col: bool) -> pl.DataFram
     gid = np.searchsorted(steps, df["step"].to_numpy())
     g = len(steps)
     fixed = []
-    for c in ("loss", *(c for c in cols if c not in NOT_MEAN)):
+    for c in or_columns(cols):
+        bits, ok = as_bits(df[c].to_numpy(), df[c].is_not_null().to_numpy())
+        acc = np.zeros(g, np.int64)
+        np.bitwise_or.at(acc, gid[ok], bits[ok])
+        fixed.append(pl.Series(c, np_array(acc, mask=np.bincount(gid[ok], minlength=g) == 0)))
+    for c in mean_columns(cols):
         s = df[c]
         has = s.is_not_null().to_numpy()
         v = s.to_numpy()
@@ -228,7 +258,10 @@ def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool, buf: Buffers) ->
         v, has = g(c, np.iinfo(np.int64).min)
         out[c] = np_array(v.max(axis=0)) if has is None else masked(v.max(axis=0), has.any(axis=0))
     for c in cols:
-        if c not in NOT_MEAN:
+        if c in OR_COLUMNS:
+            bits, ok = as_bits(*g(c, 0.0))
+            out[c] = masked(np.bitwise_or.reduce(bits, axis=0), ok.any(axis=0))
+        elif c not in NOT_MEAN:
             out[c] = _mean(*g(c, 0.0))
     return pl.from_arrow(pa.table(out))
 
