@@ -126,3 +126,88 @@ def test_the_watch_sends_new_findings_as_they_appear_and_never_twice_across_rest
     assert abs(calls[0]["finding"]["first_step"] - 41) <= 5 and calls[1]["finding"]["first_step"] == 120
     for rec in recs.values():
         rec.close()
+
+
+def _ingested_pass(root: Path):
+    from kforge_dash.ingest.options import IngestOptions
+    from kforge_dash.pipeline import ingest_paths
+
+    done = ingest_paths([str(root)], options=IngestOptions(), exporters=[])
+    assert len(done.ok) == 1 and len(done.ok[0].summary["findings"]) == 4
+    return done
+
+
+# kforge-ingest whose on-finding record is slow to write: each watcher, once it has read the record and
+# chosen what to send, waits (up to 3 s) until the other has too, so two watchers that do not
+# exclude each other both send every finding. MEET (the first argument) is a folder they meet in.
+SLOW_RECORD_WATCHER = """
+import os, sys, time
+import kforge_dash.cli.on_finding as m
+real, meet = m.write_json_atomic, sys.argv.pop(1)
+def slow(path, obj):
+    open(os.path.join(meet, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 3
+    while len(os.listdir(meet)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    real(path, obj)
+m.write_json_atomic = slow
+from kforge_dash.cli.ingest import main
+main()
+"""
+
+
+def test_two_watchers_of_one_run_send_each_finding_once(tmp_path):
+    root, out, meet = _spike_nan(tmp_path), tmp_path / "calls.jsonl", tmp_path / "meet"
+    meet.mkdir()
+    done = _ingested_pass(root)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    watchers = [subprocess.Popen([sys.executable, "-c", SLOW_RECORD_WATCHER, str(meet), str(root), *NO_EXPORT, "--quiet",
+                                  "--on-finding", _cmd(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    ends = [w.communicate(timeout=120) for w in watchers]
+    assert [w.returncode for w in watchers] == [0, 0], ends
+    assert not any("on-finding" in err for _, err in ends), ends
+    calls = _calls(out)
+    assert len(calls) == 4
+    assert sorted(json.dumps(c["finding"], sort_keys=True) for c in calls) == \
+        sorted(json.dumps(f, sort_keys=True) for f in done.ok[0].summary["findings"])  # each once, none twice
+
+
+def test_a_watcher_that_cannot_take_the_lock_sends_nothing_that_pass_and_says_so_once(tmp_path):
+    from filelock import FileLock
+
+    from kforge_dash.cli.on_finding import LOCK_FILE, OnFinding, after_pass
+
+    root, out = _spike_nan(tmp_path), tmp_path / "calls.jsonl"
+    done = _ingested_pass(root)
+    hook = OnFinding(_cmd(out), 60, lock_timeout_s=0.2)
+    said = []
+    with FileLock(str(root / "spike-nan" / "ingested" / LOCK_FILE)):  # another watcher, stuck holding it
+        assert after_pass(hook, done, said.append) == 0
+    assert len(said) == 1 and LOCK_FILE in said[0] and "not sent this pass" in said[0]
+    assert _calls(out) == []
+    assert after_pass(hook, done, said.append) == 0  # the next pass sends them
+    assert len(_calls(out)) == 4 and len(said) == 1
+
+
+def test_a_watcher_that_cannot_write_the_record_sends_nothing_that_pass_and_says_so_once(tmp_path, monkeypatch):
+    import errno
+
+    from kforge_dash.cli import on_finding
+    from kforge_dash.cli.on_finding import SEEN_FILE, OnFinding, after_pass
+
+    root, out = _spike_nan(tmp_path), tmp_path / "calls.jsonl"
+    done = _ingested_pass(root)
+    real_write = on_finding.write_json_atomic
+
+    def full_disk(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(on_finding, "write_json_atomic", full_disk)
+    said = []
+    assert after_pass(OnFinding(_cmd(out), 60), done, said.append) == 0
+    assert len(said) == 1 and SEEN_FILE in said[0] and "No space left" in said[0] and "not sent this pass" in said[0]
+    assert _calls(out) == []  # sent without a record, they would be sent again at the next pass
+    monkeypatch.setattr(on_finding, "write_json_atomic", real_write)
+    assert after_pass(OnFinding(_cmd(out), 60), done, said.append) == 0
+    assert len(_calls(out)) == 4 and len(said) == 1

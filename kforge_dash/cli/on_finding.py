@@ -11,6 +11,14 @@ kept in RUN/ingested/on_finding.json, written *before* the command runs (a watch
 loses that one event rather than sending it twice). A finding is the same one while its kind,
 metric, phase and ranks are and its steps overlap the kept ones (a live run's finding grows: a
 straggler that goes on, an episode that has not ended); the kept steps grow with it.
+
+Also across watchers of one run (two terminals, a cron job and a user): reading the kept findings,
+choosing the new ones and writing them back happen under the run's lock RUN/ingested/.on_finding.lock,
+so of two watchers only the first to take it runs the command. The commands run after the lock is
+released (the record is written first, so holding it while they run would only make the other
+watcher wait). A watcher that cannot take the lock within ``lock_timeout_s`` (another one stuck
+holding it), or cannot write the record, sends nothing for that run this pass, says so once, and
+tries again at the next pass.
 """
 
 from __future__ import annotations
@@ -22,9 +30,12 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kforge_dash.optional import require
 from kforge_record.atomic import write_json_atomic
 
 SEEN_FILE = "on_finding.json"
+LOCK_FILE = ".on_finding.lock"  # beside SEEN_FILE; not a temp file (ingest's clean-up leaves it)
+LOCK_TIMEOUT_S = 10.0  # held for a read and a small write: only a stuck watcher holds it this long
 SEEN_VERSION = 1
 STDERR_TAIL = 300  # characters of a failing command's stderr shown
 
@@ -33,12 +44,15 @@ STDERR_TAIL = 300  # characters of a failing command's stderr shown
 class OnFinding:
     command: str
     timeout_s: float
+    lock_timeout_s: float = LOCK_TIMEOUT_S  # the longest wait for the run's on-finding lock
 
     def __post_init__(self):
         if not isinstance(self.command, str) or not self.command.strip():
             raise ValueError("--on-finding: the command is empty")
         if not self.timeout_s > 0:
             raise ValueError(f"--on-finding-timeout: must be > 0, got {self.timeout_s!r}")
+        if not (isinstance(self.lock_timeout_s, (int, float)) and self.lock_timeout_s >= 0):
+            raise ValueError(f"lock_timeout_s: must be >= 0 seconds, got {self.lock_timeout_s!r}")
 
 
 def _identity(f: dict) -> list:
@@ -92,6 +106,25 @@ def new_findings(ingested_dir: str, findings: list[dict], warn: Callable[[str], 
     return new
 
 
+def claim_new_findings(ingested_dir: str, findings: list[dict], lock_timeout_s: float,
+                       warn: Callable[[str], None]) -> list[dict]:
+    """new_findings under the run's on-finding lock: the findings this caller is to send, recorded as
+    sent. None of them (with one warning) when the lock was not had within ``lock_timeout_s`` or the
+    record could not be written: the next pass tries again."""
+    filelock = require("filelock", extra="ingest", purpose="--on-finding")
+    lock = filelock.FileLock(os.path.join(ingested_dir, LOCK_FILE))
+    try:
+        with lock.acquire(timeout=lock_timeout_s):
+            return new_findings(ingested_dir, findings, warn)
+    except filelock.Timeout:  # (before OSError: a Timeout is one)
+        warn(f"{lock.lock_file}: held by another watcher of this run for over {lock_timeout_s:g}s; "
+             "its new findings are not sent this pass (tried again at the next)")
+    except OSError as e:
+        warn(f"{os.path.join(ingested_dir, SEEN_FILE)}: could not be updated ({type(e).__name__}: {e}); "
+             "its new findings are not sent this pass (tried again at the next)")
+    return []
+
+
 def run_command(hook: OnFinding, finding: dict, run_dir: str) -> str | None:
     """Run the command for one finding; None when it exited 0, else what went wrong (one line)."""
     env = dict(os.environ, KFORGE_FINDING_KIND=str(finding.get("kind")), KFORGE_FINDING_SEVERITY=str(finding.get("severity")),
@@ -127,7 +160,7 @@ def after_pass(hook: OnFinding, result, report: Callable[[str], None]) -> int:
     """Run the command for each new finding of the pass's runs; how many commands failed."""
     failed = 0
     for r in result.ok:
-        for f in new_findings(r.ingested_dir, r.summary.get("findings") or [], report):
+        for f in claim_new_findings(r.ingested_dir, r.summary.get("findings") or [], hook.lock_timeout_s, report):
             err = run_command(hook, f, r.run_dir)
             if err is not None:
                 failed += 1
