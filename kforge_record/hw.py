@@ -1,14 +1,22 @@
-"""GPU telemetry of this rank's own GPU, sampled on the writer thread, never in ``end_step``.
+"""GPU telemetry of this rank's own GPU, sampled on a daemon thread of its own, never in ``end_step``.
 
-Every ``hw_every_s`` seconds the writer thread reads NVML (the optional ``nvidia-ml-py`` package,
-``pip install kforge[gpu]``, imported here lazily) for this rank's GPU: utilisation, temperature,
-power, SM clock and the clock-throttle reasons bitmask. A reading belongs to the step that had
-ended when it was taken (the last ``end_step`` row whose ``time`` is at or before it): its values
-go into that row as the columns of ``HW_COLUMNS``. That row may still be in the training thread's
-buffer when the reading is taken, so a reading waits here until a row that ended after it arrives
-(or the writer closes); when the step it belongs to was written already, it goes out as a row of
-its own for that step, which ingest coalesces into the step's row (like a ``Recorder.log`` row).
-Several readings of one step keep the last. Null elsewhere, and on machines without NVML.
+Every ``hw_every_s`` seconds the sampling thread ("kforge-record-hw", started only when
+``hw_every_s > 0``) reads NVML (the optional ``nvidia-ml-py`` package, ``pip install kforge[gpu]``,
+imported here lazily) for this rank's GPU: utilisation, temperature, power, SM clock and the
+clock-throttle reasons bitmask. It hands each reading (wall time, values) over under a lock that it
+never holds inside an NVML call. The writer thread places it on the step that had ended when it was
+taken (the last ``end_step`` row whose ``time`` is at or before it): its values go into that row as
+the columns of ``HW_COLUMNS``. That row may still be in the training thread's buffer when the
+reading is taken, so a reading waits here until a row that ended after it arrives (or the writer
+closes); when the step it belongs to was written already, it goes out as a row of its own for that
+step, which ingest coalesces into the step's row (like a ``Recorder.log`` row). Several readings of
+one step keep the last. Null elsewhere, and on machines without NVML.
+
+Issue 24 asked for sampling on the writer thread; it has a thread of its own on purpose: NVML calls
+hang on sick nodes (a GPU fallen off the bus, a stuck driver), and a hung call on the writer thread
+would stop every flush and, through back-pressure, the training loop. A call that has not returned
+after ``hang_bound_s`` is given up: the writer warns once and takes no more readings from it, and
+close() waits for the thread at most ``JOIN_S`` (a daemon: a hung one dies with the process).
 
 It samples only once the process uses CUDA (a CPU job has no GPU of its own; asked again at each
 due time until it does). Without NVML then (package missing, no driver) it turns itself off with
@@ -18,8 +26,8 @@ one warning. A reading that fails (a field the GPU does not support) is null, wa
 from __future__ import annotations
 
 import os
-import queue
 import sys
+import threading
 import time
 
 from .schema import HW_COLUMNS
@@ -29,55 +37,76 @@ _N_FIXED = 10  # the fixed columns of a buffered row, then its scalars and its p
 # Readings waiting for a row that ended after them: a loop that stops ending steps (a hang, a long
 # eval) would pile them up, all for the same step, where only the last is kept anyway.
 MAX_PENDING = 256
+# A healthy NVML call takes milliseconds, nvmlInit up to a few seconds (a node without persistence
+# mode loads the driver state of every GPU): 10 s is well past that. And a call longer than two
+# sampling intervals has cost two readings already, so a slow interval never looks hung by itself.
+HANG_S = 10.0
+# What close() waits for a reading under way (a healthy one is done in milliseconds).
+JOIN_S = 1.0
+
+
+def hang_bound_s(every_s: float) -> float:
+    """Seconds after which one NVML call still under way is taken as hung."""
+    return max(HANG_S, 2 * every_s)
 
 
 class HwSampler:
-    """Samples one GPU every ``every_s`` seconds (0: never) on the thread that calls ``next_message``."""
+    """Samples one GPU every ``every_s`` seconds (0: never) on a thread of its own (``start``); the
+    writer thread places the readings on rows (``attach``, and ``drain`` at close)."""
 
-    def __init__(self, every_s: float, warn: Warner, device_of):
+    def __init__(self, every_s: float, warn: Warner, device_of, *, rank: int | None = None):
         self.every_s = every_s
         self._warn = warn
         self._device_of = device_of  # () -> (uses CUDA, its device index or None, local rank or None)
+        self._rank = rank
         self._nvml = None
         self._handle = None
-        self._state = "off" if not every_s else "new"  # new -> on | off
-        self._due = time.monotonic() + every_s if every_s else None
+        self._state = "off" if not every_s else "new"  # the sampling thread's: new -> on | off
+        self._lock = threading.Lock()  # guards _pending and _gave_up; never held inside an NVML call
         self._pending: list[tuple[float, dict]] = []  # (wall time, values), oldest first
+        self._gave_up = False  # a call hung: no more readings are taken from the thread
+        self._call_since: float | None = None  # monotonic start of the NVML call under way (None: none)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self._last: tuple[int, float] | None = None  # (step, time) of the last end_step row seen
         self.samples = 0
 
-    # -- the writer thread's wait -------------------------------------------------------------
-    def next_message(self, q: queue.SimpleQueue):
-        """The next message of ``q``, sampling the GPU whenever a sample falls due meanwhile."""
-        while True:
-            if self._due is not None and time.monotonic() >= self._due:
-                self._due = time.monotonic() + self.every_s
-                self.sample()
-            if self._due is None:
-                return q.get()
-            try:
-                return q.get(timeout=max(0.0, self._due - time.monotonic()))
-            except queue.Empty:
-                continue
+    # -- the sampling thread ------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the sampling thread (only when sampling is on; once)."""
+        if self.every_s and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="kforge-record-hw", daemon=True)
+            self._thread.start()
 
-    def sample(self) -> None:
-        """Take one reading now (never raises)."""
-        try:
-            if self._state == "new":
-                self._start()
-            if self._state == "off":
-                self._due = None
-            if self._state != "on":
+    def _loop(self) -> None:
+        due = time.monotonic() + self.every_s
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            due = time.monotonic() + self.every_s  # a late reading is not made up for by a burst
+            if not self.sample():
                 return
-            values = self._read()
+
+    def sample(self) -> bool:
+        """Take one reading now, on the calling thread (never raises). False once telemetry is off."""
+        try:
+            self._call_since = time.monotonic()
+            try:
+                if self._state == "new":
+                    self._start()
+                values = self._read() if self._state == "on" else None
+            finally:
+                self._call_since = None
             if values:
-                self._pending.append((time.time(), values))
-                self.samples += 1
-                if len(self._pending) > MAX_PENDING:
-                    del self._pending[0]
-        except Exception as e:  # the writer thread must go on
+                with self._lock:  # stamped and handed over at once: attach() sees readings in time order
+                    if self._gave_up or self._stop.is_set():
+                        return False
+                    self._pending.append((time.time(), values))
+                    self.samples += 1
+                    if len(self._pending) > MAX_PENDING:
+                        del self._pending[0]
+        except Exception as e:  # the sampling thread must end quietly
             self._warn(f"hw:{type(e).__name__}", f"GPU telemetry failed and is off ({e!r})")
-            self._state, self._due = "off", None
+            self._state = "off"
+        return self._state != "off" and not self._gave_up
 
     def _start(self) -> None:
         """NVML on this rank's GPU, once the process uses CUDA (until then: asked again next time)."""
@@ -115,12 +144,15 @@ class HwSampler:
                 self._warn(f"hw:{name}", f"GPU telemetry: {name} cannot be read here ({type(e).__name__}: {e}); recorded as null")
         return out
 
-    # -- placing readings on rows --------------------------------------------------------------
+    # -- the writer thread: placing readings on rows --------------------------------------------
     def attach(self, rows: list[tuple]) -> list[tuple]:
         """``rows`` (the next ones to write, in order) with each pending reading placed on the
         step that had ended when it was taken; rows of their own for steps written already."""
-        if not self._pending:
-            if self._state != "off":
+        self._check_hung()
+        with self._lock:  # readings handed over later were stamped after every row here ended
+            pending, self._pending = self._pending, []
+        if not pending:
+            if self.every_s:
                 self._note_last(rows)
             return rows
         joined: dict[int, dict] = {}  # index in rows -> the last reading that belongs to it
@@ -129,12 +161,15 @@ class HwSampler:
         for i, row in enumerate(rows):
             if row[2] is None:  # a Recorder.log row: it ends no step
                 continue
-            while placed < len(self._pending) and self._pending[placed][0] < row[1]:
-                self._place(joined, extra, last_i, self._pending[placed])
+            while placed < len(pending) and pending[placed][0] < row[1]:
+                self._place(joined, extra, last_i, pending[placed])
                 placed += 1
             last_i = i
             self._last = (row[0], row[1])
-        del self._pending[:placed]
+        if placed < len(pending):  # taken after the last row here ended: they wait, oldest first
+            with self._lock:
+                self._pending[:0] = pending[placed:]
+                del self._pending[:-MAX_PENDING]
         if not joined and not extra:
             return rows
         out = list(rows)
@@ -144,12 +179,31 @@ class HwSampler:
         return [*extra.values(), *out]
 
     def drain(self) -> list[tuple]:
-        """At close: every pending reading on the last step seen, as rows of their own."""
+        """At close: stop the sampling thread (waiting at most ``JOIN_S`` for a reading under way),
+        then every pending reading on the last step seen, as rows of their own."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(JOIN_S)
+        self._check_hung()
+        with self._lock:
+            pending, self._pending = self._pending, []
         extra: dict[int, tuple] = {}
-        for reading in self._pending:
+        for reading in pending:
             self._place({}, extra, None, reading)
-        self._pending.clear()
         return list(extra.values())
+
+    def _check_hung(self) -> None:
+        """Give up on the sampling thread, once, when its NVML call under way has run past the bound."""
+        since = self._call_since
+        if since is None or self._gave_up:
+            return
+        hung_s = time.monotonic() - since
+        if hung_s < hang_bound_s(self.every_s):
+            return
+        with self._lock:
+            self._gave_up = True
+        self._warn("hw:hung", f"GPU telemetry: NVML call hung for {hung_s:.1f} s on rank {self._rank}; "
+                   "telemetry off, training and recording go on")
 
     def _place(self, joined: dict, extra: dict, last_i: int | None, reading: tuple[float, dict]) -> None:
         t, values = reading

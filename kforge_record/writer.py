@@ -58,7 +58,8 @@ class ShardWriter:
         self.max_backlog_rows = max_backlog_rows
         self.warn = Warner(where)
         self._compactor = Compactor(attempt_dir, self.warn, enabled=merge_parts)  # bounded files per folder
-        self._hw = HwSampler(hw_every_s, self.warn, self._device)  # GPU telemetry, sampled on this thread
+        # GPU telemetry, sampled on a thread of its own (a hung NVML call must not stop the writes: hw.py)
+        self._hw = HwSampler(hw_every_s, self.warn, self._device, rank=meta.get("rank"))
         self._dropped = {"disk": 0, "unconvertible": 0, "rejected": 0}  # "stuck" is the inbox's
         self.rows_written = 0
         self.parts_written = 0
@@ -73,6 +74,7 @@ class ShardWriter:
         self._thread = threading.Thread(target=self._run, name="kforge-record-writer", daemon=True)
         self._queue.put(("tidy", None))  # first: what killed merges left in earlier attempts of this rank
         self._thread.start()
+        self._hw.start()
 
     @property
     def dropped_rows(self) -> int:
@@ -126,7 +128,7 @@ class ShardWriter:
 
     def _run(self) -> None:
         while True:
-            messages = [self._hw.next_message(self._queue)]  # (sampling the GPU while it waits: hw.py)
+            messages = [self._queue.get()]
             while True:
                 try:
                     messages.append(self._queue.get_nowait())

@@ -1,8 +1,10 @@
-"""GPU telemetry: sampled on the writer thread from NVML (a fake pynvml here), stored on the step
-that had ended when each reading was taken, read back with pyarrow and through ingest."""
+"""GPU telemetry: sampled on a thread of its own from NVML (a fake pynvml here), stored on the step
+that had ended when each reading was taken, read back with pyarrow and through ingest; a hung NVML
+call stalls neither the writer nor the loop."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import types
@@ -13,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import kforge_record.env as env_mod
+import kforge_record.hw as hw_mod
 from kforge_dash import ingest_run
 from kforge_record import Recorder
 from kforge_record.hw import HwSampler
@@ -27,7 +30,7 @@ def fake_nvml(clock_mhz=lambda: 1980, reasons=lambda: 0):
     m.reads = []  # (time.time(), thread name, value of the SM clock)
     # Writer threads of recorders that earlier tests left open (a hung write, say) sample too once the
     # process looks like a CUDA one: their reads are answered but neither counted nor numbered.
-    elder = {t.ident for t in threading.enumerate()}
+    elder = m.elder = {t.ident for t in threading.enumerate()}
     m.nvmlInit = lambda: None
     m.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
     m.nvmlDeviceGetHandleByUUID = lambda u: ("gpu", u)
@@ -64,7 +67,7 @@ def _rows(run):
     return pa.concat_tables([pq.read_table(p) for p in parts], promote_options="default")
 
 
-def test_readings_are_taken_on_the_writer_thread_and_land_on_the_step_that_had_ended(tmp_path, monkeypatch):
+def test_readings_are_taken_on_a_thread_of_their_own_and_land_on_the_step_that_had_ended(tmp_path, monkeypatch):
     _as_cuda_process(monkeypatch)
     n = {"i": 0}
 
@@ -83,7 +86,8 @@ def test_readings_are_taken_on_the_writer_thread_and_land_on_the_step_that_had_e
     t = _rows(run)
     assert set(HW_COLUMNS) <= set(t.column_names)
     assert t.schema.field("hw/throttle_reasons").type == pa.float64()  # the bitmask, exactly (like every scalar)
-    assert len(nvml.reads) >= 5 and {name for _, name, _ in nvml.reads} == {"kforge-record-writer"}  # never the loop's
+    # neither the loop's thread nor the writer's (a hung call there would stop every flush)
+    assert len(nvml.reads) >= 5 and {name for _, name, _ in nvml.reads} == {"kforge-record-hw"}
     ends = sorted((s, tm) for s, tm, st in zip(t["step"].to_pylist(), t["time"].to_pylist(), t["step_time_s"].to_pylist())
                   if st is not None)
     where = {}  # clock value -> the step whose row (or a row of its own for that step) holds it
@@ -202,7 +206,7 @@ def test_hw_every_s_is_validated():
 
 
 def test_the_sampler_feeds_the_throttle_finding(tmp_path, monkeypatch):
-    """End to end: readings taken on the writer thread while the (fake) GPU throttles become an
+    """End to end: readings taken on the sampling thread while the (fake) GPU throttles become an
     hw_throttle finding on the steps that ran then."""
     _as_cuda_process(monkeypatch)
     hot = {"on": False}
@@ -220,3 +224,48 @@ def test_the_sampler_feeds_the_throttle_finding(tmp_path, monkeypatch):
     # a reading taken while step s runs belongs to step s - 1 (the step that had ended)
     assert f["ranks"] == [0] and 38 <= f["first_step"] <= 44 and 76 <= f["last_step"] <= 80
     assert f["reasons"] == ["sw_power_cap", "hw_thermal_slowdown"] and "from 1,980 to 1,200 MHz" in f["message"]
+
+
+@pytest.mark.timeout(120)  # the old code (sampling on the writer thread) fails after close_timeout_s, not hangs
+def test_a_hung_nvml_call_stalls_neither_the_writer_nor_the_loop_and_is_warned_once(tmp_path, monkeypatch):
+    """NVML answers a few reads, then one never returns (a GPU fallen off the bus): end_step never
+    waits for the writer, every row is written, close() returns at once, and one warning says it."""
+    _as_cuda_process(monkeypatch)
+    monkeypatch.setattr(hw_mod, "HANG_S", 0.5, raising=False)  # 10 s in a job: the test need not wait that long
+    never = threading.Event()  # set only after the test, to let the stuck thread end
+    nvml = fake_nvml()
+    util = nvml.nvmlDeviceGetUtilizationRates
+
+    def util_then_hang(h):
+        got = util(h)
+        if threading.get_ident() not in nvml.elder and len(nvml.reads) > 3:
+            never.wait()
+        return got
+
+    nvml.nvmlDeviceGetUtilizationRates = util_then_hang
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
+    run = tmp_path / "run"
+    try:
+        with pytest.warns(RuntimeWarning, match=r"NVML call hung for [0-9.]+ s on rank 3; telemetry off") as got:
+            rec = Recorder(run, rank=3, world_size=4, hw_every_s=0.02, flush_every_steps=10, memory_every_steps=0,
+                           close_timeout_s=10, install_sigterm_handler=False)
+            for step in range(1, 601):  # 600 rows: more than the writer may lag behind (256) before end_step waits
+                time.sleep(0.002)
+                rec.end_step(step, loss=1.0)
+            t0 = time.monotonic()
+            rec.close()
+            close_s = time.monotonic() - t0
+    finally:
+        never.set()
+    assert len(nvml.reads) == 4  # the sampler asked no more once its call hung
+    hung = [w for w in got if "NVML call hung" in str(w.message) and "(rank 3, run 'run')" in str(w.message)]
+    assert len(hung) == 1
+    assert not [w for w in got if "(rank 3, run 'run')" in str(w.message) and "writer thread" in str(w.message)]
+    assert close_s < 5  # the join of the stuck thread is bounded (hw.JOIN_S = 1 s), not close_timeout_s
+    t = _rows(run)
+    ended = [s for s, st in zip(t["step"].to_pylist(), t["step_time_s"].to_pylist()) if st is not None]
+    assert sorted(ended) == list(range(1, 601))
+    (end_file,) = run.glob("rank-*/*/end.json")
+    end = json.loads(end_file.read_text())
+    assert end["reason"] == "close" and end["rows_written"] >= 600 and end["dropped_rows_total"] == 0
+    assert end["writer_wait_s"] < 1.0  # end_step kept its pace (a stuck writer makes it wait stall_s = 2 s)
