@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--ref", default="86c3947", help="the commit to compare with (side A); side B is this tree")
     ap.add_argument("--windows", type=int, default=400, help="timed windows of 100 calls per side and case")
     ap.add_argument("--hw-every-s", type=float, default=None,
-                    help="side B samples a stand-in NVML this often (GPU telemetry on the writer thread)")
+                    help="side B samples a stand-in NVML this often (GPU telemetry, on its own thread)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kforge-ab-")
     try:

@@ -12,11 +12,10 @@ closes); when the step it belongs to was written already, it goes out as a row o
 step, which ingest coalesces into the step's row (like a ``Recorder.log`` row). Several readings of
 one step keep the last. Null elsewhere, and on machines without NVML.
 
-Issue 24 asked for sampling on the writer thread; it has a thread of its own on purpose: NVML calls
-hang on sick nodes (a GPU fallen off the bus, a stuck driver), and a hung call on the writer thread
-would stop every flush and, through back-pressure, the training loop. A call that has not returned
-after ``hang_bound_s`` is given up: the writer warns once and takes no more readings from it, and
-close() waits for the thread at most ``JOIN_S`` (a daemon: a hung one dies with the process).
+Not on the writer thread, on purpose: NVML hangs on sick nodes (a GPU off the bus); there it stops every flush, then the loop.
+A reading whose NVML calls have not returned after ``hang_bound_s`` is given up: the writer warns
+once and takes no more readings from the thread, and close() waits for it at most ``JOIN_S`` (a
+daemon: a hung one dies with the process). Readings handed over before are kept.
 
 It samples only once the process uses CUDA (a CPU job has no GPU of its own; asked again at each
 due time until it does). Without NVML then (package missing, no driver) it turns itself off with
@@ -65,7 +64,7 @@ class HwSampler:
         self._lock = threading.Lock()  # guards _pending and _gave_up; never held inside an NVML call
         self._pending: list[tuple[float, dict]] = []  # (wall time, values), oldest first
         self._gave_up = False  # a call hung: no more readings are taken from the thread
-        self._call_since: float | None = None  # monotonic start of the NVML call under way (None: none)
+        self._call_since: float | None = None  # monotonic start of the reading's NVML calls under way (None: none)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last: tuple[int, float] | None = None  # (step, time) of the last end_step row seen
@@ -182,7 +181,7 @@ class HwSampler:
         """At close: stop the sampling thread (waiting at most ``JOIN_S`` for a reading under way),
         then every pending reading on the last step seen, as rows of their own."""
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and not self._gave_up:  # given up: hung, nothing to wait for
             self._thread.join(JOIN_S)
         self._check_hung()
         with self._lock:

@@ -29,7 +29,7 @@ class RecorderOptions:
     max_backlog_rows: int
     close_timeout_s: float
     merge_parts: bool = True  # the writer merges its part files (compact.py); False: one file per flush
-    hw_every_s: float = 5.0  # GPU telemetry every so many seconds on the writer thread (hw.py); 0: off
+    hw_every_s: float = 5.0  # GPU telemetry every so many seconds on its own thread (hw.py); 0: off
 
     @classmethod
     def from_arguments(cls, *, model, hparams, tags, peak_tflops, counts_tokens, flush_every_steps,

@@ -227,14 +227,21 @@ def test_the_sampler_feeds_the_throttle_finding(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(120)  # the old code (sampling on the writer thread) fails after close_timeout_s, not hangs
-def test_a_hung_nvml_call_stalls_neither_the_writer_nor_the_loop_and_is_warned_once(tmp_path, monkeypatch):
-    """NVML answers a few reads, then one never returns (a GPU fallen off the bus): end_step never
-    waits for the writer, every row is written, close() returns at once, and one warning says it."""
+@pytest.mark.parametrize("hang_in", ["nvmlInit", "the 4th reading"])
+def test_a_hung_nvml_call_stalls_neither_the_writer_nor_the_loop_and_is_warned_once(tmp_path, monkeypatch, hang_in):
+    """NVML never returns from its init, or answers a few reads and then never returns (a GPU fallen
+    off the bus): end_step never waits for the writer, every row is written, close() returns at
+    once, and one warning says it."""
     _as_cuda_process(monkeypatch)
     monkeypatch.setattr(hw_mod, "HANG_S", 0.5, raising=False)  # 10 s in a job: the test need not wait that long
     never = threading.Event()  # set only after the test, to let the stuck thread end
     nvml = fake_nvml()
-    util = nvml.nvmlDeviceGetUtilizationRates
+    init, util = nvml.nvmlInit, nvml.nvmlDeviceGetUtilizationRates
+
+    def init_then_hang():
+        init()
+        if threading.get_ident() not in nvml.elder and hang_in == "nvmlInit":
+            never.wait()
 
     def util_then_hang(h):
         got = util(h)
@@ -242,7 +249,7 @@ def test_a_hung_nvml_call_stalls_neither_the_writer_nor_the_loop_and_is_warned_o
             never.wait()
         return got
 
-    nvml.nvmlDeviceGetUtilizationRates = util_then_hang
+    nvml.nvmlInit, nvml.nvmlDeviceGetUtilizationRates = init_then_hang, util_then_hang
     monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
     run = tmp_path / "run"
     try:
@@ -257,7 +264,7 @@ def test_a_hung_nvml_call_stalls_neither_the_writer_nor_the_loop_and_is_warned_o
             close_s = time.monotonic() - t0
     finally:
         never.set()
-    assert len(nvml.reads) == 4  # the sampler asked no more once its call hung
+    assert len(nvml.reads) == (0 if hang_in == "nvmlInit" else 4)  # the sampler asked no more once a call hung
     hung = [w for w in got if "NVML call hung" in str(w.message) and "(rank 3, run 'run')" in str(w.message)]
     assert len(hung) == 1
     assert not [w for w in got if "(rank 3, run 'run')" in str(w.message) and "writer thread" in str(w.message)]
