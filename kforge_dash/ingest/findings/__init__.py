@@ -6,6 +6,7 @@
     timeline.py    memory growth, data stalls, restarts
     episodes.py    slow episodes: the whole job's step time shifting up (and back), by change points
     kills.py       steps trained but not recorded (a kill), launches writing at the same time
+    missing.py     steps that some ranks of their launch did not record (a skipped part, a kill)
     goodput.py     the wall clock cut into productive time and badput buckets
     perstep.py     per-step facts over ranks, one lazy pass over ranks.parquet
     hardware.py    GPU throttling from the hw/ telemetry columns, and the cause of a straggler
@@ -31,7 +32,7 @@ __all__ = ["analyse_run", "FindingsOptions"]
 def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOptions, warnings: list[str]) -> dict:
     """``{"findings", "goodput", "host_ranks", "what_if", "mfu_waterfall"}`` for summary.json. A detector that
     fails on odd input costs its own findings and one warning, never the ingest."""
-    from kforge_dash.ingest.findings import episodes, goodput, kills, nonfinite, perstep, spikes, stragglers, timeline
+    from kforge_dash.ingest.findings import episodes, goodput, kills, missing, nonfinite, perstep, spikes, stragglers, timeline
     from kforge_dash.ingest.findings.model import RunFacts, classify_phases, sort_key
 
     facts = RunFacts(steps=steps, ranks_path=os.path.join(out_dir, RANKS_FILE), launches=launches, summary=summary,
@@ -59,7 +60,8 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
                            ("data stalls", timeline.data_stall_findings, (med,)),
                            ("restarts", timeline.restart_findings, (good,)),
                            ("unrecorded steps", kills.unrecorded_findings, ()),
-                           ("overlapping launches", kills.overlap_findings, ())):
+                           ("overlapping launches", kills.overlap_findings, ()),
+                           ("missing ranks", missing.missing_rank_findings, ())):
         found += attempt(name, fn, facts, *args) or []
     found += attempt("slow episodes", episodes.slow_episode_findings, facts,
                      [f for f in found if f.kind == "straggler"]) or []  # a straggler's stretch is the straggler's
