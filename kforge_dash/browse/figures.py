@@ -8,6 +8,7 @@ draws it in software (SwiftShader), and the 7 landing charts took ~45 s instead 
 from __future__ import annotations
 
 import html
+import math
 import re
 
 import plotly.graph_objects as go
@@ -160,13 +161,42 @@ def group_figure(data: GroupData, metric: str, colours: dict[str, str], *, log_y
     return _finish(fig, metric, data.x_axis, log_y=log_y, select_zoom=select_zoom)
 
 
+# The relative heatmap colours log2(ratio to the median rank), clipped to 0.5x-4x: a log scale puts 2x
+# as far above 1x as 0.5x is below it, and the clip keeps one extreme window (a 230x data stall) from
+# stretching the scale until a steady 1.4x straggler is the colour of every other rank. Diverging at
+# 1x: the median rank is near white, slower ranks red (1.25x already salmon), faster ones blue.
+RATIO_RANGE = (0.5, 4.0)
+_RATIO_TICKS = (0.5, 0.75, 1, 1.25, 1.5, 2, 3, 4)
+_RATIO_COLOURS = ((0.5, "#2166ac"), (0.75, "#92c5de"), (1.0, "#f7f7f7"), (1.25, "#f4a582"), (1.5, "#d6604d"),
+                  (2.0, "#b2182b"), (4.0, "#67001f"))
+
+
+def _log2_ratio(v: float | None) -> float | None:
+    lo, hi = RATIO_RANGE
+    return None if v is None else math.log2(min(max(v, lo), hi))
+
+
+def _ratio_text(v: float) -> str:
+    return f"{'≤' if v == RATIO_RANGE[0] else '≥' if v == RATIO_RANGE[1] else ''}{v:g}×"
+
+
 def heatmap_figure(h: Heatmap) -> go.Figure:
-    custom = [[f"{a}–{b}" for a, b in zip(h.window_start, h.window_end)] for _ in h.ranks]
-    fig = go.Figure(go.Heatmap(
-        z=h.z, x=h.window_start, y=h.ranks, customdata=custom, colorscale="Viridis",
-        colorbar=dict(title=text(h.value)), hoverongaps=False,
-        hovertemplate="rank %{y}<br>steps %{customdata}<br>%{z:.6g}<extra></extra>",
-    ))
+    seconds = h.seconds if h.seconds is not None else h.z
+    custom = [[[f"{a}–{b}", "" if s is None else f"{s:.4g}"] for a, b, s in zip(h.window_start, h.window_end, row)]
+              for row in seconds]
+    if h.relative:
+        lo, hi = (math.log2(v) for v in RATIO_RANGE)
+        colours = dict(z=[[_log2_ratio(v) for v in row] for row in h.z], zmin=lo, zmax=hi,
+                       colorscale=[((math.log2(r) - lo) / (hi - lo), c) for r, c in _RATIO_COLOURS],
+                       colorbar=dict(title=text(h.value), tickvals=[math.log2(t) for t in _RATIO_TICKS],
+                                     ticktext=[_ratio_text(t) for t in _RATIO_TICKS]),
+                       text=[["" if v is None else f"{v:.3g}×" for v in row] for row in h.z],
+                       hovertemplate="rank %{y}<br>steps %{customdata[0]}<br>%{text} the median rank"
+                                     " (%{customdata[1]} s)<extra></extra>")
+    else:
+        colours = dict(z=h.z, colorscale="Viridis", colorbar=dict(title=text(h.value)),
+                       hovertemplate="rank %{y}<br>steps %{customdata[0]}<br>%{z:.6g} s<extra></extra>")
+    fig = go.Figure(go.Heatmap(x=h.window_start, y=h.ranks, customdata=custom, hoverongaps=False, **colours))
     fig.update_layout(xaxis_title="step window (first step)", yaxis_title="rank", **_LAYOUT)
     fig.update_yaxes(autorange="reversed", dtick=1 if len(h.ranks) <= 32 else None)
     return fig

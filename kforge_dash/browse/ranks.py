@@ -23,6 +23,16 @@ class Heatmap:
     window_end: list[int]         # last step of each column's window
     z: list[list[float | None]]   # ranks × windows; None where a rank reported no step there
     value: str                    # what z holds, for the colour-bar title
+    relative: bool = False        # z is a ratio to the window's median rank (else seconds)
+    seconds: list[list[float | None]] | None = None  # the mean seconds behind z (for the hover)
+
+
+# A phase's ratio to the median rank is taken of (seconds + floor), floor = this share of the window's
+# median step time: a phase that is sub-millisecond on most ranks (four-ranks-stall's data phase before
+# step 100: 0.35 ms) would otherwise make any rank's few ms read as 100-250x, and the colour scale
+# sized for that hides a 1.4x straggler later in the same run. Differences well under 1 % of a step
+# barely colour; the median rank still reads exactly 1x.
+PHASE_FLOOR_SHARE = 0.01
 
 
 def _window_width(first: int, last: int, windows: int) -> int:
@@ -36,41 +46,49 @@ def _step_span(lf: pl.LazyFrame) -> tuple[int, int] | None:
     return int(span["a"][0]), int(span["b"][0])
 
 
+def _grid(cell: pl.DataFrame, col: str, ranks: list[int], n_w: int) -> list[list[float | None]]:
+    z = np.full((len(ranks), n_w), np.nan)
+    row = {r: i for i, r in enumerate(ranks)}
+    z[[row[r] for r in cell["rank"].to_list()], cell["w"].to_numpy()] = cell[col].cast(pl.Float64).fill_null(np.nan).to_numpy()
+    # Missing cells become None (plotly leaves a gap), never a made-up number.
+    return [[None if math.isnan(v) else float(v) for v in r] for r in z]
+
+
 def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool = False,
                  metric: str = "step_time_s") -> Heatmap:
     """Mean `metric` (step time, or a phase timer) of each rank in each of about `windows` equal step windows.
 
     relative=True divides by the median over ranks of the same window, so a straggler reads as
-    e.g. 1.5 whatever the run's speed. Under data parallelism every rank's step time is the same
-    (they wait for each other in the all-reduce), so the straggler shows in its phase timers:
-    pick metric="time/data_s" or "time/fwd_bwd_s".
+    e.g. 1.5 whatever the run's speed; for a phase timer both sides first get PHASE_FLOOR_SHARE of
+    the window's median step time added (a sub-millisecond median does not blow up the ratio).
+    Under data parallelism every rank's step time is the same (they wait for each other in the
+    all-reduce), so the straggler shows in its phase timers: pick metric="time/data_s" or "time/fwd_bwd_s".
     """
     lf = pl.scan_parquet(ranks_path, glob=False)
     span = _step_span(lf)
     label = "step time" if metric == "step_time_s" else phase_name(metric) if metric.startswith(PHASE_PREFIX) else metric
     if span is None:
-        return Heatmap([], [], [], [], f"{label} (s)")
+        return Heatmap([], [], [], [], f"{label} (s)", relative)
     first, last = span
     width = _window_width(first, last, windows)
     cell = (
-        lf.select("rank", "step", pl.col(metric).alias("x"))
+        lf.select("rank", "step", pl.col(metric).alias("x"), pl.col("step_time_s").alias("t"))
         .with_columns(((pl.col("step") - first) // width).alias("w"))
         .group_by("rank", "w")
-        .agg(pl.col("x").mean().alias("v"))
+        .agg(pl.col("x").mean().alias("s"), pl.col("t").mean())
     )
     if relative:
-        cell = cell.with_columns(pl.col("v") / pl.col("v").median().over("w"))
+        floor = pl.lit(0.0) if metric == "step_time_s" else (PHASE_FLOOR_SHARE * pl.col("t").median().over("w")).fill_null(0.0)
+        cell = cell.with_columns(((pl.col("s") + floor) / (pl.col("s").median().over("w") + floor)).alias("v"))
+    else:
+        cell = cell.with_columns(pl.col("s").alias("v"))
     cell = cell.sort("rank", "w").collect()
     ranks = cell["rank"].unique().sort().to_list()
     n_w = (last - first) // width + 1
-    z = np.full((len(ranks), n_w), np.nan)
-    row = {r: i for i, r in enumerate(ranks)}
-    z[[row[r] for r in cell["rank"].to_list()], cell["w"].to_numpy()] = cell["v"].to_numpy()
-    # Missing cells become None (plotly leaves a gap), never a made-up number.
-    z_list = [[None if math.isnan(v) else float(v) for v in r] for r in z]
     starts = [first + i * width for i in range(n_w)]
-    return Heatmap(ranks, starts, [min(s + width - 1, last) for s in starts], z_list,
-                   f"{label} / median of ranks" if relative else f"mean {label} (s)")
+    return Heatmap(ranks, starts, [min(s + width - 1, last) for s in starts], _grid(cell, "v", ranks, n_w),
+                   f"{label} / median of ranks" if relative else f"mean {label} (s)", relative,
+                   _grid(cell, "s", ranks, n_w))
 
 
 def rank_metrics(ranks_path: str | Path) -> list[str]:
@@ -86,6 +104,10 @@ def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
     """Mean seconds of each phase timer and of the whole step per rank, columns labelled for a
     person ('data (s)', 'fwd_bwd (s, incl. waiting)', 'step time (s)').
 
+    Over the steps the rank ended, a phase that did not run in one counting 0 s there (the rule of
+    the phase shares, _phase_frame): a checkpoint every 50 steps is its total / steps, not the mean of
+    the steps it ran, so a rank's phases add up to its step time (less 'other', unless they overlap).
+
     The straggler is the rank whose own work (data, fwd_bwd) is longest; the others' wait phases
     (fwd_bwd under DDP) include the time they wait for it in the gradient all-reduce.
     """
@@ -100,7 +122,8 @@ def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
         label = f"{phase_name(c)} (s{', incl. waiting' if c in wait else ''})"
         labels[c] = label if label not in labels.values() else f"{label} [{c}]"  # a phase named 'step time'
     return (
-        lf.group_by("rank")
+        _phase_frame(lf, phases, keep=("rank",))
+        .group_by("rank")
         .agg([pl.col(c).mean().alias(labels[c]) for c in (*phases, "step_time_s")])
         .sort("rank")
         .collect()
@@ -119,6 +142,19 @@ def own_work_phases(schema) -> tuple[str, ...]:
     findings/model.classify_phases with the default wait phases): not a wait phase (those hold the
     collective, so every rank's includes waiting for the others), not checkpoint or eval."""
     return classify_phases(list(schema), FindingsOptions()).own
+
+
+def per_rank_caption(own: tuple[str, ...], columns: list[str]) -> str:
+    """The per-rank phase table's caption, naming the run's own-work phases (none: said so)."""
+    waits = any("incl. waiting" in c for c in columns)
+    text = ("Mean seconds per phase and rank, over the steps each rank ended (a phase that did not run in a step "
+            "counts 0 s there, as in the phase shares).")
+    if not own:
+        return text + " No phase timer of a rank's own work: a straggler cannot be told apart from waiting here."
+    names = ", ".join(phase_name(p) for p in own)
+    wait = " while the others wait in the collective (the phases marked 'incl. waiting')" if waits else ""
+    return (text + " Under data parallelism all ranks share one step time; a straggler shows as the rank "
+            f"with the longest own work ({names}){wait}.")
 
 
 def slowest_own_work(ranks_path: str | Path) -> SlowestOwnWork | None:
@@ -184,13 +220,14 @@ _OTHER_COL = "time/other_s"
 _OVERLAP_TOL = 1e-3
 
 
-def _phase_frame(lf: pl.LazyFrame, phases: list[str]) -> pl.LazyFrame:
+def _phase_frame(lf: pl.LazyFrame, phases: list[str], keep: tuple[str, ...] = ()) -> pl.LazyFrame:
     """Ended steps with each phase's seconds (null -> 0: a timer that did not run in a step took
-    no time in it) and 'other' = step time minus the phases, clipped at 0, and by how much it was."""
+    no time in it) and 'other' = step time minus the phases, clipped at 0, and by how much it was.
+    The one rule for a phase's seconds per step: the phase shares and the per-rank table use it."""
     rest = pl.col("step_time_s") - pl.sum_horizontal(pl.col(phases).fill_null(0.0))
     return (
         lf.filter(pl.col("step_time_s").is_not_null())
-        .select("step", "step_time_s", *[pl.col(c).fill_null(0.0) for c in phases],
+        .select("step", *keep, "step_time_s", *[pl.col(c).fill_null(0.0) for c in phases],
                 *[pl.col(c).is_not_null().alias(f"{c}\0ran") for c in phases])
         .with_columns(rest.clip(lower_bound=0.0).alias(_OTHER_COL), (-rest).clip(lower_bound=0.0).alias("_over"))
     )

@@ -25,6 +25,21 @@ def _go_to_run():
 
 def _open_focus(value: str):
     st.session_state["focus"] = value
+    st.session_state["scroll_to_focus"] = True  # a finding's button: move the page to the charts it opened
+
+
+# Scrolls the page to the focus section, again for 2 s while the charts above it still take their
+# height, until the user scrolls. An inline script (no network); NONCE makes each request a new element.
+_SCROLL_TO_FOCUS = """<script>/* NONCE */ (() => {
+  let stop = false, tries = 0;
+  for (const ev of ["wheel", "touchstart", "keydown"]) document.addEventListener(ev, () => { stop = true; }, {once: true});
+  (function go() {
+    const el = document.querySelector(".st-key-focus_section");
+    if (stop || tries++ > 20) return;
+    if (el && Math.abs(el.getBoundingClientRect().top) > 2) el.scrollIntoView({block: "start"});
+    setTimeout(go, 100);
+  })();
+})();</script>"""
 
 
 st.title("Run detail")
@@ -100,12 +115,20 @@ try:  # a damaged ingested file, or one leading outside the run: name it, keep t
     steps_path, ranks_path = run.file(STEPS_FILE), run.file(RANKS_FILE)
     # The buttons above and this box set the same ?focus=FIRST-LAST: a URL reproduces the view.
     options = prep_findings.focus_options(s)
-    picked = st.selectbox("Open the steps of a finding (first-last)", options, index=None, key="focus",
-                          bind="query-params", placeholder="pick a finding's steps") if options else None
+    section = st.container(key="focus_section")  # what a finding's button scrolls to
+    picked = section.selectbox("Open the steps of a finding (first-last)", options, index=None, key="focus",
+                               bind="query-params", placeholder="pick a finding's steps") if options else None
     focus = prep_findings.parse_focus(picked)
     if focus is not None:
-        st.plotly_chart(findings_figures.focus_figure(prep_findings.focus_steps(steps_path, *focus), *focus),
-                        key="focus_chart")
+        section.plotly_chart(findings_figures.focus_figure(prep_findings.focus_steps(steps_path, *focus), *focus),
+                             key="focus_chart")
+    # Scroll there after a button (the charts open ~900 px below it) or a new focus (also from the URL).
+    asked = st.session_state.pop("scroll_to_focus", False)
+    if focus is not None and (asked or st.session_state.get("focus_shown") != picked):
+        st.session_state["focus_scrolls"] = st.session_state.get("focus_scrolls", 0) + 1
+        st.html(_SCROLL_TO_FOCUS.replace("NONCE", str(st.session_state["focus_scrolls"])), unsafe_allow_javascript=True)
+    st.session_state["focus_shown"] = picked
+    st.subheader("Per rank")  # above its controls
     left, right = st.columns([1, 2])
     rank_metrics = prep_ranks.rank_metrics(ranks_path)
     shows = prep_findings.default_rank_metric(s, rank_metrics)  # where the straggler shows
@@ -120,27 +143,24 @@ except ValueError as e:
     st.error(md_text(e))
     st.stop()
 
-st.subheader("Per rank")
 if d.heatmap is None:
     st.info(f"{md_text(ranks_path)} is missing: re-ingest the run for per-rank views.")
 else:
     st.plotly_chart(prep_figures.heatmap_figure(d.heatmap), key="heatmap")
 if d.phase_by_rank is not None and d.phase_by_rank.width > 1:
-    st.caption("Mean seconds per phase and rank. Under data parallelism all ranks share one step time; "
-               "a straggler shows as the rank with the longest own work (data, optimizer) while the others "
-               "wait in the collective (the phases marked 'incl. waiting').")
-    st.dataframe(units.frame_missing_as_dash(d.phase_by_rank, lambda v: f"{v:.4f}"), hide_index=True,
-                 key="phase_by_rank")
+    st.caption(md_text(prep_ranks.per_rank_caption(d.slowest.phases if d.slowest else (), d.phase_by_rank.columns)))
+    # Numbers stay numbers (right-aligned), each column to 4 decimals; a phase that did not run is 0 s, not a gap.
+    st.dataframe(d.phase_by_rank, hide_index=True, key="phase_by_rank", column_config={
+        c: st.column_config.NumberColumn(c, format="%.4f") for c in d.phase_by_rank.columns if c != "rank"})
 left, right = st.columns(2)
 if d.slowest is None:
     left.info("No phase timers of a rank's own work (data, forward, optimizer...): which rank is slowest cannot "
               "be told apart from waiting in the collective, so it is not drawn.")
 else:
-    own = ", ".join(prep_ranks.phase_name(p) for p in d.slowest.phases)
+    # Short enough for a half-width column at 1280 px; the own-work phases are named in the caption above.
     left.plotly_chart(prep_figures.bar_figure(
         d.slowest.counts["rank"].to_list(), d.slowest.counts["steps_slowest"].to_list(), x_title="rank",
-        y_title="steps", title=f"steps where each rank's own work ({prep_figures.text(own)}) was the longest"),
-        key="slowest")
+        y_title="steps", title="steps where each rank's own work was slowest"), key="slowest")
 if d.memory is None:
     right.info("No memory samples (CPU run, memory sampling off, or no ranks.parquet).")
 else:
