@@ -86,3 +86,40 @@ def test_run_detail_findings_are_whole_and_their_buttons_work_from_the_keyboard(
         page.locator(".js-plotly-plot .gtitle", has_text="steps 151–162").wait_for()
         assert "focus=151-162" in page.url
         assert left == []
+
+
+def test_run_detail_open_steps_scrolls_to_its_charts_and_the_per_rank_section_fits(browser, sample_runs_copy, tmp_path):
+    """spike-nan at 1280x1000: after "Open steps 151–162" only the URL changed (the charts opened ~900 px
+    below, out of view); the per-rank chart's title was cut at its half-width column ("...was the longe");
+    the per-rank controls sat above their "Per rank" heading."""
+    with serve(sample_runs_copy, tmp_path / "server.log") as url:
+        page, left = new_page(browser, width=1280, height=1000)
+        page.goto(url + "/detail?run=spike-nan")
+        button = page.get_by_role("button", name="Open steps 151–162")
+        button.wait_for()
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2")
+        assert page.locator(".js-plotly-plot .gtitle", has_text="steps 151–162").count() == 0
+        button.click()
+        chart = page.locator(".js-plotly-plot", has=page.locator(".gtitle", has_text="steps 151–162"))
+        chart.wait_for()
+        assert "focus=151-162" in page.url
+        # The page moves to the opened charts: their top comes into the viewport (a condition, not a sleep).
+        page.wait_for_function("""() => { const g = [...document.querySelectorAll('.js-plotly-plot')].find(
+            e => (e.querySelector('.gtitle') || {}).textContent === 'steps 151–162');
+            const top = g.getBoundingClientRect().top; return top >= 0 && top < window.innerHeight - 200; }""",
+                               timeout=60_000)
+        # The "Per rank" heading comes before its controls.
+        heading = page.get_by_role("heading", name="Per rank", exact=True)
+        heading.scroll_into_view_if_needed()
+        metric = page.get_by_text("per-rank metric", exact=True)
+        assert heading.bounding_box()["y"] + heading.bounding_box()["height"] <= metric.bounding_box()["y"]
+        # The slowest-own-work chart's title whole inside its chart (SVG text is clipped, not wrapped).
+        slow = page.locator(".js-plotly-plot", has=page.locator(".gtitle", has_text="own work"))
+        slow.scroll_into_view_if_needed()
+        fit = slow.evaluate("""g => { const t = g.querySelector('.gtitle').getBoundingClientRect(),
+            s = g.querySelector('.main-svg').getBoundingClientRect();
+            return {title: [t.left, t.right], svg: [s.left, s.right], text: g.querySelector('.gtitle').textContent}; }""")
+        (t0, t1), (s0, s1) = fit["title"], fit["svg"]
+        assert s0 <= t0 and t1 <= s1, fit
+        assert left == []
+        page.context.close()

@@ -185,7 +185,10 @@ else:
 
 st.subheader("Restarts")
 st.plotly_chart(prep_figures.timeline_figure(d.timeline), key="timeline")
-st.dataframe(units.frame_missing_as_dash(d.timeline, str), hide_index=True, key="restarts", column_config=TIMELINE_LABELS)
+# A column with a gap is text there ("—" for none): its numbers still right-aligned, as in the columns without.
+st.dataframe(units.frame_missing_as_dash(d.timeline, str), hide_index=True, key="restarts", column_config={
+    c: st.column_config.Column(label, alignment="right" if d.timeline[c].dtype.is_numeric() else None)
+    for c, label in TIMELINE_LABELS.items()})
 
 st.subheader("Non-finite steps")
 if d.nonfinite.is_empty():
