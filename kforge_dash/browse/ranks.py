@@ -12,6 +12,7 @@ import polars as pl
 
 from kforge_dash.contract import EMA_COLUMNS
 from kforge_dash.ingest.findings.model import classify_phases
+from kforge_dash.ingest.findings.perstep import lower_median
 from kforge_dash.ingest.findings_options import FindingsOptions
 from kforge_record.schema import MEM_COLUMNS, PHASE_PREFIX, PHASE_SUFFIX
 
@@ -58,7 +59,8 @@ def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool =
                  metric: str = "step_time_s") -> Heatmap:
     """Mean `metric` (step time, or a phase timer) of each rank in each of about `windows` equal step windows.
 
-    relative=True divides by the median over ranks of the same window, so a straggler reads as
+    relative=True divides by the median rank of the same window (the lower median, as the straggler
+    finding: an actual rank's value), so a straggler reads as
     e.g. 1.5 whatever the run's speed; for a phase timer both sides first get PHASE_FLOOR_SHARE of
     the window's median step time added (a sub-millisecond median does not blow up the ratio).
     Under data parallelism every rank's step time is the same (they wait for each other in the
@@ -79,7 +81,9 @@ def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool =
     )
     if relative:
         floor = pl.lit(0.0) if metric == "step_time_s" else (PHASE_FLOOR_SHARE * pl.col("t").median().over("w")).fill_null(0.0)
-        cell = cell.with_columns(((pl.col("s") + floor) / (pl.col("s").median().over("w") + floor)).alias("v"))
+        # The median rank as the straggler finding has it (the lower median: an actual rank's value; of two
+        # ranks the faster, so the normal rank of two reads 1x, not 0.5x beside a straggler at 2x).
+        cell = cell.with_columns(((pl.col("s") + floor) / (lower_median(pl.col("s")).over("w") + floor)).alias("v"))
     else:
         cell = cell.with_columns(pl.col("s").alias("v"))
     cell = cell.sort("rank", "w").collect()
@@ -87,7 +91,7 @@ def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool =
     n_w = (last - first) // width + 1
     starts = [first + i * width for i in range(n_w)]
     return Heatmap(ranks, starts, [min(s + width - 1, last) for s in starts], _grid(cell, "v", ranks, n_w),
-                   f"{label} / median of ranks" if relative else f"mean {label} (s)", relative,
+                   f"{label} / median rank" if relative else f"mean {label} (s)", relative,
                    _grid(cell, "s", ranks, n_w))
 
 
