@@ -4,8 +4,7 @@
     python examples/screenshots.py --out /tmp/shots
 
 sample_runs/ is copied to --root (default /tmp/kforge/sample_runs, so the sidebar's "Runs root"
-reads well on one line; its old contents are replaced), its shards dated a day back (finished runs:
-the dashboard's live refresh stays off, as for a run copied off a cluster), ingested with
+reads well on one line; its old contents are replaced), ingested with
 `kforge-ingest --no-tensorboard --no-wandb`, served by `kforge-dash` on a free 127.0.0.1 port and
 photographed by headless Chromium (/usr/bin/chromium, never downloaded; every request off
 127.0.0.1 or the report file is blocked). The report is written by `kforge-report`. Each picture
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import socket
 import subprocess
@@ -99,9 +97,6 @@ def prepare(root: Path) -> None:
     if root.exists():
         shutil.rmtree(root)
     shutil.copytree(REPO / "sample_runs", root, ignore=shutil.ignore_patterns("ingested"))
-    day_ago = time.time() - 86_400  # a checkout's files are as new as the checkout: "live" otherwise
-    for f in root.rglob("*"):
-        os.utime(f, (day_ago, day_ago))
     subprocess.run([*_script("kforge-ingest"), str(root), "--no-tensorboard", "--no-wandb"], check=True)
 
 

@@ -20,7 +20,9 @@ from kforge_dash.browse import series as prep_series
 from kforge_dash.browse.runs import NOT_INGESTED, STALE, RunInfo, RunPathError
 from kforge_dash.browse.units import md_text
 
-LIVE_WINDOW_S = 300  # a run whose shards changed this recently is being written: its pages go live
+# A run whose recorder ended a step this recently (its heartbeat.bin; browse/runs.is_live) is being
+# written: its pages go live.
+LIVE_WINDOW_S = 300
 LIVE_EVERY_S = 5
 
 
@@ -225,9 +227,10 @@ def _shard_mtime(r: RunInfo) -> float | None:
 
 
 def active(runs: list[RunInfo]) -> bool:
-    """Whether any of `runs` had shards written within LIVE_WINDOW_S: the page then refreshes itself."""
+    """Whether any of `runs` is live (browse/runs.is_live: a step ended within LIVE_WINDOW_S by a
+    recorder not yet closed): the page then refreshes itself."""
     now = time.time()
-    return any((m := _shard_mtime(r)) is not None and now - m < LIVE_WINDOW_S for r in runs)
+    return any(prep_runs.is_live(r.path, now, LIVE_WINDOW_S) for r in runs)
 
 
 def catch_up(root, runs: list[RunInfo]) -> list[str]:

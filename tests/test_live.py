@@ -1,0 +1,64 @@
+"""What "live" means on the dashboard: a recorder of the run's newest launch, not closed, ended a step
+within LIVE_WINDOW_S, read from what the recorder writes inside its files (end.json, heartbeat.bin),
+not from file times, which a clone or a copy sets to now."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from findings_fixtures import T0
+
+from kforge_dash.browse import runs as prep_runs
+from kforge_dash.browse.views.common import LIVE_WINDOW_S, active
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = Path(HERE).parent
+
+
+def _live(path) -> bool:
+    """What the compare page's live toggle opens with for this run."""
+    return active([prep_runs.RunInfo(Path(path).name, Path(path), prep_runs.INGESTED)])
+
+
+def test_a_fresh_copy_of_the_sample_runs_is_not_live(tmp_path):
+    root = tmp_path / "sample_runs"
+    shutil.copytree(REPO / "sample_runs", root, ignore=shutil.ignore_patterns("ingested"))
+    now = time.time()
+    for dirpath, dirnames, filenames in os.walk(root):  # as git clone leaves them: every file and folder new
+        for n in dirnames + filenames:
+            os.utime(os.path.join(dirpath, n), (now, now))
+    runs = sorted(p for p in root.iterdir() if p.is_dir())
+    assert len(runs) >= 7
+    assert [r.name for r in runs if _live(r)] == []
+
+
+def test_an_open_recorder_that_just_ended_a_step_is_live(tmp_path):
+    from kforge_record import Recorder
+
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
+    try:
+        rec.start_step()
+        rec.end_step(1, loss=1.0)
+        assert _live(tmp_path / "run")
+    finally:
+        rec.close()
+    assert not _live(tmp_path / "run")  # closed: end.json says it finished
+
+
+def test_a_killed_run_with_an_old_heartbeat_is_not_live(tmp_path):
+    """A real SIGKILL (tests/kill_child.py, on a fake clock from long ago): no end.json, its files
+    written just now, its heartbeat's last step ended at the fake clock's time."""
+    run = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, os.path.join(HERE, "kill_child.py"), str(run), repr(T0), "1", "20", "10", "1"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert list(run.glob("rank-*/*/heartbeat.bin")) and not list(run.glob("rank-*/*/end.json"))
+    assert time.time() - max(f.stat().st_mtime for f in run.rglob("*")) < LIVE_WINDOW_S  # fresh files
+    assert not _live(run)
