@@ -11,6 +11,7 @@ import html
 import math
 import re
 
+import numpy as np
 import plotly.graph_objects as go
 
 from kforge_dash.browse.groups import GroupData
@@ -64,7 +65,33 @@ def _finish(fig: go.Figure, metric: str, x_axis: str, *, log_y: bool, select_zoo
         fig.update_layout(dragmode="select", selectdirection="h")
     if log_y:
         fig.update_yaxes(type="log")
+    flat = flat_y_range(fig, log_y=log_y)
+    if flat is not None:
+        fig.update_yaxes(range=flat)
     return fig
+
+
+FLAT_REL = 1e-6  # a series whose values differ by less than this share of their size is drawn as flat
+FLAT_PAD = 0.1  # a flat line's y axis: its value ± this share
+
+
+def flat_y_range(fig: go.Figure, *, log_y: bool = False) -> list[float] | None:
+    """The y range for a chart whose lines are (near) constant, around their value (v × [0.9, 1.1]);
+    None otherwise, or for a line at 0, where plotly's own range is right. plotly pads a flat line
+    by ±1 whatever its size, so lr = 1e-3 would sit on an axis from -1 to 1 and read as 0."""
+    ys = [np.asarray(t.y, dtype=np.float64) for t in fig.data if t.y is not None and len(t.y)]
+    ys = [y[np.isfinite(y)] for y in ys]
+    ys = [y for y in ys if len(y)]
+    if not ys:
+        return None
+    lo, hi = min(float(y.min()) for y in ys), max(float(y.max()) for y in ys)
+    mid = (lo + hi) / 2
+    if mid == 0.0 or hi - lo > FLAT_REL * abs(mid):
+        return None
+    a, b = sorted((mid * (1 - FLAT_PAD), mid * (1 + FLAT_PAD)))
+    if log_y:
+        return [math.log10(a), math.log10(b)] if a > 0 else None
+    return [a, b]
 
 
 def _dash(run: str, dashes: dict[str, str] | None, same: dict[str, str]) -> str:
