@@ -132,3 +132,16 @@ def test_a_new_part_file_makes_an_ingested_run_stale(tmp_path):
     (rank_attempt / ".part-000000.parquet.tmp").write_bytes(b"x")  # written, then renamed in
     os.rename(rank_attempt / ".part-000000.parquet.tmp", rank_attempt / "part-000000.parquet")
     assert prep_runs.list_runs(tmp_path)[0].status == STALE
+
+
+def test_runs_table_columns_say_once_what_every_run_shares(tmp_path):
+    write_run(tmp_path, "a", n=20, tags=["x"])
+    write_run(tmp_path, "b", n=20)
+    runs = prep_runs.list_runs(tmp_path)
+    table = prep_runs.runs_table(runs)
+    shown = prep_runs.table_columns(table)
+    assert shown[:4] == ["run", "findings", "warnings", "goodput"]  # on screen whatever the width
+    assert "status" not in shown and "device" not in shown and "tags" in shown
+    assert prep_runs.runs_table_note(table) == "Every run: ingested · device NVIDIA H100 80GB HBM3"
+    runs[1].status = prep_runs.STALE
+    assert "status" in prep_runs.table_columns(prep_runs.runs_table(runs))

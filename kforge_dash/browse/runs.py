@@ -358,6 +358,39 @@ def runs_table(runs: list[RunInfo]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=_TABLE_SCHEMA)
 
 
+# The runs table's columns as shown: what a run found and warned about first, so they are on screen
+# whatever the width.
+TABLE_ORDER = ("run", "status", "findings", "warnings", "goodput", "restarts", "steps", "tokens", "wall_time_h",
+               "final_loss", "best_loss", "mean_mfu", "peak_mem_gib", "gpus", "device", "tags")
+
+
+# Columns that, holding one value on every row, are said once above the table instead (runs_table_note).
+SAID_ONCE = ("status", "device", "tags")
+
+
+def _same_everywhere(table: pl.DataFrame) -> dict[str, str | None]:
+    """Of SAID_ONCE, the columns with one value (null included) on every row, with that value."""
+    return {c: table[c][0] for c in SAID_ONCE if len(table) and table[c].n_unique() == 1}
+
+
+def table_columns(table: pl.DataFrame) -> list[str]:
+    """The runs_table columns to show, in TABLE_ORDER, less the SAID_ONCE ones that are the same on
+    every row (runs_table_note says those once)."""
+    same = _same_everywhere(table)
+    return [c for c in TABLE_ORDER if c in table.columns and c not in same]
+
+
+def runs_table_note(table: pl.DataFrame) -> str | None:
+    """What every run shares of the columns table_columns leaves out, as plain text ("Every run:
+    ingested · device CPU · no tags"); None when there is none."""
+    same = _same_everywhere(table)
+    parts = [("no " + c if v is None else f"{c} {v}") if c != "status" else str(v) for c, v in same.items()]
+    return ("Every run: " + " · ".join(parts)) if parts else None
+
+
+assert set(TABLE_ORDER) == set(_TABLE_SCHEMA), "every runs_table column has its place in TABLE_ORDER"
+
+
 def _flatten(d, prefix: str = "") -> dict[str, object]:
     out = {}
     for k, v in d.items():

@@ -92,10 +92,15 @@ def legend_css(styles: list[prep_runs.RunStyle], *, pills_key: str, tags_key: st
         rules.append(f".st-key-{pills_key} button:nth-of-type({i}) {{ border-color: {st_.colour} !important; }}")
         rules.append(f".st-key-{pills_key} button:nth-of-type({i})::before {{ content: ''; display: inline-block; "
                      f"width: 18px; height: 3px; margin-right: 6px; vertical-align: middle; background: {_swatch(st_)}; }}")
-        if tags_key is not None:
-            rules.append(f".st-key-{tags_key} [data-tag-index='{i - 1}'] {{ background-color: {st_.colour} !important; "
-                         f"color: {_ink(st_.colour)} !important; }}")
+    if tags_key is not None:
+        rules += tag_rules(styles, tags_key)
     return "<style>\n" + "\n".join(rules) + "\n</style>"
+
+
+def tag_rules(styles: list[prep_runs.RunStyle], tags_key: str) -> list[str]:
+    """CSS rules that colour the i-th tag of the multiselect keyed `tags_key` with styles[i]'s colour."""
+    return [f".st-key-{tags_key} [data-tag-index='{i}'] {{ background-color: {st_.colour} !important; "
+            f"color: {_ink(st_.colour)} !important; }}" for i, st_ in enumerate(styles)]
 
 
 def runs_root():

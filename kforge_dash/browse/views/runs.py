@@ -25,12 +25,18 @@ FORMATS = {
 }
 # Columns without a gap stay numbers (they sort as numbers; the Styler only says how they read);
 # a column with a gap is shown as text with "—" (Streamlit would print "None").
-rows = units.with_missing_as_dash(prep_runs.runs_table(runs).to_dicts(), FORMATS)
-table = pd.DataFrame(rows, columns=prep_runs.runs_table([]).columns)
+# The table fits a 1400 px window: the page's side margins narrowed, columns that say the same on every
+# row said once above it (runs.table_columns), findings and warnings next to the names.
+st.html("<style>.stMainBlockContainer { padding-left: 1.5rem; padding-right: 1.5rem; }</style>")
+data = prep_runs.runs_table(runs)
+if (note := prep_runs.runs_table_note(data)) is not None:
+    st.caption(md_text(note))
+rows = units.with_missing_as_dash(data.to_dicts(), FORMATS)
+table = pd.DataFrame(rows, columns=data.columns)
 numeric = {c: f for c, f in FORMATS.items() if c in table and pd.api.types.is_numeric_dtype(table[c])}
 shown = table.style.format(numeric, na_rep=units.MISSING)
 st.dataframe(
-    shown, hide_index=True, key="runs_table",
+    shown, hide_index=True, key="runs_table", column_order=prep_runs.table_columns(data),
     column_config={
         "wall_time_h": cfg.Column(units.TRAINING_TIME, help=units.WALL_TIMES_HELP), "final_loss": cfg.Column("final loss"),
         "best_loss": cfg.Column("best loss"), "mean_mfu": cfg.Column("mean MFU"),
@@ -44,6 +50,9 @@ st.subheader("Config diff")
 ingested = [r for r in runs if r.ingested]
 names = st.multiselect("Runs to diff", [r.name for r in ingested], default=[r.name for r in ingested],
                        key="diff_runs")
+# Each picked run wears its own colour, the one it has on every chart (runs claim colours oldest first).
+styles = prep_runs.run_styles(prep_runs.claim_order(runs))
+st.html("<style>\n" + "\n".join(common.tag_rules([styles[n] for n in names], "diff_runs")) + "\n</style>")
 if len(names) < 2:
     st.info("Pick at least two runs to see what differs.")
     st.stop()
