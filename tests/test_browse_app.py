@@ -92,7 +92,7 @@ def test_group_band_and_zoom_inputs_on_the_compare_page(tmp_path, monkeypatch):
     fills = [t for t in chart["data"] if t.get("fill") == "tonexty"]
     assert len(fills) == 2  # one band per group
     means = [t for t in chart["data"] if t.get("line", {}).get("width") == 1.8]
-    assert sorted(t["name"] for t in means) == ["a (2 runs)", "b (1 runs)"]
+    assert sorted(t["name"] for t in means) == ["a (2 runs)", "b (1 run)"]
     assert chart["layout"]["dragmode"] == "select"
 
 

@@ -137,7 +137,7 @@ def test_group_band(browser, synthetic):
     # The legend may reach the page a moment after the charts (the charts are sent first): wait for it.
     page.wait_for_function("() => document.querySelectorAll('.st-key-legend button').length >= 2")
     legends = page.locator(".st-key-legend button").all_text_contents()
-    assert sorted(legends) == ["a (2 runs)", "b (1 runs)"]
+    assert sorted(legends) == ["a (2 runs)", "b (1 run)"]
 
 
 def drag(page, first_step: int, last_step: int) -> None:

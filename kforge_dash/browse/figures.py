@@ -18,6 +18,7 @@ from kforge_dash.browse.groups import GroupData
 from kforge_dash.browse.overlap import identical_runs
 from kforge_dash.browse.ranks import Heatmap
 from kforge_dash.browse.series import X_LABELS, CompareData
+from kforge_dash.browse.units import counted
 
 _MARKER_SYMBOL = {"nan": "x", "inf": "triangle-up", "-inf": "triangle-down", "restart": "diamond", "spike": "star"}
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, hovermode="closest",
@@ -170,7 +171,7 @@ def group_figure(data: GroupData, metric: str, colours: dict[str, str], *, log_y
     for b in data.bands:
         if b.metric != metric:
             continue
-        colour, name = colours.get(b.group, "#1f77b4"), text(f"{b.group} ({len(b.runs)} runs)")
+        colour, name = colours.get(b.group, "#1f77b4"), text(f"{b.group} ({counted(len(b.runs), 'run')})")
         fig.add_trace(go.Scatter(x=b.x, y=b.lo * scale, mode="lines", line=dict(width=0), showlegend=False,
                                  legendgroup=name, hoverinfo="skip", name=name))
         fig.add_trace(go.Scatter(x=b.x, y=b.hi * scale, mode="lines", line=dict(width=0), fill="tonexty",

@@ -257,8 +257,9 @@ def _nonfinite_markers(run: str, metric: str, x, y, step, finite) -> list[Marker
             if count > MAX_MARKERS:  # a diverged run: evenly spaced markers, the count stays exact
                 pick = np.linspace(0, count - 1, MAX_MARKERS).round().astype(np.int64)
                 idx, h = idx[pick], h[pick]
+            more = f" ({count} such steps)" if count > 1 else ""
             out.append(Marker(run, metric, kind, x[idx], h, step[idx],
-                              [f"{metric} = {kind} at step {s} ({count} such steps)" for s in step[idx]], count))
+                              [f"{metric} = {kind} at step {s}{more}" for s in step[idx]], count))
     return out
 
 

@@ -77,11 +77,25 @@ def device_label(summary: dict) -> str:
     return f"{name} ×{n}" if isinstance(n, int) and not isinstance(n, bool) else str(name)
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 run', '2 runs' (`plural` for a noun that does not take an s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def _origin(value: str | None, what: str, source) -> str:
+    """'7.4e+08 FLOPs/token from table', '... FLOPs/token' (no source known), 'FLOPs/token unknown'."""
+    if value is None:
+        return f"{what} unknown"
+    return f"{value} {what}" + (f" from {source}" if source else "")
+
+
 def flops_origin(summary: dict) -> str:
-    """Where FLOPs/token and the peak came from, in one line (both are in summary.json)."""
+    """Where FLOPs/token and the peak came from, in one line (both are in summary.json); a value not
+    known reads "unknown" (a sentence, not a table: no dash)."""
     fpt, peak = summary.get("flops_per_token"), summary.get("peak_tflops")
-    f = f"{number(fpt, '{:.4g}')} FLOPs/token from {summary.get('flops_source') or MISSING}"
-    p = f"peak {number(peak, '{:g}')} TFLOPS/GPU from {summary.get('peak_source') or MISSING}"
+    f = _origin(None if fpt is None else number(fpt, "{:.4g}"), "FLOPs/token", summary.get("flops_source"))
+    p = "peak TFLOPS unknown" if peak is None else "peak " + _origin(number(peak, "{:g}"), "TFLOPS/GPU",
+                                                                      summary.get("peak_source"))
     return f"{f}; {p}"
 
 

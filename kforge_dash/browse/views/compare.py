@@ -18,6 +18,7 @@ from kforge_dash.browse import overlap as prep_overlap
 from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
+from kforge_dash.browse import units
 from kforge_dash.browse import zoom as prep_zoom
 from kforge_dash.browse.units import md_text
 from kforge_dash.browse.views import common
@@ -157,8 +158,8 @@ if st.session_state.get("_legend_entries") != entries or "legend" not in st.sess
     hidden = set(st.session_state.get("_legend_entries") or []) - set(st.session_state.get("legend") or [])
     st.session_state["legend"] = [e for e in entries if e not in hidden]
     st.session_state["_legend_entries"] = entries
-shown = st.pills("Legend", entries, selection_mode="multi", key="legend",
-                 format_func=lambda e: md_text(f"{e} ({len(members[e])} runs)" if grouped else e), label_visibility="collapsed")
+shown = st.pills("Legend", entries, selection_mode="multi", key="legend", label_visibility="collapsed",
+                 format_func=lambda e: md_text(f"{e} ({units.counted(len(members[e]), 'run')})" if grouped else e))
 for key, (note, value) in url_notes.items():
     if st.session_state.get(key) == value:  # until the input is changed
         st.caption(md_text(note))
