@@ -15,12 +15,13 @@ import streamlit as st
 
 from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import groups as prep_groups
+from kforge_dash.browse import live as prep_live
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
 from kforge_dash.browse.runs import NOT_INGESTED, STALE, RunInfo, RunPathError
 from kforge_dash.browse.units import md_text
 
-# A run whose recorder ended a step this recently (its heartbeat.bin; browse/runs.is_live) is being
+# A run whose recorder ended a step this recently (its heartbeat.bin; browse/live.is_live) is being
 # written: its pages go live.
 LIVE_WINDOW_S = 300
 LIVE_EVERY_S = 5
@@ -232,10 +233,10 @@ def _shard_mtime(r: RunInfo) -> float | None:
 
 
 def active(runs: list[RunInfo]) -> bool:
-    """Whether any of `runs` is live (browse/runs.is_live: a step ended within LIVE_WINDOW_S by a
+    """Whether any of `runs` is live (browse/live.is_live: a step ended within LIVE_WINDOW_S by a
     recorder not yet closed): the page then refreshes itself."""
     now = time.time()
-    return any(prep_runs.is_live(r.path, now, LIVE_WINDOW_S) for r in runs)
+    return any(prep_live.is_live(r.path, now, LIVE_WINDOW_S) for r in runs)
 
 
 def catch_up(root, runs: list[RunInfo]) -> list[str]:
