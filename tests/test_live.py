@@ -62,3 +62,21 @@ def test_a_killed_run_with_an_old_heartbeat_is_not_live(tmp_path):
     assert list(run.glob("rank-*/*/heartbeat.bin")) and not list(run.glob("rank-*/*/end.json"))
     assert time.time() - max(f.stat().st_mtime for f in run.rglob("*")) < LIVE_WINDOW_S  # fresh files
     assert not _live(run)
+
+
+def test_an_open_recorder_before_its_first_step_is_live_by_its_start(tmp_path):
+    """No step ended yet (the heartbeat's time is 0): meta.json's start_time says when it started."""
+    import json
+
+    from kforge_record import Recorder
+
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
+    try:
+        assert _live(tmp_path / "run")
+        (meta,) = (tmp_path / "run").glob("rank-*/*/meta.json")
+        m = json.loads(meta.read_text())
+        m["start_time"] -= 2 * LIVE_WINDOW_S  # started long ago and never ended a step: not live
+        meta.write_text(json.dumps(m))
+        assert not _live(tmp_path / "run")
+    finally:
+        rec.close()
