@@ -4,12 +4,14 @@ causes (hw_throttle, cause), the run without its stragglers (what_if) and where 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from click.testing import CliRunner
 from findings_fixtures import Clock, close_all, drive, install, open_ranks
 
 from kforge_dash import IngestOptions, ingest_run
+from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.ingest.options import IngestWarning
 
 
@@ -141,17 +143,57 @@ def test_the_screen_says_what_the_stragglers_cost(tmp_path, monkeypatch):
     out = CliRunner().invoke(main, [str(run), "--no-tensorboard", "--no-wandb"])
     assert out.exit_code == 0, out.output
     line = next(ln for ln in out.output.splitlines() if "what-if" in ln)
-    assert "without its stragglers this run would have taken" in line and "; rank 5 (" in line
-    assert "alone cost 50 s" in line
+    assert "Without its stragglers this run would have taken" in line and "; rank 5 (" in line
+    # the run page header's format (units.duration): 1 decimal under 100 s, h:mm:ss above; not rounded to "50 s"
+    assert re.search(r"alone cost (4[5-9]|5[0-5])\.\d s$", line), line
+    assert re.search(r"instead of \d+:\d\d:\d\d;", line), line
+
+
+def _screen_what_if(run_dir) -> list[str]:
+    from kforge_dash.cli.ingest import main
+
+    out = CliRunner().invoke(main, [str(run_dir), "--no-tensorboard", "--no-wandb"])
+    assert out.exit_code == 0, out.output
+    return [ln for ln in out.output.splitlines() if "what-if" in ln or "stragglers" in ln]
+
+
+def test_no_what_if_sentence_without_a_straggler_or_a_material_saving(tmp_path, monkeypatch):
+    """A single rank (the tutorial) and the preempted sample run (2 clean ranks, ~1 % timer noise) said
+    "3.3 s instead of 3.3 s; rank 0 alone cost 0.0 s": now nothing; the straggler sample run still says it."""
+    import shutil
+
+    from dash_fixtures import SAMPLE_RUNS
+
+    single = _planted(tmp_path, monkeypatch, slow=False, ranks=1, steps=60, name="tutorial")
+    s = ingest_run(single).summary
+    assert s["what_if"] is not None and s["what_if"]["by_rank"][0]["rank"] == 0  # the data stays
+    assert _screen_what_if(single) == []
+    assert prep_diagnosis.what_if_text(s) is None
+    for name in ("preempted", "straggler"):
+        shutil.copytree(SAMPLE_RUNS / name, tmp_path / name, ignore=shutil.ignore_patterns("ingested"))
+    assert _screen_what_if(tmp_path / "preempted") == []
+    (line,) = _screen_what_if(tmp_path / "straggler")
+    assert line.strip() == ("what-if: Without its stragglers this run would have taken 39.2 s instead of 49.9 s; "
+                            "rank 1 (vm) alone cost 10.7 s")
 
 
 def test_the_what_if_sentence_reads_as_the_issue_asks():
-    from kforge_dash.ingest.findings.whatif import what_if_sentence
-
     w = {"total_s": 3 * 3600 + 42 * 60, "without_stragglers_s": 3 * 3600 + 10 * 60, "saved_s": 32 * 60,
          "by_rank": [{"rank": 17, "host": "node-42", "cost_s": 24 * 60}, {"rank": 3, "host": "node-1", "cost_s": 60}],
          "method": "..."}
-    assert what_if_sentence(w) == ("without its stragglers this run would have taken 3 h 10 min instead of 3 h 42 min; "
-                                   "rank 17 (node-42) alone cost 24 min")
-    assert what_if_sentence({**w, "by_rank": []}).endswith("instead of 3 h 42 min")
-    assert what_if_sentence(None) is None and what_if_sentence({"total_s": None}) is None
+    straggler = {"kind": "straggler", "ranks": [17]}
+    assert prep_diagnosis.what_if_text({"what_if": w, "findings": [straggler]}) == (
+        "Without its stragglers this run would have taken 3:10:00 instead of 3:42:00; rank 17 (node-42) alone cost 0:24:00")
+    # material (32 min of 3 h 42 min) without a finding: said, rank 17 named by its own material cost
+    assert prep_diagnosis.what_if_text({"what_if": w}).endswith("rank 17 (node-42) alone cost 0:24:00")
+    # no rank's cost is material and none is named by a finding: the saving is said, no rank named
+    spread = {**w, "by_rank": [{"rank": 3, "host": "node-1", "cost_s": 60}]}
+    assert prep_diagnosis.what_if_text({"what_if": spread}).endswith("instead of 3:42:00")
+    # 0.4 s of 44 s (preempted) and 0 s of 3.3 s (one rank): nothing to say
+    for total, saved in ((44.2, 0.45), (3.3, 0.0), (20.0, 0.9)):
+        tiny = {"total_s": total, "without_stragglers_s": total - saved, "saved_s": saved,
+                "by_rank": [{"rank": 0, "host": "vm", "cost_s": saved}], "method": "..."}
+        assert prep_diagnosis.what_if_text({"what_if": tiny}) is None, (total, saved)
+        assert prep_diagnosis.what_if_text({"what_if": tiny, "findings": [{"kind": "straggler", "ranks": [0]}]})
+    assert prep_diagnosis.what_if_text({"what_if": None}) is None and prep_diagnosis.what_if_text(None) is None
+    assert prep_diagnosis.what_if_text({"what_if": {"total_s": None}}) is None

@@ -83,9 +83,9 @@ def _findings_lines(s: dict) -> list[str]:
         lost = ", ".join(f"{k} {v:,.1f} s" for v, k in big)
         lines.append(f"  goodput {100 * g['fraction']:.1f}% ({g['productive_s']:,.1f} of {g['total_s']:,.1f} s productive"
                      f"{'; lost: ' + lost if lost else ''}; {g.get('wasted_steps', 0)} steps recomputed)")
-    from kforge_dash.ingest.findings.whatif import what_if_sentence
+    from kforge_dash.browse.diagnosis import what_if_text
 
-    what_if = what_if_sentence(s.get("what_if"))
+    what_if = what_if_text(s)  # None when there is nothing to say (no straggler finding, no material saving)
     if what_if:
         lines.append(f"  what-if: {what_if}")
     findings = s.get("findings") or []
