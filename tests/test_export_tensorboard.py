@@ -195,7 +195,7 @@ def test_no_tensorboard_says_an_earlier_event_file_was_left_in_place(tmp_path, m
     first = CliRunner().invoke(main, [run, "--no-wandb", "-q"])
     assert first.exit_code == 0 and "note" not in first.stderr
     [old] = kforge_event_files(run)
-    r = CliRunner().invoke(main, [run, "--no-wandb", "--no-tensorboard", "--force", "-q"])
+    r = CliRunner().invoke(main, [run, "--no-wandb", "--no-tensorboard", "--force"])  # -q: no note
     assert r.exit_code == 0, r.output
     assert f"kforge-ingest: note: {old}: TensorBoard export switched off (--no-tensorboard)" in r.stderr
     assert "left as it is" in r.stderr and kforge_event_files(run) == [old]

@@ -42,6 +42,16 @@ def _flops_origin(s: dict) -> str:
             f"peak {_num(s.get('peak_tflops'), '{:g}')} TFLOPS/GPU from {s.get('peak_source') or '-'}")
 
 
+def _wall_times_line(s: dict) -> str:
+    """The run page's two wall times, labelled as there (browse/units.py): the kept steps' own times, and
+    the job's wall clock from the first launch to the last record."""
+    from kforge_dash.browse import units
+
+    train_s, clock_s = units.wall_times(s)
+    return (f"  {units.TRAINING_TIME} {units.duration(train_s)}   "
+            f"{units.JOB_WALL_CLOCK} {units.duration(clock_s)} (incl. downtime and startup)")
+
+
 def _screen(res) -> list[str]:
     """The one-screen summary of one ingested run."""
     s = res.summary
@@ -51,8 +61,8 @@ def _screen(res) -> list[str]:
         f"  steps {_num(s.get('steps'))} ({s.get('first_step')}..{s.get('last_step')})   ranks {len(s.get('ranks') or [])}"
         f"   world size {s.get('world_size')}   attempts {len(s.get('attempts') or [])}"
         f"   restarts {len(s.get('restarts') or [])}",
-        f"  tokens {_num(s.get('tokens'))}   wall time {_num(s.get('wall_time_s'), '{:,.1f}')} s"
-        f"   tokens/s {_num(s.get('mean_tokens_per_sec'))}",
+        f"  tokens {_num(s.get('tokens'))}   tokens/s {_num(s.get('mean_tokens_per_sec'))}",
+        _wall_times_line(s),
         f"  mean MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}   final loss {_num(s.get('final_loss'), '{:.4g}')}"
         f"   best loss {_num(s.get('best_loss'), '{:.4g}')}",
     ]
@@ -128,11 +138,21 @@ def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, j
 
 
 def _note_stale_tensorboard(result) -> None:
-    """--no-tensorboard leaves an earlier export's event file in place: say so (once, on stderr)."""
-    from kforge_dash.export.tensorboard import stale_export
+    """--no-tensorboard leaves an earlier export's event file in place: say so (on stderr) where it is
+    really older than the run's ingested outputs (re-ingested since); a run skipped as unchanged, whose
+    event file was written after its outputs, gets no note. Not called under --quiet."""
+    from kforge_dash.contract import STEPS_FILE
+    from kforge_dash.export.tensorboard import kforge_event_files, stale_export
 
     for r in result.ok:
-        note = stale_export(r.run_dir)
+        events = kforge_event_files(r.run_dir)
+        try:
+            # steps.parquet, not summary.json: the summary is rewritten after every export to record it
+            older = bool(events) and os.path.getmtime(events[-1]) < os.path.getmtime(os.path.join(r.ingested_dir,
+                                                                                                  STEPS_FILE))
+        except OSError:  # gone meanwhile: nothing to say
+            older = False
+        note = stale_export(r.run_dir) if older else None
         if note:
             click.echo(f"kforge-ingest: note: {note}", err=True)
 
@@ -244,7 +264,7 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
                     after_pass(hook, r, lambda msg: click.echo(f"kforge-ingest: on-finding: {msg}", err=True))
 
             report(first, json_lines=watch is not None)
-            if no_tensorboard:
+            if no_tensorboard and not quiet:  # -q: only errors
                 _note_stale_tensorboard(first)
             if watch is None:
                 sys.exit(first.exit_code)
