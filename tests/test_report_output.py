@@ -38,3 +38,21 @@ def test_the_default_charts_skip_a_metric_no_run_has(sample_runs_copy, tmp_path)
     report = write_report([sample_runs_copy], tmp_path / "r.html")
     assert "mem_peak_bytes" not in report.metrics and not [n for n in report.notes if "mem_peak_bytes" in n]
     assert {"loss", "grad_norm", "lr"} <= set(report.metrics)
+
+
+def test_an_unknown_metric_is_a_usage_error_with_the_nearest_names_and_writes_nothing(tmp_path):
+    """`--metrics nosuch` wrote a report with 0 charts and exited 0."""
+    write_run(tmp_path / "runs", "a", n=30)
+    out = tmp_path / "r.html"
+    r = CliRunner().invoke(main, [str(tmp_path / "runs"), "-o", str(out), "--metrics", "nosuch"])
+    assert r.exit_code == 2 and not out.exists(), r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kforge-report: error: --metrics 'nosuch': no such metric")
+    assert "(known: loss, " in lines[0]
+    # a typo among known names: an error too, naming only the typo, with the nearest known name
+    r = CliRunner().invoke(main, [str(tmp_path / "runs"), "-o", str(out), "--metrics", "loss", "--metrics", "grad_nrom"])
+    assert r.exit_code == 2 and not out.exists(), r.output
+    assert r.output.strip() == ("kforge-report: error: --metrics 'grad_nrom' (did you mean 'grad_norm'?): "
+                                "no such metric in the runs reported")
+    r = CliRunner().invoke(main, [str(tmp_path / "runs"), "-o", str(out), "--metrics", "loss", "--metrics", "grad_norm"])
+    assert r.exit_code == 0 and out.is_file() and "2 chart(s)" in r.output, r.output

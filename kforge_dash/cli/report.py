@@ -28,6 +28,10 @@ def main(paths, output, runs, metrics, smoothing, title) -> None:
 
     options = ReportOptions(metrics=tuple(metrics) or None, smoothing=smoothing, title=title)
     try:
+        unknown = _unknown_metrics(list(paths), list(runs) or None, list(metrics))
+        if unknown:  # nothing written: a report without a chart asked for would pass for a complete one
+            click.echo(f"kforge-report: error: {unknown}", err=True)
+            sys.exit(2)
         report = write_report(list(paths), output, runs=list(runs) or None, options=options)
     except ValueError as e:
         click.echo(f"kforge-report: error: {e}", err=True)
@@ -41,6 +45,31 @@ def main(paths, output, runs, metrics, smoothing, title) -> None:
     size = len(report.html.encode("utf-8"))
     click.echo(f"kforge-report: {output}: {len(report.runs)} run(s), {len(report.metrics)} chart(s), {size / 1e6:.1f} MB",
                err=True)
+
+
+def _unknown_metrics(paths: list[str], runs: list[str] | None, metrics: list[str]) -> str | None:
+    """One line naming each --metrics name that no chosen run has, with the nearest known names; None when
+    every name is known (or when there is no run to check: write_report says what is wrong then).
+    One unknown name among known ones is an error too: its chart would be missing from the report."""
+    import difflib
+
+    from kforge_dash.browse import series
+    from kforge_dash.browse.report import find_runs
+
+    chosen = find_runs(paths, runs).runs if metrics else []
+    if not chosen:
+        return None
+    have = series.available_metrics([series.steps_schema(r.source().steps_path) for r in chosen])
+    unknown = [m for m in dict.fromkeys(metrics) if m not in have]
+    if not unknown:
+        return None
+    parts, guessed = [], True
+    for m in unknown:
+        near = difflib.get_close_matches(m, have, n=3)
+        guessed &= bool(near)
+        parts.append(repr(m) + (f" (did you mean {', '.join(map(repr, near))}?)" if near else ""))
+    known = "" if guessed else f" (known: {', '.join(have[:8])}{f', ... ({len(have)} in all)' if len(have) > 8 else ''})"
+    return f"--metrics {'; '.join(parts)}: no such metric in the runs reported{known}"
 
 
 if __name__ == "__main__":
