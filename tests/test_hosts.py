@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 import kforge_record.env as env_mod
 from kforge_dash.browse import hosts as prep_hosts
 from kforge_dash.browse import runs as prep_runs
+from kforge_dash.browse.units import md_text
 from kforge_dash.cli.ingest import main
 from kforge_dash.ingest.hosts import host_table
 from kforge_record import Recorder
@@ -114,25 +115,92 @@ def test_noise_of_clean_runs_does_not_add_up_into_a_hosts_cost():
     assert (by["node-2"]["cost_s"], by["node-1"]["cost_s"], by["node-1"]["cost_runs"]) == (5.0, 0.0, 11)
 
 
-def test_hosts_page_data_and_links(root):
+def test_hosts_page_data(root):
     _ingest_json(root)
     runs = prep_runs.list_runs(root)
     t = prep_hosts.hosts_table(runs)
     assert t["host"].to_list()[0] == "node-3" and t["straggler_runs"].to_list()[0] == 2
-    assert t["findings"].to_list()[0] == "hosts?host=node-3"
     f = prep_hosts.host_findings(runs, "node-3")
-    assert f["run"].to_list() == ["job-a", "job-c"] and set(f["kind"].to_list()) == {"straggler"}
-    assert f["open"].to_list()[0].startswith("detail?run=job-a&focus=")
-    assert prep_hosts.host_findings(runs, "node-1").is_empty()
+    assert [x.run for x in f] == ["job-a", "job-c"] and {x.card.kind for x in f} == {"straggler"}
+    summary = json.loads((root / "job-a" / "ingested" / "summary.json").read_text())
+    (strag,) = [x for x in summary["findings"] if x["kind"] == "straggler"]
+    assert f[0].card.message == strag["message"]  # whole, as the run page shows it
+    assert f[0].card.focus == f"{strag['first_step']}-{strag['last_step']}"  # the run page's ?focus= value
+    assert prep_hosts.host_findings(runs, "node-1") == []
 
 
-def test_hosts_page_renders_the_table_and_a_hosts_findings(root, monkeypatch):
-    _ingest_json(root)
+def _hosts_page(root, monkeypatch, host=None):
     monkeypatch.setenv(prep_runs.ROOT_ENV, str(root))
-    at = AppTest.from_file(str(APP.parent / "views" / "hosts.py"), default_timeout=300)
-    at.query_params["host"] = "node-3"
+    at = AppTest.from_file(str(APP), default_timeout=300)
+    if host is not None:
+        at.query_params["host"] = host
     at.run()
+    at.switch_page("views/hosts.py").run()
     assert not at.exception
-    table, found = at.dataframe
+    return at
+
+
+def test_hosts_page_renders_the_table_and_a_hosts_findings_with_real_links(root, monkeypatch):
+    """The findings were a table that cut messages at its width, with 'open steps' cells that were no
+    link (Playwright found no element); cost (s) showed 38.3795 where the CLI says 38.4."""
+    _ingest_json(root)
+    at = _hosts_page(root, monkeypatch, "node-3")
+    (table,) = at.dataframe  # the findings are no table any more
     assert table.value["host"].tolist()[0] == "node-3"
-    assert found.value["run"].tolist() == ["job-a", "job-c"]
+    cost = json.loads(table.proto.columns)["cost_s"]
+    assert (cost["label"], cost["type_config"]["format"]) == ("cost (s)", "%.1f")
+    links = at.get("page_link")
+    assert [(x.proto.page, x.proto.query_string) for x in links] == [
+        ("detail", f"run={x.run}&focus={x.card.focus}") for x in prep_hosts.host_findings(prep_runs.list_runs(root), "node-3")]
+    assert [x.proto.label.split(" of ")[-1] for x in links] == ["job-a", "job-c"]
+    messages = [m.value for m in at.markdown]
+    summary = json.loads((root / "job-c" / "ingested" / "summary.json").read_text())
+    (strag,) = [x for x in summary["findings"] if x["kind"] == "straggler"]
+    assert md_text(strag["message"]) in messages
+
+
+def test_hosts_page_cost_with_a_gap_is_text_to_one_decimal(root, monkeypatch, tmp_path):
+    """A host whose cost no run knows: the column is text, "—" there, the others to one decimal."""
+    import shutil
+
+    _ingest_json(root)
+    mixed = tmp_path / "runs"
+    shutil.copytree(root, mixed)
+    s_path = mixed / "job-b" / "ingested" / "summary.json"
+    s = json.loads(s_path.read_text())
+    s["host_ranks"].append({"host": "node-9", "ranks": [7]})
+    s_path.write_text(json.dumps(s))
+    at = _hosts_page(mixed, monkeypatch)
+    (table,) = at.dataframe
+    got = dict(zip(table.value["host"], table.value["cost_s"]))
+    assert got["node-3"].strip() == "8.0" and got["node-9"] == "—" and got["node-1"].strip() == "0.0"
+
+
+def test_hosts_page_in_chromium_a_row_click_lists_whole_messages_and_links_open_the_steps(root, browser, tmp_path):
+    """Real headless Chromium: clicking node-3's row lists its findings; each message is whole (wrapped, not
+    cut at a table's width) and "Open steps" is a real link to the run page with ?run=&focus=, which opens
+    those steps there."""
+    from browser_fixtures import new_page, serve
+
+    _ingest_json(root)
+    found = prep_hosts.host_findings(prep_runs.list_runs(root), "node-3")
+    with serve(root, tmp_path / "dash.log") as url:
+        page, left = new_page(browser)
+        page.goto(f"{url}/hosts")
+        grid = page.locator("[data-testid='stDataFrame'] [data-testid='data-grid-canvas']").first
+        grid.wait_for()
+        box = grid.bounding_box()
+        page.mouse.click(box["x"] + 15, box["y"] + 36 + 18)  # the first row's selection box (node-3: most costly)
+        links = page.locator("a[href*='focus=']")
+        links.first.wait_for()
+        assert "host=node-3" in page.url
+        hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
+        assert hrefs == [f"detail?run={x.run}&focus={x.card.focus}" for x in found]
+        text = page.get_by_text(found[0].card.message, exact=True).first  # job-a and job-c: the same words
+        assert text.is_visible() and text.evaluate("e => e.scrollWidth <= e.clientWidth")
+        first, last = found[0].card.focus.split("-")
+        links.first.click()
+        page.wait_for_url(f"**/detail?run={found[0].run}&focus={first}-{last}")
+        page.wait_for_function("v => [...document.querySelectorAll('input[role=combobox]')].some(e => e.value === v)",
+                               arg=found[0].card.focus)
+        assert left == []

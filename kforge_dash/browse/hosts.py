@@ -3,41 +3,37 @@ findings naming one host across runs. Plain functions, no Streamlit; names from 
 
 from __future__ import annotations
 
-import urllib.parse
+from dataclasses import dataclass
 
 import polars as pl
 
-from kforge_dash.browse.findings import findings_of, focus_link
+from kforge_dash.browse.findings import FindingCard, finding_cards, findings_of
 from kforge_dash.browse.runs import RunInfo
 from kforge_dash.ingest.hosts import host_table
 
 HOSTS_SCHEMA = {"host": pl.String, "runs": pl.Int64, "straggler_runs": pl.Int64, "throttle_runs": pl.Int64,
-                "cost_s": pl.Float64, "cost_runs": pl.Int64, "findings": pl.String}
-FINDINGS_SCHEMA = {"run": pl.String, "severity": pl.String, "kind": pl.String, "steps": pl.String, "ranks": pl.String,
-                   "message": pl.String, "open": pl.String}
+                "cost_s": pl.Float64, "cost_runs": pl.Int64}
+COST_FORMAT = "%.1f"  # cost (s) as the CLI screen prints it (host_lines: 38.4 s), not 38.3795
 
 
-def host_link(host: str) -> str:
-    """The Hosts page's URL (relative) that lists ``host``'s findings."""
-    return "hosts?" + urllib.parse.urlencode({"host": host})
+@dataclass(frozen=True)
+class HostFinding:
+    """One finding that names the host, in its run: the card as the run page shows it (message whole,
+    ``card.focus`` the run page's ?focus= value of its steps)."""
+    run: str
+    card: FindingCard
 
 
 def hosts_table(runs: list[RunInfo]) -> pl.DataFrame:
     """One row per host of the ingested runs, most costly first (cost_s null: unknown)."""
-    rows = [dict(e, findings=host_link(e["host"])) for e in host_table(r.summary for r in runs if r.ingested)]
+    rows = [{k: e[k] for k in HOSTS_SCHEMA} for e in host_table(r.summary for r in runs if r.ingested)]
     return pl.DataFrame(rows, schema=HOSTS_SCHEMA)
 
 
-def host_findings(runs: list[RunInfo], host: str) -> pl.DataFrame:
-    """Every finding that names ``host``, run by run (runs by name), each with its run-detail link."""
-    rows = []
+def host_findings(runs: list[RunInfo], host: str) -> list[HostFinding]:
+    """Every finding that names ``host``, run by run (runs by name; in a run, most severe first)."""
+    out = []
     for r in sorted((r for r in runs if r.ingested), key=lambda r: r.name):
-        for f in findings_of(r.summary):
-            if host not in (f.get("hosts") or []):
-                continue
-            first, last = f.get("first_step"), f.get("last_step")
-            rows.append({"run": r.name, "severity": f.get("severity"), "kind": f.get("kind"),
-                         "steps": None if first is None else (str(first) if first == last else f"{first}–{last}"),
-                         "ranks": ", ".join(str(x) for x in f.get("ranks") or []) or None,
-                         "message": f.get("message"), "open": focus_link(r.name, first, last)})
-    return pl.DataFrame(rows, schema=FINDINGS_SCHEMA)
+        named = [f for f in findings_of(r.summary) if host in (f.get("hosts") or [])]
+        out += [HostFinding(r.name, c) for c in finding_cards({"findings": named})]
+    return out
