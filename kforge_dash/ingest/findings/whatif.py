@@ -26,17 +26,10 @@ critical rank is the slowest one, which under data parallelism is a coin toss.
 
 from __future__ import annotations
 
-import math
-
 import polars as pl
 
 from kforge_dash.ingest.findings.model import RunFacts
 
-# The what-if is said (CLI screen, run page, report) and a rank's cost counted on the Hosts page only when a
-# straggler finding names it or it is material: >= 5 % of the run's wall clock and >= 1 s. Clean sample runs
-# (2 ranks, no straggler) come out at 0.8-1.1 % from timer noise; the planted straggler runs at 10-21 %.
-MATERIAL_FRAC = 0.05
-MATERIAL_S = 1.0
 MAX_RANKS = 1024  # by_rank's length bound (summary.json stays small; the hosts page sums these)
 METHOD = ("replay step by step: own-work phases ({phases}) at the median rank's, the wait phases' waiting removed "
           "(each step's wait taken as the critical rank's, the shortest); per rank: its own work above the median "
@@ -79,35 +72,3 @@ def _by_rank(facts: RunFacts, blocks: pl.DataFrame, own: list[str]) -> list[dict
         cost[key] = cost.get(key, 0.0) + c
     ranked = sorted(cost.items(), key=lambda kv: (-kv[1], kv[0][0]))[:MAX_RANKS]
     return [{"rank": rank, "host": host, "cost_s": c} for (rank, host), c in ranked]
-
-
-def material(seconds, total_s) -> bool:
-    """Worth a sentence: at least MATERIAL_FRAC of the run's wall clock and at least MATERIAL_S."""
-    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (seconds, total_s))
-    return ok and seconds >= MATERIAL_S and seconds >= MATERIAL_FRAC * total_s
-
-
-def _straggler_ranks(summary: dict) -> set:
-    return {r for f in summary.get("findings") or [] if isinstance(f, dict) and f.get("kind") == "straggler"
-            for r in f.get("ranks") or []}
-
-
-def costly_ranks(summary: dict) -> list[dict]:
-    """``what_if.by_rank``'s entries a finding or the clock supports, largest first: the rank has a
-    ``straggler`` finding in the run, or it alone cost a material share (``material``). A clean run's
-    ranks differ by noise (about 1 % of a run on the sample runs): naming one as costly would be noise."""
-    w = summary.get("what_if")
-    if not isinstance(w, dict) or not isinstance(w.get("by_rank"), list):
-        return []
-    named = _straggler_ranks(summary)
-    return [e for e in w["by_rank"] if isinstance(e, dict) and isinstance(e.get("cost_s"), (int, float))
-            and (e.get("rank") in named or material(e["cost_s"], w.get("total_s")))]
-
-
-def worth_saying(summary: dict) -> bool:
-    """The what-if sentence is shown when the run has a straggler finding or its saving is material."""
-    w = summary.get("what_if")
-    if not isinstance(w, dict) or not isinstance(w.get("total_s"), (int, float)) \
-            or not isinstance(w.get("without_stragglers_s"), (int, float)):
-        return False
-    return bool(_straggler_ranks(summary)) or material(w.get("saved_s"), w["total_s"])
