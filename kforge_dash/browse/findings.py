@@ -5,7 +5,6 @@ Text in a finding (its message, hosts) comes from disk and is shown as text, nev
 
 from __future__ import annotations
 
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,14 +20,6 @@ def findings_of(summary: dict | None) -> list[dict]:
     """The summary's findings that are well-formed dicts, most severe first (as ingest sorted them)."""
     out = [f for f in (summary or {}).get("findings") or [] if isinstance(f, dict)]
     return sorted(out, key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 3))
-
-
-def focus_link(run: str, first: int | None, last: int | None) -> str | None:
-    """The run-detail URL (relative) that opens ``first..last`` of ``run`` (the Hosts page's links)."""
-    if first is None:
-        return None
-    q = urllib.parse.urlencode({"run": run, "focus": f"{first}-{last if last is not None else first}"})
-    return f"detail?{q}"
 
 
 def focus_options(summary: dict | None) -> list[str]:
