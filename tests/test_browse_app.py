@@ -124,6 +124,16 @@ def test_kforge_ingest_screen_says_where_mfu_inputs_came_from():
     assert "  MFU inputs: 7.4e+08 FLOPs/token from 6*n_params+12*L*D*S; peak 989 TFLOPS/GPU from table: H100" in _screen(Res)
 
 
+def test_kforge_ingest_screen_says_unknown_mfu_inputs_in_words():
+    from kforge_dash.cli.ingest import _screen
+
+    class Res:
+        summary = {"run_name": "r", "flops_per_token": None, "flops_source": None, "peak_tflops": None, "peak_source": None}
+        run_dir, skipped, appended, ingested_dir = "/x/r", False, False, "/x/r/ingested"
+
+    assert "  MFU inputs: FLOPs/token unknown; peak TFLOPS unknown" in _screen(Res)
+
+
 def test_dash_hides_the_developer_toolbar():
     from kforge_dash.cli import dash as cli_dash
 

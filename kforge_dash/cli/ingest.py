@@ -36,12 +36,6 @@ def _how(res) -> str:
     return "  [unchanged]" if res.skipped else "  [new parts appended]" if res.appended else ""
 
 
-def _flops_origin(s: dict) -> str:
-    """Where FLOPs/token and the peak came from (a wrong one makes every MFU figure wrong)."""
-    return (f"{_num(s.get('flops_per_token'), '{:.4g}')} FLOPs/token from {s.get('flops_source') or '-'}; "
-            f"peak {_num(s.get('peak_tflops'), '{:g}')} TFLOPS/GPU from {s.get('peak_source') or '-'}")
-
-
 def _wall_times_line(s: dict) -> str:
     """The run page's two wall times, labelled as there (browse/units.py): the kept steps' own times, and
     the job's wall clock from the first launch to the last record."""
@@ -54,6 +48,8 @@ def _wall_times_line(s: dict) -> str:
 
 def _screen(res) -> list[str]:
     """The one-screen summary of one ingested run."""
+    from kforge_dash.browse import units
+
     s = res.summary
     mfu = s.get("mean_mfu")
     lines = [
@@ -66,7 +62,7 @@ def _screen(res) -> list[str]:
         f"  mean MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}   final loss {_num(s.get('final_loss'), '{:.4g}')}"
         f"   best loss {_num(s.get('best_loss'), '{:.4g}')}",
     ]
-    lines.append(f"  MFU inputs: {_flops_origin(s)}")
+    lines.append(f"  MFU inputs: {units.flops_origin(s)}")
     lines += _findings_lines(s)
     nonfinite = {k: v for k, v in (s.get("nonfinite") or {}).items() if v}
     if nonfinite:

@@ -90,7 +90,7 @@ for i, card in enumerate(cards[:MAX_FINDINGS]):
     box = st.container(border=True) if i < MAX_OPEN_FINDINGS else None
     if box is None:
         if i == MAX_OPEN_FINDINGS:
-            more = st.expander(f"{len(cards) - MAX_OPEN_FINDINGS} more finding(s)")
+            more = st.expander(f"{units.counted(len(cards) - MAX_OPEN_FINDINGS, 'more finding', 'more findings')}")
         box = more.container(border=True)
     text, button = box.columns([5, 1], vertical_alignment="center")
     badge = prep_findings.SEVERITY_BADGE.get(card.severity) or md_text(card.severity)
