@@ -129,7 +129,7 @@ def test_many_findings_the_first_open_the_rest_in_an_expander(tmp_path, monkeypa
     at = _detail(tmp_path, monkeypatch, "diverged")
     assert not at.exception
     (more,) = at.expander
-    assert more.label == "124 more finding(s)"
+    assert more.label == "124 more findings"
     buttons = [b for b in at.button if b.key.startswith("open_")]
     assert len(buttons) == 100 and buttons[0].label == "Open step 1"
     assert any("30 more" in c.value and "summary.json" in c.value for c in at.caption)
