@@ -157,6 +157,14 @@ def test_restart_timeline(run):
     assert t["first_step"].to_list() == [1, 600] and t["resumed_at_step"].to_list() == [None, 600]
 
 
+def test_restart_timeline_names_a_launchs_first_folder_and_counts_the_rest():
+    ids = [f"20261130T232445.{i:06d}Z-node{i}-p{100 + i}" for i in range(4096)]
+    t = prep_ranks.restart_timeline({"attempts": [{"attempt": 0, "attempt_ids": ids, "start_time": 0.0},
+                                                  {"attempt": 1, "attempt_ids": ids[:1], "start_time": 1.0},
+                                                  {"attempt": 2, "attempt_ids": [], "start_time": 2.0}]})
+    assert t["attempt_ids"].to_list() == [f"{ids[0]} (+4095 more)", ids[0], None]
+
+
 def test_export_csv_and_parquet_round_trip_full_resolution(tmp_path, run):
     other = write_run(tmp_path, "other", n=30)
     pl.read_parquet(other / "ingested" / "steps.parquet").drop("eval/loss").write_parquet(

@@ -335,6 +335,13 @@ def nonfinite_steps(steps_path: str | Path) -> pl.DataFrame:
     return pl.concat(parts).sort("step", "metric").collect()
 
 
+def _ids_text(ids: list[str]) -> str | None:
+    """A launch's attempt folders in one cell: the first and how many more (4,096 ranks: one line)."""
+    if not ids:
+        return None
+    return ids[0] if len(ids) == 1 else f"{ids[0]} (+{len(ids) - 1} more)"
+
+
 def restart_timeline(summary: dict) -> pl.DataFrame:
     """One row per attempt (launch): step range, start time, world size, and where it resumed."""
     resumed = {r.get("attempt"): r for r in summary.get("restarts") or []}
@@ -346,7 +353,7 @@ def restart_timeline(summary: dict) -> pl.DataFrame:
             "start_time": a.get("start_time"), "world_size": a.get("world_size"),
             "resumed_at_step": r.get("resumed_at_step"), "previous_last_step": r.get("previous_last_step"),
             "superseded_steps": r.get("superseded_steps"),
-            "attempt_ids": ", ".join(a.get("attempt_ids") or []) or None,
+            "attempt_ids": _ids_text(a.get("attempt_ids") or []),
         })
     schema = {"attempt": pl.Int64, "first_step": pl.Int64, "last_step": pl.Int64, "start_time": pl.Float64,
               "world_size": pl.Int64, "resumed_at_step": pl.Int64, "previous_last_step": pl.Int64,
