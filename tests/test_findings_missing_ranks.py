@@ -30,5 +30,5 @@ def test_unreadable_parts_of_one_rank_are_named_with_their_steps(tmp_path, monke
     assert [(f["first_step"], f["last_step"], f["ranks"], f["severity"]) for f in found] == [
         (6, 10, [1], "warning"), (16, 20, [1], "warning")]
     assert "recorded by as few as 2 of its 3 ranks" in found[0]["message"]
-    assert "rank 1 has no rows" in found[0]["message"]
+    assert "rank 1 has no rows for them" in found[0]["message"] and "tokens/s and MFU count only" in found[0]["message"]
     assert summary["steps"] == 20  # the steps stay, reduced over the ranks that recorded them

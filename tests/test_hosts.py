@@ -75,7 +75,8 @@ def test_the_screen_prints_the_top_hosts(root):
     r = CliRunner().invoke(main, [str(root), *NO_EXPORT])
     assert r.exit_code == 0, r.output
     tail = r.output[r.output.index("hosts (4 across the runs"):]
-    assert tail.splitlines()[1].strip() == "node-3: in 3 run(s), straggling in 2, throttled in 0, cost 8.0 s in 3 run(s)"
+    assert tail.splitlines()[1].strip() == ("node-3: in 3 runs, straggling in 2, throttled in 0, "
+                                            "cost 8.0 s (known in 3 of its 3 runs)")
 
 
 def _summary(hosts_costs: dict | None, *, findings=()):

@@ -142,7 +142,7 @@ def test_an_empty_root_says_how_to_record_and_ingest_a_run(tmp_path, monkeypatch
 def test_a_root_with_runs_waiting_says_to_ingest_them(tmp_path):
     runs = [prep_runs.RunInfo("a", tmp_path / "a", prep_runs.NOT_INGESTED)]
     msg = prep_runs.no_runs_message(tmp_path, runs)
-    assert "1 run(s)" in msg and f"kforge-ingest {tmp_path}" in msg and "Recorder" not in msg
+    assert "1 run recorded there waits" in msg and f"kforge-ingest {tmp_path}" in msg and "Recorder" not in msg
 
 
 # -- lines that would hide each other, markers that name their run -----------------------------------------

@@ -54,5 +54,10 @@ def test_an_unknown_metric_is_a_usage_error_with_the_nearest_names_and_writes_no
     assert r.exit_code == 2 and not out.exists(), r.output
     assert r.output.strip() == ("kforge-report: error: --metrics 'grad_nrom' (did you mean 'grad_norm'?): "
                                 "no such metric in the runs reported")
+    # known names joined by a comma: said to take one name per option (not "did you mean" the same names)
+    r = CliRunner().invoke(main, [str(tmp_path / "runs"), "-o", str(out), "--metrics", "loss,grad_norm"])
+    assert r.exit_code == 2 and not out.exists(), r.output
+    assert r.output.strip() == ("kforge-report: error: --metrics 'loss,grad_norm' (one name per option: --metrics loss "
+                                "--metrics grad_norm): no such metric in the runs reported")
     r = CliRunner().invoke(main, [str(tmp_path / "runs"), "-o", str(out), "--metrics", "loss", "--metrics", "grad_norm"])
-    assert r.exit_code == 0 and out.is_file() and "2 chart(s)" in r.output, r.output
+    assert r.exit_code == 0 and out.is_file() and "2 charts" in r.output, r.output

@@ -331,7 +331,7 @@ def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = Non
     notes += chart_notes
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = (
-        f"<h1>{_esc(options.title)}</h1><p>{len(chosen)} run(s), generated {when}. Charts: up to "
+        f"<h1>{_esc(options.title)}</h1><p>{units.counted(len(chosen), 'run')}, generated {when}. Charts: up to "
         f"{options.max_points:,} points per line (MinMaxLTTB keeps every local extreme); drag to zoom, "
         "double-click to reset; the camera button saves a chart as PNG; a run's button above the charts hides or "
         "shows it on every chart. Key: ◆ restart · × NaN · ▲/▼ ±inf · "

@@ -40,11 +40,13 @@ def main(paths, output, runs, metrics, smoothing, title) -> None:
         reason = e.strerror if e.filename is None and e.strerror else str(e)
         click.echo(f"kforge-report: error: -o {output}: cannot write it: {reason}", err=True)
         sys.exit(2)
+    from kforge_dash.browse.units import counted
+
     for note in report.notes:
         click.echo(f"kforge-report: {note}", err=True)
     size = len(report.html.encode("utf-8"))
-    click.echo(f"kforge-report: {output}: {len(report.runs)} run(s), {len(report.metrics)} chart(s), {size / 1e6:.1f} MB",
-               err=True)
+    click.echo(f"kforge-report: {output}: {counted(len(report.runs), 'run')}, {counted(len(report.metrics), 'chart')}, "
+               f"{size / 1e6:.1f} MB", err=True)
 
 
 def _unknown_metrics(paths: list[str], runs: list[str] | None, metrics: list[str]) -> str | None:
@@ -65,6 +67,10 @@ def _unknown_metrics(paths: list[str], runs: list[str] | None, metrics: list[str
         return None
     parts, guessed = [], True
     for m in unknown:
+        listed = [x.strip() for x in m.split(",")]
+        if len(listed) > 1 and all(x in have for x in listed):  # "loss,tokens_per_sec": one name per option
+            parts.append(f"{m!r} (one name per option: {' '.join('--metrics ' + x for x in listed)})")
+            continue
         near = difflib.get_close_matches(m, have, n=3)
         guessed &= bool(near)
         parts.append(repr(m) + (f" (did you mean {', '.join(map(repr, near))}?)" if near else ""))

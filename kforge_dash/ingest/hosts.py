@@ -90,8 +90,10 @@ def host_lines(hosts: list[dict], top: int = 5) -> list[str]:
         return []
     lines = [f"hosts ({len(hosts)} across the runs; most costly first):"]
     for e in hosts[:top]:
-        cost = "cost unknown" if e["cost_s"] is None else f"cost {e['cost_s']:,.1f} s in {e['cost_runs']} run(s)"
-        lines.append(f"  {e['host']}: in {e['runs']} run(s), straggling in {e['straggler_runs']}, "
+        runs = f"{e['runs']} run" + ("" if e["runs"] == 1 else "s")
+        cost = ("cost unknown" if e["cost_s"] is None
+                else f"cost {e['cost_s']:,.1f} s (known in {e['cost_runs']} of its {runs})")
+        lines.append(f"  {e['host']}: in {runs}, straggling in {e['straggler_runs']}, "
                      f"throttled in {e['throttle_runs']}, {cost}")
     if len(hosts) > top:
         lines.append(f"  ... and {len(hosts) - top} more (--json)")

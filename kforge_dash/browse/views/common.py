@@ -18,6 +18,7 @@ from kforge_dash.browse import groups as prep_groups
 from kforge_dash.browse import live as prep_live
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
+from kforge_dash.browse import units
 from kforge_dash.browse.runs import NOT_INGESTED, STALE, RunInfo, RunPathError
 from kforge_dash.browse.units import md_text
 
@@ -221,7 +222,7 @@ def ingest_panel(root, runs: list[RunInfo]) -> None:
     listing = ", ".join(f"{md_text(r.name)} ({r.status})" for r in todo)
     with st.container(border=True):
         st.warning(f"Not shown or out of date until ingested: {listing}")
-        st.button(f"Ingest {len(todo)} run(s)", key="ingest", on_click=_ingest,
+        st.button(f"Ingest {units.counted(len(todo), 'run')}", key="ingest", on_click=_ingest,
                   args=(root, [r.name for r in todo]))
 
 

@@ -60,7 +60,8 @@ with st.sidebar:
     selected = st.multiselect("Runs", options, default=recent, key="runs", bind="query-params",
                               placeholder="Pick runs to compare")
 if not selected:
-    st.info(f"{len(matching)} run(s) match. Pick runs to compare in the sidebar.")
+    matches = "matches" if len(matching) == 1 else "match"
+    st.info(f"{units.counted(len(matching), 'run')} {matches}. Pick runs to compare in the sidebar.")
     st.stop()
 
 sources = common.sources(ingested, selected)
@@ -174,7 +175,8 @@ def charts() -> None:
     if live:
         caught = common.catch_up(root, [ingested[n] for n in selected])
         now = time.strftime("%H:%M:%S")
-        head.badge(f"● live · checked {now}" + (f" · appended {len(caught)} run(s)" if caught else ""), color="red")
+        appended = f" · appended {units.counted(len(caught), 'run')}" if caught else ""
+        head.badge(f"● live · checked {now}{appended}", color="red")
     if not shown_sources:
         st.info("Every run is hidden: click a name in the legend to show it.")
         return

@@ -85,7 +85,8 @@ cards = prep_findings.finding_cards(s)
 if "findings" not in s:
     st.info("Ingested before findings existed: re-ingest the run (kforge-ingest) to see them.")
 elif not cards:
-    st.success("No findings: no spike, NaN, straggler, slow episode, memory growth, data stall or restart.")
+    st.success("No findings: no spike, NaN, straggler, slow episode, GPU throttling, memory growth, data stall, "
+               "restart, unrecorded or missing steps.")
 for i, card in enumerate(cards[:MAX_FINDINGS]):
     box = st.container(border=True) if i < MAX_OPEN_FINDINGS else None
     if box is None:

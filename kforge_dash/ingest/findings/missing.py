@@ -38,14 +38,15 @@ def missing_rank_findings(facts: RunFacts) -> list[Finding]:
     )
     out = []
     for s in stretches.head(MAX_FINDINGS).iter_rows(named=True):
-        absent = _absent_ranks(facts.ranks_path, s)
+        absent, everywhere = _absent_ranks(facts.ranks_path, s)
         more = stretches.height - MAX_FINDINGS if len(out) == MAX_FINDINGS - 1 and stretches.height > MAX_FINDINGS else 0
-        out.append(_finding(facts, s, absent, more))
+        out.append(_finding(facts, s, absent, everywhere, more))
     return out
 
 
-def _absent_ranks(ranks_path: str, s: dict) -> tuple[int, ...]:
-    """The launch's ranks with fewer ended steps than the stretch has, in the stretch."""
+def _absent_ranks(ranks_path: str, s: dict) -> tuple[tuple[int, ...], bool]:
+    """The launch's ranks with fewer ended steps than the stretch has, in the stretch; and whether
+    they have none there at all."""
     ended = (
         pl.scan_parquet(ranks_path, glob=False)
         .filter((pl.col("attempt") == s["attempt"]) & pl.col("step").is_between(s["first"], s["last"])
@@ -53,19 +54,21 @@ def _absent_ranks(ranks_path: str, s: dict) -> tuple[int, ...]:
         .group_by("rank").agg(n=pl.col("step").n_unique())
         .collect()
     )
-    full = {r for r, n in ended.iter_rows() if n >= s["n_steps"]}
-    return tuple(r for r in range(s["size"]) if r not in full)
+    have = dict(ended.iter_rows())
+    absent = tuple(r for r in range(s["size"]) if have.get(r, 0) < s["n_steps"])
+    return absent, all(have.get(r, 0) == 0 for r in absent)
 
 
-def _finding(facts: RunFacts, s: dict, absent: tuple[int, ...], more: int) -> Finding:
+def _finding(facts: RunFacts, s: dict, absent: tuple[int, ...], everywhere: bool, more: int) -> Finding:
     size, fewest = s["size"], s["fewest"]
     who = ("rank " if len(absent) == 1 else "ranks ") + ", ".join(map(str, absent[:8])) + (" ..." if len(absent) > 8 else "")
     have = "have" if len(absent) > 1 else "has"
     tail = f" ({more} more such stretches not listed)" if more else ""
     were = "was" if s["first"] == s["last"] else "were"
     message = (f"{steps_range(s['first'], s['last']).capitalize()} of launch {s['attempt']} {were} recorded by as few as "
-               f"{fewest} of its {size} ranks: {who} {have} no rows for some of them (a part file that could not be read, "
-               "see the warnings, or a rank killed before its last flush); step time, stragglers and goodput there "
-               f"are over the ranks that recorded them{tail}.")
+               f"{fewest} of its {size} ranks: {who} {have} no rows for {'them' if everywhere else 'some of them'} (a part "
+               "file that could not be read, see the warnings, or a rank killed before its last flush); step time, "
+               "stragglers and goodput there are over the ranks that recorded them, and tokens, tokens/s and MFU count "
+               f"only their tokens (a dip that is not a slowdown){tail}.")
     return Finding(kind="missing_ranks", severity="warning", first_step=s["first"], last_step=s["last"],
                    ranks=absent, hosts=facts.hosts_of(absent, {s["attempt"]}), score=float(s["n_steps"]), message=message)
