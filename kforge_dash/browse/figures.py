@@ -220,10 +220,10 @@ def heatmap_figure(h: Heatmap) -> go.Figure:
                                      ticktext=[_ratio_text(t) for t in _RATIO_TICKS]),
                        text=[["" if v is None else f"{v:.3g}×" for v in row] for row in h.z],
                        hovertemplate="rank %{y}<br>steps %{customdata[0]}<br>%{text} the median rank"
-                                     " (%{customdata[1]} s)<extra></extra>")
+                                     f" (%{{customdata[1]}} {h.unit})<extra></extra>")
     else:
         colours = dict(z=h.z, colorscale="Viridis", colorbar=dict(title=text(h.value)),
-                       hovertemplate="rank %{y}<br>steps %{customdata[0]}<br>%{z:.6g} s<extra></extra>")
+                       hovertemplate=f"rank %{{y}}<br>steps %{{customdata[0]}}<br>%{{z:.6g}} {h.unit}<extra></extra>")
     fig = go.Figure(go.Heatmap(x=h.window_start, y=h.ranks, customdata=custom, hoverongaps=False, **colours))
     fig.update_layout(xaxis_title="step window (first step)", yaxis_title="rank", **_LAYOUT)
     fig.update_yaxes(autorange="reversed", dtick=1 if len(h.ranks) <= 32 else None)

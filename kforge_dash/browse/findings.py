@@ -104,10 +104,12 @@ def goodput_waterfall(summary: dict | None) -> Waterfall | None:
 
 def default_rank_metric(summary: dict | None, metrics: list[str]) -> str | None:
     """The per-rank view where the worst straggler shows: its phase timer (under DDP every rank
-    shares one step time, so step time would show nothing); None: keep the usual default."""
-    for f in findings_of(summary):
-        if f.get("kind") == "straggler" and f.get("metric") in metrics:
-            return f["metric"]
+    shares one step time, so step time would show nothing); else where a throttled GPU shows (its SM
+    clock); None: keep the usual default."""
+    for kind in ("straggler", "hw_throttle"):
+        for f in findings_of(summary):
+            if f.get("kind") == kind and f.get("metric") in metrics:
+                return f["metric"]
     return None
 
 

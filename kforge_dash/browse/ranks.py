@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from kforge_dash.browse.rank_metrics import median_rank, metric_label, phase_columns, phase_name, view_metrics
 from kforge_dash.contract import EMA_COLUMNS
 from kforge_dash.ingest.findings.model import classify_phases
-from kforge_dash.ingest.findings.perstep import lower_median
 from kforge_dash.ingest.findings_options import FindingsOptions
 from kforge_record.schema import MEM_COLUMNS, PHASE_PREFIX, PHASE_SUFFIX
 
@@ -25,7 +25,8 @@ class Heatmap:
     z: list[list[float | None]]   # ranks × windows; None where a rank reported no step there
     value: str                    # what z holds, for the colour-bar title
     relative: bool = False        # z is a ratio to the window's median rank (else seconds)
-    seconds: list[list[float | None]] | None = None  # the mean seconds behind z (for the hover)
+    seconds: list[list[float | None]] | None = None  # the mean values behind z (for the hover)
+    unit: str = "s"  # of those values: s, or a GPU telemetry column's MHz, °C, W, %
 
 
 # A phase's ratio to the median rank is taken of (seconds + floor), floor = this share of the window's
@@ -68,9 +69,9 @@ def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool =
     """
     lf = pl.scan_parquet(ranks_path, glob=False)
     span = _step_span(lf)
-    label = "step time" if metric == "step_time_s" else phase_name(metric) if metric.startswith(PHASE_PREFIX) else metric
+    label, unit = metric_label(metric)
     if span is None:
-        return Heatmap([], [], [], [], f"{label} (s)", relative)
+        return Heatmap([], [], [], [], f"{label} ({unit})", relative, unit=unit)
     first, last = span
     width = _window_width(first, last, windows)
     cell = (
@@ -80,10 +81,13 @@ def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool =
         .agg(pl.col("x").mean().alias("s"), pl.col("t").mean())
     )
     if relative:
-        floor = pl.lit(0.0) if metric == "step_time_s" else (PHASE_FLOOR_SHARE * pl.col("t").median().over("w")).fill_null(0.0)
+        phase = metric.startswith(PHASE_PREFIX)  # telemetry (MHz, °C) and step time: no floor
+        floor = (PHASE_FLOOR_SHARE * pl.col("t").median().over("w")).fill_null(0.0) if phase else pl.lit(0.0)
         # The median rank as the straggler finding has it (the lower median: an actual rank's value; of two
-        # ranks the faster, so the normal rank of two reads 1x, not 0.5x beside a straggler at 2x).
-        cell = cell.with_columns(((pl.col("s") + floor) / (lower_median(pl.col("s")).over("w") + floor)).alias("v"))
+        # ranks the faster, so the normal rank of two reads 1x, not 0.5x beside a straggler at 2x); for a
+        # clock, the upper one (rank_metrics.median_rank).
+        median = pl.col("s").quantile(0.5, interpolation=median_rank(metric)).over("w")
+        cell = cell.with_columns(((pl.col("s") + floor) / (median + floor)).alias("v"))
     else:
         cell = cell.with_columns(pl.col("s").alias("v"))
     cell = cell.sort("rank", "w").collect()
@@ -91,17 +95,16 @@ def rank_heatmap(ranks_path: str | Path, *, windows: int = 100, relative: bool =
     n_w = (last - first) // width + 1
     starts = [first + i * width for i in range(n_w)]
     return Heatmap(ranks, starts, [min(s + width - 1, last) for s in starts], _grid(cell, "v", ranks, n_w),
-                   f"{label} / median rank" if relative else f"mean {label} (s)", relative,
-                   _grid(cell, "s", ranks, n_w))
+                   f"{label} / median rank" if relative else f"mean {label} ({unit})", relative,
+                   _grid(cell, "s", ranks, n_w), unit)
 
 
 def rank_metrics(ranks_path: str | Path) -> list[str]:
-    """What the per-rank heatmap can show: step time, then every phase timer of the run."""
+    """What the per-rank heatmap can show: step time, every phase timer, the GPU telemetry (rank_metrics.py)."""
     path = Path(ranks_path)
     if not path.is_file():
         return ["step_time_s"]
-    schema = _reading(path, lambda p: pl.scan_parquet(p, glob=False).collect_schema())
-    return ["step_time_s"] + phase_columns(schema)
+    return view_metrics(_reading(path, lambda p: pl.scan_parquet(p, glob=False).collect_schema()).names())
 
 
 def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
@@ -208,14 +211,6 @@ def memory_bars(mem: pl.DataFrame) -> tuple[list[int], list[int], str] | None:
         if col in mem.columns and mem[col].null_count() < len(mem):
             return mem["rank"].to_list(), mem[col].to_list(), col.removeprefix("max_")
     return None
-
-
-def phase_columns(schema: pl.Schema) -> list[str]:
-    return sorted(c for c in schema if c.startswith(PHASE_PREFIX) and c.endswith(PHASE_SUFFIX))
-
-
-def phase_name(col: str) -> str:
-    return col[len(PHASE_PREFIX):-len(PHASE_SUFFIX)]
 
 
 OTHER = "other"  # the step time no phase timer covered

@@ -137,7 +137,7 @@ try:  # a damaged ingested file, or one leading outside the run: name it, keep t
         st.session_state["metric"], st.session_state["metric_for"] = shows, name
     metric = left.selectbox(
         "per-rank metric", rank_metrics, key="metric",
-        format_func=lambda m: "step time" if m == "step_time_s" else prep_ranks.phase_name(m) + " phase")
+        format_func=lambda m: prep_ranks.metric_label(m)[0])
     relative = right.toggle("relative to the median rank of each window", value=True, key="relative")
     d = prep_ranks.run_detail(steps_path, ranks_path, s, relative=relative, metric=metric)
 except ValueError as e:
