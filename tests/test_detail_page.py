@@ -49,6 +49,14 @@ def test_two_wall_times_each_labelled_and_the_waterfall_starts_at_the_job_clock(
     assert waterfall["data"][0]["text"][0] == got["job wall clock"]  # one number, one format, one label
 
 
+def test_the_two_mfu_figures_say_how_they_differ(root, monkeypatch):
+    """'mean MFU' (header) and 'achieved' (the MFU waterfall) differ on every sample run; the header says why."""
+    at = _detail(root, monkeypatch, "preempted")
+    assert not at.exception
+    (mfu,) = [m for m in at.metric if m.label == "mean MFU"]
+    assert "whole job wall clock" in (mfu.help or "") and "achieved" in mfu.help
+
+
 def test_text_is_whole_and_human(root, monkeypatch):
     """No raw float lists in warnings, no raw column names in tables, the final loss uncut."""
     at = _detail(root, monkeypatch, "preempted")

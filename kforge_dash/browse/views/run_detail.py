@@ -69,7 +69,7 @@ goodput = s.get("goodput") if isinstance(s.get("goodput"), dict) else {}
 c = st.columns(4)
 c[0].metric("steps", units.number(s.get("steps"), "{:,}"))
 c[1].metric("ranks", units.number(s.get("world_size"), "{:,}"))
-c[2].metric("mean MFU", units.percent(s.get("mean_mfu")))
+c[2].metric("mean MFU", units.percent(s.get("mean_mfu")), help=units.MFU_HELP)
 c[3].metric("final loss", units.number(s.get("final_loss"), "{:.5g}"), help=f"final loss {s.get('final_loss')!r}")
 c = st.columns(4)
 c[0].metric(units.TRAINING_TIME, units.duration(train_s), help=units.WALL_TIMES_HELP)
