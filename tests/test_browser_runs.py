@@ -29,7 +29,7 @@ def test_the_runs_table_fits_1400px_and_the_diff_pills_wear_the_runs_colours(bro
     with serve(root, tmp_path / "server.log") as url:
         page, left = new_page(browser, width=WIDTH, height=HEIGHT)
         page.goto(url + "/runs")
-        page.get_by_text("key(s) differ", exact=False).wait_for()
+        page.get_by_text("keys differ", exact=False).wait_for()
         grid = page.locator(".stDataFrame").first  # the runs table (the config diff's comes after it)
         table = grid.locator(".dvn-scroller")
         table.wait_for()

@@ -60,6 +60,7 @@ diff = prep_runs.config_diff([r for r in ingested if r.name in names])
 if diff.is_empty():
     st.success("These runs have the same configuration.")
 else:
-    st.caption(f"{len(diff)} key(s) differ; keys with the same value everywhere are hidden. Values as JSON; "
-               f"{units.NOT_SET}: the run has no such key.")
+    differ = "differs" if len(diff) == 1 else "differ"
+    st.caption(f"{units.counted(len(diff), 'key')} {differ}; keys with the same value everywhere are hidden. "
+               f"Values as JSON; {units.NOT_SET}: the run has no such key.")
     st.dataframe(units.config_diff_text(diff), hide_index=True, key="config_diff")
