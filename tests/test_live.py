@@ -80,3 +80,36 @@ def test_an_open_recorder_before_its_first_step_is_live_by_its_start(tmp_path):
         assert not _live(tmp_path / "run")
     finally:
         rec.close()
+
+
+def test_the_compare_page_follows_a_live_run_instead_of_flagging_it_out_of_date(tmp_path, monkeypatch):
+    """A run being written is appended by the page's live refresh: its ingest panel does not also list it
+    as out of date (it did, beside the '● live' badge); a stale run that is not live still is."""
+    from dash_fixtures import shown
+    from streamlit.testing.v1 import AppTest
+
+    from kforge_dash.ingest.run import ingest_run
+    from kforge_record import Recorder
+
+    root = tmp_path / "runs"
+
+    def steps(rec, first, last):
+        for step in range(first, last + 1):
+            rec.end_step(step, loss=1.0 / step)
+        rec.flush()
+
+    for launch in (1, 11):  # done-run: ingested after its first launch, then resumed: stale, and finished
+        with Recorder(root / "done-run", rank=0, world_size=1, install_sigterm_handler=False) as rec:
+            steps(rec, launch, launch + 9)
+        if launch == 1:
+            ingest_run(str(root / "done-run"))
+    with Recorder(root / "live-run", rank=0, world_size=1, install_sigterm_handler=False) as rec:
+        steps(rec, 1, 5)
+        ingest_run(str(root / "live-run"))
+        steps(rec, 6, 10)  # new parts since the ingest, and the recorder is open: stale and live
+        monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
+        at = AppTest.from_file(str(REPO / "kforge_dash" / "browse" / "app.py"), default_timeout=300)
+        at.run()
+        assert not at.exception
+        flagged = [shown(w.value) for w in at.warning if "out of date" in shown(w.value)]
+        assert len(flagged) == 1 and "done-run (stale)" in flagged[0] and "live-run" not in flagged[0], flagged

@@ -209,9 +209,10 @@ def _ingest(root, names: list[str]) -> None:
     _list_runs.clear()
 
 
-def ingest_panel(root, runs: list[RunInfo]) -> None:
-    """Runs never ingested, or with shards newer than their ingest, and a button to ingest them."""
-    todo = [r for r in runs if r.status in (NOT_INGESTED, STALE)]
+def ingest_panel(root, runs: list[RunInfo], *, followed: set[str] = frozenset()) -> None:
+    """Runs never ingested, or with shards newer than their ingest, and a button to ingest them; not
+    the ``followed`` ones (the Compare page's live refresh appends their new parts itself)."""
+    todo = [r for r in runs if r.status == NOT_INGESTED or (r.status == STALE and r.name not in followed)]
     for err in st.session_state.pop("ingest_errors", []):
         st.error(f"Ingest failed for {md_text(err)}")
     for r in runs:

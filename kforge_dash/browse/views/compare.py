@@ -29,9 +29,11 @@ STEP_KEYS = {"step_from": "From step", "step_to": "To step"}
 st.title("Compare runs")
 root = common.runs_root()
 runs = common.load_runs(root)
-common.ingest_panel(root, runs)
+panel = st.container()  # filled once the sidebar says which runs the page follows live
 ingested = {r.name: r for r in runs if r.ingested}
 if not ingested:
+    with panel:
+        common.ingest_panel(root, runs)
     st.info(md_text(prep_runs.no_runs_message(root, runs)))
     st.stop()
 preloading = common.preload_pending()  # this run is the session's first page
@@ -136,6 +138,11 @@ with st.sidebar:
     live = st.toggle(f"Live: refresh every {common.LIVE_EVERY_S} s", key="live",
                      value=common.active([ingested[n] for n in selected]),
                      help="On by default while a selected run's shards are being written.")
+# Selected runs being written now: the live refresh below appends their new parts, so the panel does not
+# flag them as out of date (the badge names them instead).
+followed = {n for n in selected if live and common.active([ingested[n]])}
+with panel:
+    common.ingest_panel(root, runs, followed=followed)
 
 zoom = prep_zoom.zoom_from_inputs(first, last)
 grouped = group_by is not None
@@ -176,7 +183,8 @@ def charts() -> None:
         caught = common.catch_up(root, [ingested[n] for n in selected])
         now = time.strftime("%H:%M:%S")
         appended = f" · appended {units.counted(len(caught), 'run')}" if caught else ""
-        head.badge(f"● live · checked {now}{appended}", color="red")
+        following = f": {md_text(', '.join(sorted(followed)))}" if followed else ""
+        head.badge(f"● live{following} · checked {now}{appended}", color="red")
     if not shown_sources:
         st.info("Every run is hidden: click a name in the legend to show it.")
         return
