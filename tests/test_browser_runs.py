@@ -50,3 +50,21 @@ def test_the_runs_table_fits_1400px_and_the_diff_pills_wear_the_runs_colours(bro
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot))
         assert left == []
+
+
+def test_the_runs_table_shows_every_run_without_scrolling_inside_it(browser, tmp_path):
+    """Streamlit's default table shows 10 rows and scrolls inside itself: the 11th run was hidden."""
+    from dash_fixtures import write_run
+
+    for i in range(14):
+        write_run(tmp_path / "runs", f"run-{i:02d}", n=20)
+    with serve(tmp_path / "runs", tmp_path / "server.log") as url:
+        page, left = new_page(browser, width=WIDTH, height=HEIGHT)
+        page.goto(url + "/runs")
+        page.get_by_text("Config diff", exact=True).wait_for()
+        table = page.locator(".stDataFrame").first.locator(".dvn-scroller")
+        table.wait_for()
+        page.wait_for_function("() => document.querySelector('.stDataFrame').querySelectorAll('th').length >= 10")
+        size = table.evaluate("e => [e.scrollHeight, e.clientHeight]")
+        assert size[0] <= size[1] + 1, size
+        assert left == []

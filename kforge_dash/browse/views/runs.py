@@ -36,7 +36,9 @@ table = pd.DataFrame(rows, columns=data.columns)
 numeric = {c: f for c, f in FORMATS.items() if c in table and pd.api.types.is_numeric_dtype(table[c])}
 shown = table.style.format(numeric, na_rep=units.MISSING)
 st.dataframe(
+    # every run on the page up to 30 (Streamlit's default shows 10 and scrolls inside the table), then a tall table
     shown, hide_index=True, key="runs_table", column_order=prep_runs.table_columns(data),
+    height="content" if len(table) <= 30 else 1000,
     column_config={
         "wall_time_h": cfg.Column(units.TRAINING_TIME, help=units.WALL_TIMES_HELP), "final_loss": cfg.Column("final loss"),
         "best_loss": cfg.Column("best loss"), "mean_mfu": cfg.Column("mean MFU"),
