@@ -162,3 +162,15 @@ def lab(colour: str):
         ((0.4124, 0.3576, 0.1805), (0.2126, 0.7152, 0.0722), (0.0193, 0.1192, 0.9505)), (0.95047, 1.0, 1.08883))]
     f = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz]
     return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def detail_page(root, monkeypatch, run: str):
+    """Streamlit's AppTest of the run detail page of ``run`` under ``root`` (as /detail?run=RUN)."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"),
+                           default_timeout=300)
+    at.query_params["run"] = run
+    at.run()
+    return at.switch_page("views/run_detail.py").run()

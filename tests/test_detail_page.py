@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from dash_fixtures import SAMPLE_RUNS, shown, write_run
+from dash_fixtures import SAMPLE_RUNS, detail_page, shown, write_run
 from streamlit.testing.v1 import AppTest
 
 from kforge_dash.browse import units
@@ -22,14 +22,6 @@ def root(tmp_path_factory):
     return copy_and_ingest_sample_runs(tmp_path_factory.mktemp("detail") / "runs")
 
 
-def _detail(root, monkeypatch, run):
-    monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
-    at = AppTest.from_file(str(APP), default_timeout=300)
-    at.query_params["run"] = run
-    at.run()
-    return at.switch_page("views/run_detail.py").run()
-
-
 def _charts(at):
     return {json.loads(c.proto.spec)["layout"].get("title", {}).get("text"): json.loads(c.proto.spec)
             for c in at.get("plotly_chart")}
@@ -38,7 +30,7 @@ def _charts(at):
 def test_two_wall_times_each_labelled_and_the_waterfall_starts_at_the_job_clock(root, monkeypatch):
     """preempted: the header said 0:00:33 and the waterfall 44.2 s, both as 'wall time'."""
     s = json.loads((root / "preempted" / "ingested" / "summary.json").read_text())
-    at = _detail(root, monkeypatch, "preempted")
+    at = detail_page(root, monkeypatch, "preempted")
     assert not at.exception
     got = {m.label: m.value for m in at.metric}
     assert "wall time" not in got
@@ -51,7 +43,7 @@ def test_two_wall_times_each_labelled_and_the_waterfall_starts_at_the_job_clock(
 
 def test_the_two_mfu_figures_say_how_they_differ(root, monkeypatch):
     """'mean MFU' (header) and 'achieved' (the MFU waterfall) differ on every sample run; the header says why."""
-    at = _detail(root, monkeypatch, "preempted")
+    at = detail_page(root, monkeypatch, "preempted")
     assert not at.exception
     (mfu,) = [m for m in at.metric if m.label == "mean MFU"]
     assert "whole job wall clock" in (mfu.help or "") and "achieved" in mfu.help
@@ -59,7 +51,7 @@ def test_the_two_mfu_figures_say_how_they_differ(root, monkeypatch):
 
 def test_text_is_whole_and_human(root, monkeypatch):
     """No raw float lists in warnings, no raw column names in tables, the final loss uncut."""
-    at = _detail(root, monkeypatch, "preempted")
+    at = detail_page(root, monkeypatch, "preempted")
     warnings = [shown(w.value) for w in at.warning]
     assert any("peak TFLOPS per GPU" in w for w in warnings)
     assert not any(re.search(r"\d\.\d{6,}", w) for w in warnings), warnings  # [0.10882826149463654, ...]
@@ -89,7 +81,7 @@ def test_a_run_deleted_while_its_page_is_open_is_said_gone_and_no_other_run_show
     root = tmp_path / "runs"
     for name, seed in (("alpha", 1), ("beta", 2)):
         write_run(root, name, n=50, seed=seed)
-    at = _detail(root, monkeypatch, "beta")
+    at = detail_page(root, monkeypatch, "beta")
     assert not at.exception and at.selectbox(key="run").value == "beta" and at.metric
     shutil.rmtree(root / "beta")
     at.run()  # a reload, while the cached listing (10 s) still lists it
@@ -109,7 +101,7 @@ def test_a_never_ingested_run_offers_the_ingest_button(tmp_path, monkeypatch):
     root = tmp_path / "runs"
     write_run(root, "done", n=30)
     shutil.copytree(SAMPLE_RUNS / "straggler", root / "fresh", ignore=shutil.ignore_patterns("ingested"))
-    at = _detail(root, monkeypatch, "fresh")
+    at = detail_page(root, monkeypatch, "fresh")
     assert not at.exception and not at.metric
     hint = " ".join(shown(w.value) for w in at.warning)
     assert "'fresh' has no ingested outputs" in hint and "kforge-ingest" in hint
@@ -121,7 +113,7 @@ def test_a_never_ingested_run_offers_the_ingest_button(tmp_path, monkeypatch):
 
 def test_the_straggler_pages_phase_shares_add_to_100_percent_with_checkpoint_under_1(root, monkeypatch):
     """What the page shows (issue 21, item 2: it showed checkpoint 8.14 % and 'other' -0.48 %)."""
-    at = _detail(root, monkeypatch, "straggler")
+    at = detail_page(root, monkeypatch, "straggler")
     assert not at.exception
     table = next(d.value for d in at.dataframe if "share" in d.value.columns).set_index("phase")
     assert table["share"].sum() == pytest.approx(1.0) and (table["share"] >= 0).all()
@@ -134,7 +126,7 @@ def test_many_findings_the_first_open_the_rest_in_an_expander(tmp_path, monkeypa
     findings = [{"kind": "nonfinite", "severity": "error", "message": f"loss NaN at step {s}", "first_step": s,
                  "last_step": s, "ranks": [0]} for s in range(1, 131)]
     write_run(tmp_path, "diverged", n=200, findings=findings)
-    at = _detail(tmp_path, monkeypatch, "diverged")
+    at = detail_page(tmp_path, monkeypatch, "diverged")
     assert not at.exception
     (more,) = at.expander
     assert more.label == "124 more findings"

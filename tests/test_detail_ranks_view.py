@@ -5,18 +5,14 @@ summary.json and the Parquet files with pyarrow, not from the prep code."""
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dash_fixtures import lab, write_run
-from streamlit.testing.v1 import AppTest
+from dash_fixtures import detail_page, lab, write_run
 
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import ranks as prep_ranks
-
-APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +123,6 @@ def test_per_rank_phases_count_a_phase_that_did_not_run_as_zero(root):
     assert got[ckpt].mean() == pytest.approx(totals.filter(totals["phase"] == "checkpoint")["mean_s"][0], rel=1e-9)
 
 
-def _detail(root, monkeypatch, run):
-    monkeypatch.setenv("KFORGE_DASH_ROOT", str(root))
-    at = AppTest.from_file(str(APP), default_timeout=300)
-    at.query_params["run"] = run
-    at.run()
-    return at.switch_page("views/run_detail.py").run()
-
-
 def _per_rank_table(at):
     return next(d for d in at.dataframe if "step time (s)" in d.value.columns)
 
@@ -143,7 +131,7 @@ def test_per_rank_table_is_numbers_with_one_format_per_column(root, monkeypatch)
     """preempted/straggler: 'checkpoint (s)' was left-aligned text ('0.0190', '—') while the other
     columns were numbers shown as they came ('0.13' beside '0.1294')."""
     for run in ("straggler", "preempted"):
-        at = _detail(root, monkeypatch, run)
+        at = detail_page(root, monkeypatch, run)
         assert not at.exception
         table = _per_rank_table(at)
         config = json.loads(table.proto.columns)
@@ -162,7 +150,7 @@ def test_captions_name_the_runs_own_phases(tmp_path, monkeypatch):
     run = write_run(tmp_path, "no-data", n=50, world_size=2)
     ranks = run / "ingested" / "ranks.parquet"
     pl.read_parquet(ranks).drop("time/data_s").write_parquet(ranks)
-    at = _detail(tmp_path, monkeypatch, "no-data")
+    at = detail_page(tmp_path, monkeypatch, "no-data")
     assert not at.exception
     caption = next(c.value for c in at.caption if "straggler shows" in c.value).replace("\\", "")
     assert "own work (optimizer)" in caption and "(data" not in caption and "data)" not in caption
