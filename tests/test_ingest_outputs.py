@@ -6,7 +6,7 @@ import shutil
 
 import polars as pl
 import pyarrow.parquet as pq
-from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
+from ingest_fixtures import close_all, flush_all, open_ranks, read_outputs, run_steps
 from parts_fixtures import make_run
 
 from kforge_dash.ingest.options import IngestOptions
@@ -17,8 +17,7 @@ def test_idempotent_and_incremental(tmp_path, monkeypatch):
     run = str(tmp_path / "run")
     recs = open_ranks(run, 2)
     clock = run_steps(monkeypatch, recs, range(1, 15), step_time=lambda r, s: 1.0)
-    for rec in recs.values():
-        rec.flush()
+    flush_all(recs)
     first = ingest_run(run)
     steps1 = pl.read_parquet(os.path.join(run, "ingested", "steps.parquet"))
     ranks1 = pl.read_parquet(os.path.join(run, "ingested", "ranks.parquet"))
@@ -54,8 +53,7 @@ def test_ranks_parquet_order_is_as_documented(tmp_path, monkeypatch):
     run = str(tmp_path / "order")
     a0 = open_ranks(run, 2)
     clock = run_steps(monkeypatch, a0, range(1, 31), step_time=lambda r, s: 1.0)
-    for rec in a0.values():
-        rec.flush()
+    flush_all(a0)
     a1 = open_ranks(run, 2)  # resumes at 21
     run_steps(monkeypatch, a1, range(21, 41), step_time=lambda r, s: 1.0, clock=clock)
     close_all(a1)
