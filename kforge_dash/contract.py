@@ -35,14 +35,18 @@ EMA_COLUMNS = tuple(f"{m}_ema" for m in EMA_METRICS)
 RUN_DERIVED_COLUMNS = frozenset({"tokens_per_sec", "mfu", *EMA_COLUMNS})
 # Every column name ingest itself puts in steps.parquet or ranks.parquet beyond the recorded
 # ones: a user scalar with one of these names is renamed to user/NAME.
-RESERVED_OUTPUT_NAMES = frozenset({"rank", "attempt", "step_time_min_s", "step_time_median_s", "slowest_rank",
+RESERVED_OUTPUT_NAMES = frozenset({"rank", "attempt", "step_work_s", "step_work_min_s", "step_work_median_s", "slowest_rank",
                                    "n_ranks", *RUN_DERIVED_COLUMNS})
 
-# steps.parquet columns before the phases and user scalars; the EMAs come last.
-STEP_HEAD = ("step", "time", "step_time_s", "step_time_min_s", "step_time_median_s", "slowest_rank", "n_ranks",
-             "attempt", "tokens", "tokens_per_sec", "mfu", "loss", "grad_norm", "lr", *MEM_COLUMNS)
-# The same head as the reductions give it, before tokens/s and MFU are derived.
-REDUCED_HEAD = tuple(c for c in STEP_HEAD if c not in RUN_DERIVED_COLUMNS)
+# steps.parquet columns before the phases and user scalars; the EMAs come last. step_time_s is the
+# job's step time: the period between consecutive step ends, mean over ranks (ingest/period.py);
+# step_work_s / _min_s / _median_s: the max / min / median over ranks of each rank's own
+# start_step -> end_step time (ranks.parquet step_time_s), slowest_rank the rank with the max.
+STEP_HEAD = ("step", "time", "step_time_s", "step_work_s", "step_work_min_s", "step_work_median_s", "slowest_rank",
+             "n_ranks", "attempt", "tokens", "tokens_per_sec", "mfu", "loss", "grad_norm", "lr", *MEM_COLUMNS)
+# The head as the per-step reductions over ranks give it, before the periods (step_time_s) are
+# joined in and tokens/s and MFU derived.
+REDUCED_HEAD = tuple(c for c in STEP_HEAD if c not in RUN_DERIVED_COLUMNS and c != "step_time_s")
 
 
 def ingested_dir(run_dir: str | os.PathLike) -> str:

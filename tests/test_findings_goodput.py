@@ -53,6 +53,7 @@ def test_goodput_buckets_of_a_resumed_run(tmp_path, monkeypatch):
         "warmup": 2.0 - 0.09,  # step 1 over the launch's median step
         "data_stall": 250 * 0.01,  # the median rank's data phase in every kept step
         "straggler_wait": 0.0,  # both ranks do the same own work (a checkpoint is not straggling)
+        "between_steps": 0.0,  # the evals after steps 50, 150, 200 are "eval"; nothing else between steps
         "other": 0.0,
     }
     assert b == pytest.approx(expect, abs=1e-3)

@@ -31,7 +31,7 @@ def _window(run_dir):
         "step", "rank", "attempt", "step_time_s", *ph.own, perstep.own_work(ph.own).alias("_own"),
         perstep.own_work(ph.data).alias("_data"), perstep.own_work(ph.checkpoint).alias("_ckpt"),
         perstep.own_work(ph.eval).alias("_eval"), perstep.own_work(ph.wait).fill_null(0.0).alias("_wait"))
-    st = steps.select("step", pl.col("step_time_median_s").alias("_st"))
+    st = steps.select("step", pl.col("step_work_median_s").alias("_st"))
     return lf.collect(), ph, st
 
 
@@ -98,7 +98,7 @@ def _facts(path, tables):
         for t in tables:
             w.write_table(t)
     steps = sorted(set(pa.concat_tables(tables).column("step").to_pylist()))
-    st = pl.DataFrame({"step": steps, "step_time_median_s": np.linspace(1.0, 2.0, len(steps))})
+    st = pl.DataFrame({"step": steps, "step_work_median_s": np.linspace(1.0, 2.0, len(steps))})
     return RunFacts(steps=st, ranks_path=str(path), launches=[], summary={}, opts=FindingsOptions(), phases=PHASES)
 
 
@@ -110,7 +110,7 @@ def _bits(df: pl.DataFrame):
 def _both(monkeypatch, facts):
     """(per_step by units or None, per_step by step windows); small windows: many of each."""
     monkeypatch.setattr(perstep, "WINDOW_ROWS", 60)
-    st = facts.steps.select("step", pl.col("step_time_median_s").alias("_st"))
+    st = facts.steps.select("step", pl.col("step_work_median_s").alias("_st"))
     fast = perstep._by_units(facts, st, perstep.block_size(facts.steps.height))
     monkeypatch.setattr(units, "plan", lambda path: None)
     return fast, perstep.per_step(facts)

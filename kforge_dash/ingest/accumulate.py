@@ -219,10 +219,10 @@ class StepAcc:
 
         t, has_t = col("time")
         self._max("time", ix, t, has_t)
-        smax, has_s = col("step_time_s")
+        smax, has_s = col("step_work_s")
         self._slowest(ix, smax, has_s, *col("slowest_rank"))
         self._max("st_max", ix, smax, has_s)
-        self._max("st_min", ix, *col("step_time_min_s"), np.fmin)
+        self._max("st_min", ix, *col("step_work_min_s"), np.fmin)
         self.a["n_ranks"][ix] += part["n_ranks"].to_numpy()
         self.a["attempt"][ix] = np.maximum(self.a["attempt"][ix], part["attempt"].to_numpy())
         self._add_tokens(ix, *col("tokens"))
@@ -255,9 +255,9 @@ class StepAcc:
         time = a["time"]
         has_time = a["has/time"] & ~a["time_nan"] & np.isfinite(time) if dense else a["has/time"]
         out = {"step": np_array(self.steps), "time": masked(time, has_time),
-               "step_time_s": masked(a["st_max"], a["has/st_max"]),
-               "step_time_min_s": masked(a["st_min"], a["has/st_max"]),
-               "step_time_median_s": self.kept.median(self.steps, self.grid_rows if dense else None),
+               "step_work_s": masked(a["st_max"], a["has/st_max"]),
+               "step_work_min_s": masked(a["st_min"], a["has/st_max"]),
+               "step_work_median_s": self.kept.median(self.steps, self.grid_rows if dense else None),
                "slowest_rank": masked(a["slowest"], a["has/slowest"]), "n_ranks": np_array(a["n_ranks"]),
                "attempt": np_array(a["attempt"]), "tokens": masked(a["tokens"], a["has/tokens"])}
         for c in ("grad_norm", "lr", *MEM_COLUMNS):

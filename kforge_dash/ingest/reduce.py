@@ -8,7 +8,8 @@ Two ways to the same numbers:
 * ``grouped``: anything else (restarts inside the window, a rank missing steps, log-only rows),
   a polars group_by.
 
-Both: max/min/median step time, slowest rank (lowest on ties), global tokens (null when no rank
+Both: max/min/median of the ranks' own step times (``step_work_s``; the job's step time, the
+period, is period.py's), slowest rank (lowest on ties), global tokens (null when no rank
 reported any, never 0), loss and every other scalar = mean over reporting ranks with NaN kept,
 except the bitmasks of OR_COLUMNS (bitwise OR over reporting ranks, int64), grad_norm/lr from the
 lowest reporting rank, memory = max.
@@ -107,7 +108,7 @@ def _grouped(df: pl.DataFrame, cols: list[str], counts_col: bool) -> pl.DataFram
             fixed.append(pl.Series(c, np_array(total / count, mask=count == 0)))
     st = df["step_time_s"]
     has = st.is_not_null().to_numpy()
-    fixed.append(pl.Series("step_time_median_s", median_by_group(st.to_numpy()[has], gid[has], g)))
+    fixed.append(pl.Series("step_work_median_s", median_by_group(st.to_numpy()[has], gid[has], g)))
     return out.with_columns(fixed).select(step_columns(cols))
 
 
@@ -138,8 +139,8 @@ def order_free_aggs(counts_col: bool) -> list[pl.Expr]:
     st = pl.col("step_time_s")
     return [
         pl.col("time").max(),
-        st.max().alias("step_time_s"),
-        st.min().alias("step_time_min_s"),
+        st.max().alias("step_work_s"),
+        st.min().alias("step_work_min_s"),
         pl.col("rank").filter(st == st.max()).min().alias("slowest_rank"),
         pl.len().cast(pl.Int64).alias("n_ranks"),
         pl.col("attempt").max(),
@@ -208,18 +209,18 @@ def masked(values: np.ndarray, has: np.ndarray | None) -> pa.Array:
 
 
 def _dense_times(g: Grid, out: dict) -> None:
-    """time, step_time_s/min/median, slowest_rank, n_ranks, attempt."""
+    """time, step_work_s/min/median (of the ranks' step_time_s), slowest_rank, n_ranks, attempt."""
     t = g("time", -np.inf)[0].max(axis=0)
     out["time"] = masked(t, np.isfinite(t))
     s = g("step_time_s", None, "s")[0]
     s_max = s.max(axis=0)
-    out["step_time_s"] = np_array(s_max)
-    out["step_time_min_s"] = np_array(s.min(axis=0))
+    out["step_work_s"] = np_array(s_max)
+    out["step_work_min_s"] = np_array(s.min(axis=0))
     # The median from a sort down the rank axis: ~4x faster than np.median's partition along
     # axis 0 of this layout; the same values (the middle one, or the mean of the two middle ones).
     srt = g.buf.get("sorted", np.float64, g.n_ranks * g.n_steps).reshape(g.n_ranks, g.n_steps)
     srt[:] = s
-    out["step_time_median_s"] = median_down_rows(srt)
+    out["step_work_median_s"] = median_down_rows(srt)
     out["slowest_rank"] = np_array(g.slowest(s, s_max))
     out["n_ranks"] = np_array(np.full(g.n_steps, g.n_ranks, np.int64))
     out["attempt"] = np_array(g("attempt", None)[0].max(axis=0).astype(np.int64))

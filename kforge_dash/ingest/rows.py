@@ -13,6 +13,7 @@ from kforge_dash.ingest.append import AppendPlan, copy_head, old_ranks_parts, ol
 from kforge_dash.ingest.buffers import Buffers
 from kforge_dash.ingest.merge import AppendConflict
 from kforge_dash.ingest.options import IngestError
+from kforge_dash.ingest.period import PeriodAcc, exact_periods
 from kforge_dash.ingest.plan import IngestPlan
 from kforge_dash.ingest.ranks_writer import RanksWriter
 from kforge_dash.ingest.read import PartToRead, overlapping_parts, plan_windows
@@ -25,7 +26,7 @@ from kforge_record.atomic import atomic_path
 class Rows:
     """What the row pass gave."""
 
-    steps: pl.DataFrame  # one row per step, before tokens/s, MFU and the EMAs
+    steps: pl.DataFrame  # one row per step (step_time_s: the period, period.py), before tokens/s, MFU and the EMAs
     rank_ids: set[int]
     repeats: dict[tuple[int, int], int]  # (rank, launch) -> steps recorded more than once
     bad: dict[str, str]  # part path -> warning: failed to decode, left out
@@ -52,9 +53,11 @@ class _Acc:
     rank_ids: set
     step_parts: list
     bad: dict
+    periods: PeriodAcc
 
     def add(self, got) -> None:
         self.bad.update(got.bad)
+        self.periods.add(got.ends)
         for key, n in got.repeats.items():
             self.repeats[key] = self.repeats.get(key, 0) + n
         if got.steps is not None:
@@ -63,8 +66,9 @@ class _Acc:
 
 
 def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: list[str], windows) -> Rows:
-    acc = _Acc({}, set(), [], {})
+    acc = _Acc({}, set(), [], {}, PeriodAcc())
     files, extra = list(plan.files), []
+    head_periods = None
     if append is not None:
         for r, a, n in append.state.get("repeats", []):
             acc.repeats[(r, a)] = n
@@ -75,6 +79,7 @@ def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: l
             _warn_repeats(acc.repeats, warnings)
             return Rows(head, acc.rank_ids, acc.repeats, acc.bad, wrote=False, appended=True)
         acc.step_parts.append(head)
+        head_periods = head.select("step", "step_time_s")  # the kept steps' periods stand
         files = append.new_files
         # (PartInfo, None, None) stand-ins for the old rows from ``start`` on: their step ranges and row counts
         extra = [PartToRead(*t) for t in old_ranks_parts(append.ranks_path, append.start)]
@@ -85,7 +90,14 @@ def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: l
         if not n_new and append is None:  # (an append keeps the old rows, even if every new part is bad)
             raise IngestError(f"{plan.run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
     _warn_repeats(acc.repeats, warnings)
-    return Rows(_stack_steps(acc.step_parts, plan.spec.cols, append is not None), acc.rank_ids, acc.repeats,
+    if acc.periods.out_of_order:  # steps ended out of order across windows: all at once (period.py)
+        periods = exact_periods(os.path.join(plan.out_dir, RANKS_FILE))
+    else:
+        periods = acc.periods.result()
+        if head_periods is not None:
+            periods = pl.concat([head_periods, periods], how="vertical_relaxed")
+    steps = _stack_steps(acc.step_parts, plan.spec.cols, append is not None)
+    return Rows(steps.join(periods, on="step", how="left").sort("step"), acc.rank_ids, acc.repeats,
                 acc.bad, wrote=True, appended=append is not None)
 
 
@@ -112,7 +124,10 @@ def _write_windows(plan: IngestPlan, ranks_tmp: str, files: list, extra: list, a
     results = None
     try:
         if append is not None:
-            copy_head(append.ranks_path, append.start, plan.spec.cols, writer.put)
+            def put(t):
+                acc.periods.carry(t)  # the kept rows' last ends, for the first new ones' periods
+                writer.put(t)
+            copy_head(append.ranks_path, append.start, plan.spec.cols, put)
         if windows is None:
             results = _windows_here(spans, files, plan, acc, old_ranks_path, writer)
         else:  # each task names only the parts it reads; the rows come back and are written here

@@ -80,7 +80,7 @@ def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
     (``<phase>\\0ex``) and its summed positive excess (``<phase>\\0cost``: the others' wait).
     """
     W = block_size(facts.steps.height)
-    st = facts.steps.select("step", pl.col("step_time_median_s").cast(pl.Float64).alias("_st"))
+    st = facts.steps.select("step", pl.col("step_work_median_s").cast(pl.Float64).alias("_st"))
     fast = _by_units(facts, st, W)
     if fast is not None:
         meds, blocks = fast

@@ -1,0 +1,123 @@
+"""The job's step time: the period between consecutive step ends, each rank on its own clock.
+
+Per (rank, attempt), its rows that ended a step (``step_time_s`` not null, a finite ``time``) in
+the order of their end times (ties by step): a row's period is its end time minus the end time
+of the row before it; the first row of a (rank, attempt) has no end before it, and its period is
+its own ``start_step`` -> ``end_step`` time (``step_time_s``). A step's job step time
+(steps.parquet ``step_time_s``) is the mean of its ranks' periods. Summed over the steps, the
+means telescope to the ranks' mean elapsed time from their first step's start to their last
+step's end, the time between ``end_step`` and the next ``start_step`` included, and clock skew
+between hosts cancels (each difference is taken on one clock). Ordered by end time, not by
+step: steps ended out of order (a shuffled order, an in-process rollback) each get the time
+since the end before them, so every second is counted once.
+
+Ingest reads a run in step windows: each window hands its ended rows' ``END_COLUMNS`` over
+(``window.WindowRows.ends``), and ``PeriodAcc`` takes them in window order, carrying each
+(rank, attempt)'s last end time from window to window (and from the rows an append keeps, whose
+steps' periods stand), so the result does not depend on the window size (bit for bit: each
+step's periods are added in (attempt, rank) order whatever the windows). A row that ended before
+its (rank, attempt)'s last end in an earlier window (out of order across windows) cannot be
+placed one window at a time: then ``out_of_order`` is set and the run's ended rows are read back
+from ranks.parquet (these five columns, 32 bytes a row) and taken as one window (``exact_periods``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from kforge_dash.ingest.arrays import np_array
+
+END_COLUMNS = ("rank", "attempt", "step", "time", "step_time_s")
+
+
+def ended_rows(df: pl.DataFrame) -> pl.DataFrame | None:
+    """The END_COLUMNS of the rows of ``df`` that ended a step (None: none did)."""
+    ends = df.select(END_COLUMNS).filter(pl.col("step_time_s").is_not_null() & pl.col("time").is_finite())
+    return ends if ends.height else None
+
+
+class PeriodAcc:
+    """Each step's mean period over its ranks, window after window (``add``), then ``result``."""
+
+    def __init__(self):
+        self.last: dict[tuple[int, int], float] = {}  # (rank, attempt) -> its latest end time so far
+        self.parts: list[pl.DataFrame] = []
+        self.out_of_order = False  # a row ended before its (rank, attempt)'s last end in an earlier window
+
+    def carry(self, rows: pa.Table | pl.DataFrame) -> None:
+        """Rows whose steps' periods are known already (an append's kept head): only their
+        latest end per (rank, attempt) is carried into the next window."""
+        df = rows if isinstance(rows, pl.DataFrame) else pl.from_arrow(rows)
+        ends = ended_rows(df)
+        if ends is None:
+            return
+        for r, a, t in ends.group_by("rank", "attempt").agg(pl.col("time").max()).iter_rows():
+            key = (int(r), int(a))
+            self.last[key] = max(self.last.get(key, t), t)
+
+    def add(self, ends: pl.DataFrame | None) -> None:
+        """One window's ended rows (``ended_rows``), windows in step order."""
+        if ends is None or not ends.height:
+            return
+        r, a, s = (ends[c].cast(pl.Int64).to_numpy() for c in ("rank", "attempt", "step"))
+        t, w = (ends[c].cast(pl.Float64).to_numpy() for c in ("time", "step_time_s"))
+        if not _blocks_in_time_order(r, a, t):
+            order = np.lexsort((s, t, r, a))  # by attempt, rank, then end time (ties by step)
+            r, a, s, t, w = r[order], a[order], s[order], t[order], w[order]
+        period = np.empty_like(t)
+        period[1:] = t[1:] - t[:-1]
+        starts = np.flatnonzero(np.r_[True, (r[1:] != r[:-1]) | (a[1:] != a[:-1])])
+        ends_at = np.r_[starts[1:], len(t)] - 1
+        for i, j in zip(starts.tolist(), ends_at.tolist()):
+            key = (int(r[i]), int(a[i]))
+            before = self.last.get(key)
+            if before is None:
+                period[i] = w[i]  # the first end of its (rank, attempt): its own step time
+            else:
+                period[i] = t[i] - before
+                self.out_of_order |= bool(t[i] < before)
+            self.last[key] = t[j] if before is None else max(before, t[j])
+        self.parts.append(_mean_by_step(s, period))
+
+    def result(self) -> pl.DataFrame:
+        """(step, step_time_s): each step's mean period over the ranks that ended it."""
+        if not self.parts:
+            return pl.DataFrame(schema={"step": pl.Int64, "step_time_s": pl.Float64})
+        return pl.concat(self.parts, how="vertical").sort("step")
+
+
+def exact_periods(ranks_path: str) -> pl.DataFrame:
+    """PeriodAcc.result over every ended row of ``ranks_path`` (ranks.parquet) taken as one window."""
+    lf = pl.scan_parquet(ranks_path, glob=False)  # a path, never a pattern
+    acc = PeriodAcc()
+    acc.add(ended_rows(lf.select(END_COLUMNS).collect()))
+    return acc.result()
+
+
+def _blocks_in_time_order(r: np.ndarray, a: np.ndarray, t: np.ndarray) -> bool:
+    """Whether the rows come as one block per (rank, attempt), blocks by (attempt, rank), end
+    times non-decreasing within each (the usual window: steps ended in order)."""
+    new = (r[1:] != r[:-1]) | (a[1:] != a[:-1])
+    if np.any(~new & (t[1:] < t[:-1])):
+        return False
+    at = np.flatnonzero(new)
+    ka, kr = a[at + 1], r[at + 1]
+    pa_, pr = a[at], r[at]
+    return bool(np.all((ka > pa_) | ((ka == pa_) & (kr > pr))))
+
+
+def _mean_by_step(s: np.ndarray, period: np.ndarray) -> pl.DataFrame:
+    """Each step's mean of ``period``, the values added in row order (np.bincount)."""
+    lo, hi = int(s.min()), int(s.max())
+    if hi - lo < 4 * len(s):  # steps of a window are dense: index by step
+        idx, n_bins = s - lo, hi - lo + 1
+        total = np.bincount(idx, weights=period, minlength=n_bins)
+        count = np.bincount(idx, minlength=n_bins)
+        has = count > 0
+        steps, total, count = np.arange(lo, hi + 1, dtype=np.int64)[has], total[has], count[has]
+    else:
+        steps, idx = np.unique(s, return_inverse=True)
+        total, count = np.bincount(idx, weights=period), np.bincount(idx)
+    return pl.from_arrow(pa.table({"step": np_array(steps.astype(np.int64)), "step_time_s": np_array(total / count)}))
