@@ -36,8 +36,8 @@ from kforge_dash.export.tensorboard import write_tensorboard
 from kforge_dash.export.wandb import write_wandb
 
 # 20 scalars per step, every one present (the most a step can cost).
-SCALARS = ("loss", "grad_norm", "lr", "tokens", "tokens_per_sec", "mfu", "step_time_s", "step_time_min_s",
-           "step_time_median_s", "loss_ema", "tokens_per_sec_ema", "mfu_ema", "step_time_s_ema",
+SCALARS = ("loss", "grad_norm", "lr", "tokens", "tokens_per_sec", "mfu", "step_time_s", "step_work_min_s",
+           "step_work_median_s", "loss_ema", "tokens_per_sec_ema", "mfu_ema", "step_time_s_ema",
            "mem_allocated_bytes", "mem_peak_bytes", "mem_reserved_bytes", "time/data_s", "time/fwd_bwd_s",
            "time/optimizer_s", "eval/loss")
 

@@ -64,8 +64,8 @@ def make(out: str, ranks: int, steps: int, hw_every: int = 0) -> None:
     ranks_df.write_parquet(os.path.join(out, "ranks.parquet"))
     steps_df = ranks_df.group_by("step").agg(
         *[pl.col(c).mean() for c in hw],
-        pl.col("time").max(), pl.col("step_time_s").max(), pl.col("step_time_s").min().alias("step_time_min_s"),
-        pl.col("step_time_s").median().alias("step_time_median_s"), pl.col("attempt").first(),
+        pl.col("time").max(), pl.col("step_time_s").max(), pl.col("step_time_s").max().alias("step_work_s"),
+        pl.col("step_time_s").min().alias("step_work_min_s"), pl.col("step_time_s").median().alias("step_work_median_s"), pl.col("attempt").first(),
         pl.col("loss").mean(), pl.col("grad_norm").first(), pl.lit(None, pl.Int64).alias("mem_allocated_bytes"),
         pl.col("time/data_s").mean(), pl.col("time/fwd_bwd_s").mean(), pl.col("time/optimizer_s").mean(),
     ).sort("step")

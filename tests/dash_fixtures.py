@@ -41,7 +41,8 @@ def synthetic_steps(n: int, *, seed: int = 0, world_size: int = 4, t0: float = 1
     phases = {p: rank_times[:, 0] * f for p, f in zip(PHASES, (0.1, 0.8, 0.1))}
     steps = pl.DataFrame({
         "step": step, "time": time, "step_time_s": step_time,
-        "step_time_min_s": rank_times.min(axis=1), "step_time_median_s": np.median(rank_times, axis=1),
+        "step_work_s": rank_times.max(axis=1),
+        "step_work_min_s": rank_times.min(axis=1), "step_work_median_s": np.median(rank_times, axis=1),
         "slowest_rank": rank_times.argmax(axis=1).astype(np.int64),
         "n_ranks": np.full(n, world_size, dtype=np.int64), "attempt": attempt,
         "tokens": tokens, "tokens_per_sec": tokens / step_time, "mfu": 0.4 * 0.1 / step_time,

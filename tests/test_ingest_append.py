@@ -121,7 +121,7 @@ def test_what_an_append_cannot_reproduce_falls_back_to_a_full_ingest(tmp_path, m
     assert not res.appended and not res.skipped
     got = read_outputs(run)
     if case == "rollback":
-        assert got[0].filter(pl.col("step") == 18)["step_time_s"].item() == pytest.approx(0.3)  # last written wins
+        assert got[0].filter(pl.col("step") == 18)["step_work_s"].item() == pytest.approx(0.3)  # last written wins
     else:
         assert got[0].filter(pl.col("step") == 20)["eval/loss"].item() == pytest.approx(3.0)
     assert_same(got, full_outputs(run))

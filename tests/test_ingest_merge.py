@@ -7,6 +7,7 @@ import os
 import statistics
 
 import pytest
+from findings_fixtures import Clock, drive, install
 from ingest_fixtures import LLAMA7B, close_all, ingest_whole_and_windowed, open_ranks, read_outputs, run_steps
 
 from kforge_dash.ingest.options import IngestOptions, IngestWarning
@@ -36,14 +37,14 @@ def test_cross_rank_max_min_median_slowest_tokens(tmp_path, monkeypatch):
     for row in steps.iter_rows(named=True):
         s = row["step"]
         times = {r: step_time(r, s) for r in range(W)}
-        assert row["step_time_s"] == pytest.approx(max(times.values()))
-        assert row["step_time_min_s"] == pytest.approx(min(times.values()))
-        assert row["step_time_median_s"] == pytest.approx(statistics.median(times.values()))
+        assert row["step_work_s"] == pytest.approx(max(times.values()))
+        assert row["step_work_min_s"] == pytest.approx(min(times.values()))
+        assert row["step_work_median_s"] == pytest.approx(statistics.median(times.values()))
         slowest = min(r for r in times if times[r] == max(times.values()))
         assert row["slowest_rank"] == slowest
         assert row["n_ranks"] == W
         assert row["tokens"] == sum(100 * (r + 1) for r in range(W))
-        assert row["tokens_per_sec"] == pytest.approx(row["tokens"] / max(times.values()))
+        assert row["tokens_per_sec"] == pytest.approx(row["tokens"] / row["step_time_s"])  # the period
         assert row["loss"] == pytest.approx(sum(s + r for r in range(W)) / W)
         assert row["grad_norm"] == 10.0  # rank 0 reports none: the lowest reporting rank is 1
         assert row["lr"] == pytest.approx(1e-3)
@@ -54,17 +55,20 @@ def test_cross_rank_max_min_median_slowest_tokens(tmp_path, monkeypatch):
     assert summary["wall_time_s"] == pytest.approx(sum(r["step_time_s"] for r in steps.iter_rows(named=True)))
 
 
-# The fake clock sets the step times, not the wall clock the goodput timeline is cut from (a few ms here):
-# the MFU waterfall then finds more FLOPs than the peak allows in that time, and says so.
-@pytest.mark.filterwarnings("ignore:mfu_waterfall. the FLOPs done exceed the peak:UserWarning")
+def _ddp_steps(monkeypatch, run: str, world_size: int, steps, step_s: float, values, **kw) -> None:
+    """Ranks stepping together on one fake clock (step times and end times alike), as under DDP:
+    the job's step time (the period between step ends) is ``step_s``."""
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(run, world_size, **kw)
+    drive(recs, steps, clock, phases=lambda r, s: [("fwd_bwd", step_s)], values=values)
+    close_all(recs)
+
+
 def test_mfu_llama7b_by_hand(tmp_path, monkeypatch):
     """8 H100s at a known throughput: 8 ranks x 4 x 4096 tokens per 2.0 s step."""
     run = str(tmp_path / "llama")
     W, seq, batch, step_s = 8, 4096, 4, 2.0
-    recs = open_ranks(run, W, model=LLAMA7B)
-    run_steps(monkeypatch, recs, range(1, 6), step_time=lambda r, s: step_s,
-              values=lambda r, s: {"loss": 2.0, "tokens": batch * seq})
-    close_all(recs)
+    _ddp_steps(monkeypatch, run, W, range(1, 6), step_s, lambda r, s: {"loss": 2.0, "tokens": batch * seq}, model=LLAMA7B)
 
     L, D, F, V = 32, 4096, 11008, 32000
     fpt = 6 * (L * (4 * D * D + 3 * D * F) + D * V) + 12 * L * D * seq
@@ -89,17 +93,12 @@ def test_mfu_llama7b_by_hand(tmp_path, monkeypatch):
     assert summary["device"]["name"] == "NVIDIA H100 80GB HBM3"
 
 
-# The fake clock sets the step times, not the wall clock the goodput timeline is cut from (a few ms here):
-# the MFU waterfall then finds more FLOPs than the peak allows in that time, and says so.
-@pytest.mark.filterwarnings("ignore:mfu_waterfall. the FLOPs done exceed the peak:UserWarning")
 def test_mfu_moe_by_hand_with_flops_override_precedence(tmp_path, monkeypatch):
     run = str(tmp_path / "moe")
     moe = {"n_layers": 16, "dim": 2048, "n_heads": 16, "n_kv_heads": 4, "ffn_hidden_dim": 1024,
            "vocab_size": 50000, "seq_len": 2048, "moe_num_experts": 64, "moe_top_k": 6, "moe_shared_experts": 2}
-    recs = open_ranks(run, 4, model=moe, peak_tflops=312.0)
-    run_steps(monkeypatch, recs, range(1, 4), step_time=lambda r, s: 0.5,
-              values=lambda r, s: {"loss": 1.0, "tokens": 8 * 2048})
-    close_all(recs)
+    _ddp_steps(monkeypatch, run, 4, range(1, 4), 0.5, lambda r, s: {"loss": 1.0, "tokens": 8 * 2048},
+               model=moe, peak_tflops=312.0)
     D, F, L, S = 2048, 1024, 16, 2048
     attn = 2 * D * D + 2 * D * (4 * 128)
     per_layer = attn + (6 + 2) * 3 * D * F + D * 64
@@ -152,7 +151,7 @@ def test_restart_latest_attempt_wins_and_is_reported(tmp_path, monkeypatch):
         first = s < 21
         assert row["attempt"] == (0 if first else 1)
         assert row["loss"] == (100.0 + s if first else 200.0 + s)
-        assert row["step_time_s"] == (1.0 if first else 2.0)
+        assert row["step_work_s"] == (1.0 if first else 2.0)
     assert [a["attempt"] for a in summary["attempts"]] == [0, 1]
     assert summary["attempts"][0]["last_step"] == 30 and summary["attempts"][1]["first_step"] == 21
     assert summary["restarts"] == [{
@@ -176,8 +175,9 @@ def test_elastic_world_size_change_uses_each_attempts_size(tmp_path, monkeypatch
     steps, _, summary = read_outputs(run)
     by_step = {r["step"]: r for r in steps.iter_rows(named=True)}
     assert by_step[5]["n_ranks"] == 4 and by_step[15]["n_ranks"] == 2
-    assert by_step[5]["mfu"] == pytest.approx(1e9 * 4000 / (4 * 100e12))
-    assert by_step[15]["mfu"] == pytest.approx(1e9 * 2000 / (2 * 100e12))
+    # each launch's world size and peak: MFU = FLOPs/token x tokens/s over (its GPUs x its peak)
+    assert by_step[5]["mfu"] == pytest.approx(1e9 * 4000 / by_step[5]["step_time_s"] / (4 * 100e12))
+    assert by_step[15]["mfu"] == pytest.approx(1e9 * 2000 / by_step[15]["step_time_s"] / (2 * 100e12))
     assert [a["world_size"] for a in summary["attempts"]] == [4, 2]
     assert summary["world_size"] == 2
     assert any("world size changed" in w for w in summary["warnings"])
@@ -198,7 +198,7 @@ def test_log_rows_coalesce_and_columns_appearing_mid_run(tmp_path, monkeypatch):
     steps, ranks, _ = read_outputs(run)
     assert ranks.filter(ranks["step"] == 10).height == 2  # coalesced, not an extra row per rank
     s = {r["step"]: r for r in steps.iter_rows(named=True)}
-    assert s[10]["eval/loss"] == pytest.approx(5.5) and s[10]["step_time_s"] == 1.0
+    assert s[10]["eval/loss"] == pytest.approx(5.5) and s[10]["step_work_s"] == 1.0
     assert s[11]["eval/loss"] == pytest.approx(7.5)  # the log row joined step 11's end_step row
     assert s[9]["eval/loss"] is None  # missing is null, never 0
     assert s[99]["eval/loss"] == 9.0 and s[99]["step_time_s"] is None and s[99]["n_ranks"] == 2
@@ -230,9 +230,9 @@ def test_ragged_ranks_and_ranks_that_do_not_count_tokens(tmp_path, monkeypatch, 
         s = row["step"]
         reporting = [0, 2] if ragged and s % 3 == 0 else [0, 1, 2]
         assert row["n_ranks"] == len(reporting)
-        assert row["step_time_s"] == max(times[r] for r in reporting)
+        assert row["step_work_s"] == max(times[r] for r in reporting)
         assert row["slowest_rank"] == max(reporting, key=lambda r: times[r])
-        assert row["step_time_median_s"] == statistics.median(times[r] for r in reporting)
+        assert row["step_work_median_s"] == statistics.median(times[r] for r in reporting)
         assert row["tokens"] == 100 * len([r for r in reporting if r != 2])  # rank 2 does not count
         assert row["loss"] == pytest.approx(sum(10 * r + s for r in reporting) / len(reporting))
 

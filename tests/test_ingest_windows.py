@@ -46,9 +46,9 @@ def test_many_matrix_windows_match_one_window_and_a_plain_group_by(tmp_path, mon
            .sort("step"))
     got = many_steps.sort("step")
     assert got["step"].to_list() == ref["step"].to_list() == list(range(1, 43))
-    assert got["step_time_s"].to_list() == ref["max"].to_list()
-    assert got["step_time_min_s"].to_list() == ref["min"].to_list()
-    assert got["step_time_median_s"].to_list() == pytest.approx(ref["median"].to_list())
+    assert got["step_work_s"].to_list() == ref["max"].to_list()
+    assert got["step_work_min_s"].to_list() == ref["min"].to_list()
+    assert got["step_work_median_s"].to_list() == pytest.approx(ref["median"].to_list())
     assert got["tokens"].to_list() == ref["tokens"].to_list() == [100] * 42
     assert got["n_ranks"].to_list() == ref["n"].to_list() == [4] * 42
     assert got["loss"].to_list() == pytest.approx(ref["loss"].to_list())

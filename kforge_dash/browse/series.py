@@ -41,7 +41,7 @@ CORE_METRICS = (
 # Columns of steps.parquet that are bookkeeping or already-derived, not metrics to chart.
 _NOT_METRICS = {
     "step", "time", "slowest_rank", "n_ranks", "attempt", "tokens",
-    "step_time_min_s", "step_time_median_s",
+    "step_work_s", "step_work_min_s", "step_work_median_s",
 }
 # Points per line at landing (and per zoomed range, which is re-read at full resolution): about two
 # per pixel column of a chart in the two-column grid. Drawing is most of the landing page's time

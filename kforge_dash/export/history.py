@@ -4,7 +4,8 @@ One table, one tag per column, shared by TensorBoard and W&B so a metric has the
 both UIs (and in the dashboard). The mapping from steps.parquet columns (docs/CONTRACT.md) to tags:
 
     loss, grad_norm, lr, tokens, tokens_per_sec, mfu,
-    step_time_s, step_time_min_s, step_time_median_s  ->  train/<column>
+    step_time_s, step_work_s, step_work_min_s,
+    step_work_median_s                                 ->  train/<column>
     <metric>_ema                                       ->  smoothed/<metric>_ema
     mem_allocated_bytes / mem_peak_bytes / mem_reserved_bytes
                                                        ->  gpu/mem_allocated_gib ... (GiB, 2**30 bytes:
@@ -35,7 +36,7 @@ from kforge_dash.contract import EMA_COLUMNS, RANKS_FILE, STEPS_FILE, SUMMARY_FI
 GIB = float(2**30)
 
 _TRAIN = ("loss", "grad_norm", "lr", "tokens", "tokens_per_sec", "mfu",
-          "step_time_s", "step_time_min_s", "step_time_median_s")
+          "step_time_s", "step_work_s", "step_work_min_s", "step_work_median_s")
 _EMA = EMA_COLUMNS
 _MEM = {"mem_allocated_bytes": "gpu/mem_allocated_gib", "mem_peak_bytes": "gpu/mem_peak_gib",
         "mem_reserved_bytes": "gpu/mem_reserved_gib"}
