@@ -4,6 +4,7 @@ attempt id."""
 
 import polars as pl
 import pytest
+from findings_fixtures import Clock, install
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
 from parts_fixtures import small_run
 
@@ -14,11 +15,12 @@ from kforge_dash.ingest.run import ingest_run
 def _two_launches(run, monkeypatch, *, log0=None, log1=None):
     """Launch 0 ends steps 1..20 (loss = step), launch 1 ends 21..30 (loss = 100 + step); each may
     first call Recorder.log(step, **scalars) with ``log0``/``log1`` = (step, scalars)."""
+    clock = install(monkeypatch, Clock())  # step times and end times on one clock: the period is the step time
     a0 = open_ranks(run, 1)
     if log0:
         a0[0].log(log0[0], **log0[1])
-    clock = run_steps(monkeypatch, a0, range(1, 21), step_time=lambda r, s: 1.0,
-                      values=lambda r, s: {"loss": float(s), "tokens": 10})
+    run_steps(monkeypatch, a0, range(1, 21), step_time=lambda r, s: 1.0,
+              values=lambda r, s: {"loss": float(s), "tokens": 10}, clock=clock)
     close_all(a0)
     a1 = open_ranks(run, 1)
     if log1:
