@@ -65,7 +65,8 @@ def make_ingested_run(root, name: str = "run-a", *, n_steps: int = 40, world_siz
         mem = [x["mem_peak_bytes"] for x in per_rank if x["mem_peak_bytes"] is not None]
         steps_rows.append({
             "step": step, "time": max(x["time"] for x in per_rank), "step_time_s": slow["step_time_s"],
-            "step_work_s": slow["step_time_s"], "step_work_min_s": sts[0], "step_work_median_s": sts[len(sts) // 2], "slowest_rank": slow["rank"],
+            "step_work_s": slow["step_time_s"], "step_work_min_s": sts[0],
+            "step_work_median_s": sts[len(sts) // 2], "slowest_rank": slow["rank"],
             "n_ranks": len(per_rank), "attempt": attempt, "tokens": tokens,
             "tokens_per_sec": tokens / slow["step_time_s"], "mfu": None if step < first_step + 2 else 0.4 + rng.random() * 0.01,
             "loss": loss, "grad_norm": per_rank[0]["grad_norm"], "lr": per_rank[0]["lr"],

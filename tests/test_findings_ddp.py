@@ -81,4 +81,4 @@ def test_the_straggler_is_the_rank_with_slow_own_work_not_the_one_that_waits(tmp
     assert steps.filter(pl.col("step") > 1)["slowest_rank"].mode().to_list() == [1]
     # ... but it is nobody's straggler, and rank 0's time between steps is not productive
     assert [f for f in s["findings"] if f["kind"] == "straggler"] == []
-    assert s["goodput"]["buckets"]["other"] > 0.8 * (STEPS - 1) * SLOW_S
+    assert s["goodput"]["buckets"]["between_steps"] > 0.8 * (STEPS - 1) * SLOW_S

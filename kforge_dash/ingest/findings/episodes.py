@@ -193,11 +193,13 @@ def slow_episode_findings(facts: RunFacts, stragglers: list[Finding] = ()) -> li
     opts, out = facts.opts, []
     m = opts.episode_min_steps
     for att in facts.steps["attempt"].unique().sort().to_list():
-        s = (facts.steps.filter((pl.col("attempt") == att) & pl.col("step_time_s").is_finite() & (pl.col("step_time_s") > 0))
-             .select("step", "step_time_s").sort("step"))
+        # The ranks' longest own step time (step_work_s), not the period (step_time_s): an eval or a
+        # checkpoint between steps lengthens one period, and a few of them can pass for a level shift.
+        s = (facts.steps.filter((pl.col("attempt") == att) & pl.col("step_work_s").is_finite() & (pl.col("step_work_s") > 0))
+             .select("step", "step_work_s").sort("step"))
         if s.height < 3 * m:
             continue
-        t, steps = s["step_time_s"].to_numpy(), s["step"].to_numpy()
+        t, steps = s["step_work_s"].to_numpy(), s["step"].to_numpy()
         for ep in episodes(t, change_points(t, m), min_rel=opts.episode_min_rel, k=opts.episode_k, min_steps=m):
             a, z, factor = ep.first, ep.last, ep.factor
             first, last = int(steps[a]), int(steps[z])
