@@ -49,9 +49,10 @@ JOB_WALL_CLOCK = "job wall clock"
 MFU_HELP = ("mean MFU: the mean of the kept steps' MFU (their own step times only); the MFU waterfall's "
             "achieved MFU is the FLOPs done over the whole job wall clock, incl. startup, downtime and stalls, "
             "so it is the lower of the two")
-WALL_TIMES_HELP = ("training time: the kept steps' own times added up (no startup, no downtime between launches, "
-                   "nothing between steps); job wall clock: from the first launch's start to the last record, "
-                   "incl. startup, downtime between launches, recomputed steps and time between steps")
+WALL_TIMES_HELP = ("training time: the kept steps' periods added up, from each launch's first step's start to its last "
+                   "step's end (time between steps included; no startup, no downtime between launches); job wall clock: "
+                   "from the first launch's start to the last record, incl. startup, downtime between launches and "
+                   "recomputed steps")
 
 
 def percent(fraction, digits: int = 1) -> str:
