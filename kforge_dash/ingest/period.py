@@ -11,8 +11,9 @@ between hosts cancels (each difference is taken on one clock). Ordered by end ti
 step: steps ended out of order (a shuffled order, an in-process rollback) each get the time
 since the end before them, so every second is counted once.
 
-Ingest reads a run in step windows: each window hands its ended rows' ``END_COLUMNS`` over
-(``window.WindowRows.ends``), and ``PeriodAcc`` takes them in window order, carrying each
+Ingest reads a run in step windows: each window hands its ended rows' steps and periods over
+(``LocalPeriods``, 16 bytes a row: ``window.WindowRows.ends``), the first row of each (rank,
+attempt) still holding its own step time, and ``PeriodAcc`` takes them in window order, carrying each
 (rank, attempt)'s last end time from window to window (and from the rows an append keeps, whose
 steps' periods stand), so the result does not depend on the window size (bit for bit: each
 step's periods are added in (attempt, rank) order whatever the windows). A row that ended before
@@ -23,6 +24,8 @@ from ranks.parquet (these five columns, 32 bytes a row) and taken as one window 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -32,10 +35,45 @@ from kforge_dash.ingest.arrays import np_array
 END_COLUMNS = ("rank", "attempt", "step", "time", "step_time_s")
 
 
+@dataclass(frozen=True)
+class LocalPeriods:
+    """The rows of one window (or one batch of its ranks) that ended a step, in (attempt, rank, end
+    time, step) order: each row's step and its period since the row before it in its (rank,
+    attempt). The first row of each block (one (rank, attempt)) holds its own step time until
+    ``PeriodAcc.add`` knows the end before it. 16 bytes a row, plus a few per block."""
+
+    step: np.ndarray  # int64, a row
+    period: np.ndarray  # float64, a row
+    first: np.ndarray  # each block's first row
+    rank: np.ndarray  # each block's rank, attempt, first and last end time
+    attempt: np.ndarray
+    first_time: np.ndarray
+    last_time: np.ndarray
+
+
 def ended_rows(df: pl.DataFrame) -> pl.DataFrame | None:
     """The END_COLUMNS of the rows of ``df`` that ended a step (None: none did)."""
     ends = df.select(END_COLUMNS).filter(pl.col("step_time_s").is_not_null() & pl.col("time").is_finite())
     return ends if ends.height else None
+
+
+def local_periods(df: pl.DataFrame) -> LocalPeriods | None:
+    """LocalPeriods of the rows of ``df`` (one row per (rank, step) of each attempt; None: no row ended a step)."""
+    ends = ended_rows(df)
+    if ends is None:
+        return None
+    r, a, s = (ends[c].cast(pl.Int64).to_numpy() for c in ("rank", "attempt", "step"))
+    t, w = (ends[c].cast(pl.Float64).to_numpy() for c in ("time", "step_time_s"))
+    ends = None
+    if not _blocks_in_time_order(r, a, t):
+        order = np.lexsort((s, t, r, a))  # by attempt, rank, then end time (ties by step)
+        r, a, s, t, w = r[order], a[order], s[order], t[order], w[order]
+    period = np.empty_like(t)
+    period[1:] = t[1:] - t[:-1]
+    first = np.flatnonzero(np.r_[True, (r[1:] != r[:-1]) | (a[1:] != a[:-1])])
+    period[first] = w[first]  # no end before it in these rows
+    last = np.r_[first[1:], len(t)] - 1
+    return LocalPeriods(s, period, first, r[first], a[first], t[first], t[last])
 
 
 class PeriodAcc:
@@ -57,29 +95,24 @@ class PeriodAcc:
             key = (int(r), int(a))
             self.last[key] = max(self.last.get(key, t), t)
 
-    def add(self, ends: pl.DataFrame | None) -> None:
-        """One window's ended rows (``ended_rows``), windows in step order."""
-        if ends is None or not ends.height:
+    def add(self, window: list[LocalPeriods] | tuple) -> None:
+        """One window's LocalPeriods (its batches in order), windows in step order."""
+        window = [lp for lp in window if lp is not None]
+        if not window:
             return
-        r, a, s = (ends[c].cast(pl.Int64).to_numpy() for c in ("rank", "attempt", "step"))
-        t, w = (ends[c].cast(pl.Float64).to_numpy() for c in ("time", "step_time_s"))
-        if not _blocks_in_time_order(r, a, t):
-            order = np.lexsort((s, t, r, a))  # by attempt, rank, then end time (ties by step)
-            r, a, s, t, w = r[order], a[order], s[order], t[order], w[order]
-        period = np.empty_like(t)
-        period[1:] = t[1:] - t[:-1]
-        starts = np.flatnonzero(np.r_[True, (r[1:] != r[:-1]) | (a[1:] != a[:-1])])
-        ends_at = np.r_[starts[1:], len(t)] - 1
-        for i, j in zip(starts.tolist(), ends_at.tolist()):
-            key = (int(r[i]), int(a[i]))
-            before = self.last.get(key)
-            if before is None:
-                period[i] = w[i]  # the first end of its (rank, attempt): its own step time
-            else:
-                period[i] = t[i] - before
-                self.out_of_order |= bool(t[i] < before)
-            self.last[key] = t[j] if before is None else max(before, t[j])
-        self.parts.append(_mean_by_step(s, period))
+        for lp in window:
+            for i, r, a, t_first, t_last in zip(lp.first.tolist(), lp.rank.tolist(), lp.attempt.tolist(),
+                                                lp.first_time.tolist(), lp.last_time.tolist()):
+                before = self.last.get((r, a))
+                if before is not None:
+                    lp.period[i] = t_first - before
+                    self.out_of_order |= t_first < before
+                self.last[(r, a)] = t_last if before is None else max(before, t_last)
+        if len(window) == 1:
+            steps, period = window[0].step, window[0].period
+        else:  # the batches' rows in one sum per step, in row order: the bits of one read of the window
+            steps, period = np.concatenate([lp.step for lp in window]), np.concatenate([lp.period for lp in window])
+        self.parts.append(_mean_by_step(steps, period))
 
     def result(self) -> pl.DataFrame:
         """(step, step_time_s): each step's mean period over the ranks that ended it."""
@@ -92,7 +125,7 @@ def exact_periods(ranks_path: str) -> pl.DataFrame:
     """PeriodAcc.result over every ended row of ``ranks_path`` (ranks.parquet) taken as one window."""
     lf = pl.scan_parquet(ranks_path, glob=False)  # a path, never a pattern
     acc = PeriodAcc()
-    acc.add(ended_rows(lf.select(END_COLUMNS).collect()))
+    acc.add([local_periods(lf.select(END_COLUMNS).collect())])
     return acc.result()
 
 

@@ -28,7 +28,7 @@ from kforge_dash.ingest.accumulate import StepAcc
 from kforge_dash.ingest.append import old_rows
 from kforge_dash.ingest.buffers import Buffers
 from kforge_dash.ingest.coalesce import Clashes
-from kforge_dash.ingest.period import ended_rows
+from kforge_dash.ingest.period import LocalPeriods, local_periods
 from kforge_dash.ingest.ranks_writer import arrow_table
 from kforge_dash.ingest.read import LOGGED_FIXED, PartToRead, ReadSpec, read_batches, read_window, rows_in
 from kforge_dash.ingest.reduce import reduce_steps
@@ -62,7 +62,7 @@ class WindowRows:
     bad: dict[str, str]  # path -> warning: parts found corrupt in this window
     warnings: list[str]
     reads: tuple[int, ...] = ()  # rows of each read: the whole window, or each batch of its ranks
-    ends: pl.DataFrame | None = None  # the rows that ended a step, period.END_COLUMNS (None: none)
+    ends: tuple[LocalPeriods, ...] = ()  # the periods of its rows that ended a step, batch by batch
 
 
 def ingest_window(task: WindowTask, *, buffers: Buffers | None = None,
@@ -146,7 +146,7 @@ def start_window(task: WindowTask, *, buffers: Buffers, read_buffers: Buffers, r
     df = dedup_rows(df, repeats, read_buffers)
     rows = arrow_table(df, exclude=("_counts",))
     rank_ids = set(df["rank"].unique().to_list())
-    ends = ended_rows(df)
+    ends = (local_periods(df),)
     steps = _reduce_and_write(reducer, put_rows, rows, reduce_steps, df, spec.cols, spec.counts_tokens is not None,
                               buffers)
     rows = None if put_rows is not None else rows
@@ -182,9 +182,7 @@ def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, wa
     def hand_on(df: pl.DataFrame) -> None:
         df = dedup_rows(df, repeats, read_buffers)
         rank_ids.update(df["rank"].unique().to_list())
-        ended = ended_rows(df)
-        if ended is not None:
-            ends.append(ended)
+        ends.append(local_periods(df))
         rows = arrow_table(df, exclude=("_counts",))
         if put_rows is None:
             tables.append(rows)
@@ -210,11 +208,9 @@ def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, wa
     rows = pa.concat_tables(tables) if put_rows is None else None
     steps = reducer.submit(acc.result)  # after every add: the reducer runs them in order
 
-    ended = pl.concat(ends, how="vertical_relaxed") if ends else None
-
     def finish() -> WindowRows:
         added[0].result()  # (an error of the last add, not hidden by a result of half the rows)
-        return WindowRows(rows, steps.result(), rank_ids, repeats, new_bad, warnings, tuple(reads), ended)
+        return WindowRows(rows, steps.result(), rank_ids, repeats, new_bad, warnings, tuple(reads), tuple(ends))
     return PendingWindow(new_bad, finish)
 
 
