@@ -5,7 +5,8 @@ A window far bigger than ``batch_rows`` (every rank's part files start together,
 in 10k-step parts make 10M-row windows however small chunk_rows is) is read in batches of ranks
 (read.read_batches): each batch is coalesced, de-duplicated and handed on for ranks.parquet in
 the order one read of the window gives, and its per-step reductions are added up
-(accumulate.StepAcc), so only a batch of rows and the window's step times are held at once.
+(accumulate.StepAcc), so only a batch of rows and the window's step times (8 bytes a row) and
+periods (period.LocalPeriods, 16 bytes a row) are held at once.
 
 ``ingest_window`` takes a ``WindowTask`` (picklable: paths, footers, column names, numbers) and
 returns a ``WindowRows``, so windows can be handed to other processes; ingest itself runs them
