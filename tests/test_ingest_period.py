@@ -89,28 +89,38 @@ def test_an_append_gives_what_a_full_ingest_gives(tmp_path, monkeypatch):
     assert float(full["step_time_s"].sum()) == pytest.approx(_elapsed(ranks), rel=1e-9)
 
 
-def _shuffled(run, monkeypatch, **recorder):
-    """Two ranks ending steps 1..100 in shuffled orders (each its own), 0.1 s of work each: 1,000 tokens
-    a rank, 1e6 FLOPs a token on 1 TFLOP/s GPUs: MFU 0.01."""
+ORDERS = {
+    "shuffled": lambda r: random.Random(r).sample(range(1, 101), 100),  # each rank its own order
+    # the later steps first, in parts of their own: out of order across windows (read back whole)
+    "halves": lambda r: [*range(51, 101), *range(1, 51)],
+}
+
+
+def _out_of_order(run, monkeypatch, order, **recorder):
+    """Two ranks ending steps 1..100 in the order ``order(rank)``, 0.1 s of work each, parts of 25
+    steps: 1,000 tokens a rank, 1e6 FLOPs a token on 1 TFLOP/s GPUs: MFU 0.01."""
     clock = install(monkeypatch, Clock())
     recs = open_ranks(run, 2, flush_every_steps=25, **recorder)
-    order = {r: random.Random(r).sample(range(1, 101), 100) for r in recs}
+    steps = {r: order(r) for r in recs}
     for k in range(100):
         t0 = clock.t
         for r, rec in recs.items():
             clock.t = t0
             rec.start_step()
             clock.t = t0 + 0.1
-            rec.end_step(order[r][k], loss=1.0, tokens=1000)
+            rec.end_step(steps[r][k], loss=1.0, tokens=1000)
+            if k % 25 == 24:
+                rec.flush()  # (and wait: a part of its own)
         clock.t = t0 + 0.1
     close_all(recs)
 
 
-def test_steps_ended_out_of_order_keep_their_own_time(tmp_path, monkeypatch):
+@pytest.mark.parametrize("order", sorted(ORDERS))
+def test_steps_ended_out_of_order_keep_their_own_time(tmp_path, monkeypatch, order):
     run = tmp_path / "shuffled"
-    _shuffled(run, monkeypatch, model={"flops_per_token": 1e6}, peak_tflops=1.0)
+    _out_of_order(run, monkeypatch, ORDERS[order], model={"flops_per_token": 1e6}, peak_tflops=1.0)
     outs = []
-    for chunk in (10, 1_000_000):  # out of order across windows (read back whole), and within one
+    for chunk in (10, 1_000_000):  # windows of a few steps where the parts allow, and one window
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             s = ingest_run(run, IngestOptions(force=True, chunk_rows=chunk)).summary
