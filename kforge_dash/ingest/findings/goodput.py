@@ -130,12 +130,13 @@ class _Launch:
     shutdown: float = 0.0
     last_eval: bool = False  # its last kept step logged an eval* scalar
 
-    def book(self, bucket: str | None, seconds: float) -> None:
-        """``seconds`` more of the timeline into ``bucket`` (None: productive)."""
-        if bucket is None:
-            self.productive += seconds
-        else:
-            self.buckets[bucket] += seconds
+    def book(self, bucket: str, seconds: float) -> None:
+        """``seconds`` more of the timeline into the badput ``bucket``."""
+        self.buckets[bucket] += seconds
+        self.t += seconds
+
+    def book_productive(self, seconds: float) -> None:
+        self.productive += seconds
         self.t += seconds
 
     def entry(self) -> dict:
@@ -250,7 +251,7 @@ def _book_steps(la: _Launch, kept: pl.DataFrame, med: pl.DataFrame) -> None:
     la.book("between_steps", float(cut.filter(~pl.col("prev_eval"))["gap"].sum()))
     for name in ("checkpoint", "eval_in", *_INSIDE):
         la.book("eval" if name == "eval_in" else name, float(cut[name].sum()))
-    la.book(None, float(cut["productive"].sum()))
+    la.book_productive(float(cut["productive"].sum()))
     la.last_eval = bool(cut["_eval"][-1])
 
 
@@ -267,7 +268,7 @@ def _book_end(la: _Launch, L, mine: dict, cap, cutoff: int | None, *, last: bool
         w = _recomputed_share(mine.get("last_step"), reached, cutoff)
         gap = beat - la.t
         la.book("wasted_progress", gap * w)
-        la.book(None, gap * (1 - w))
+        la.book_productive(gap * (1 - w))
     tail = max(0.0, end - la.t) if end is not None else 0.0  # after the last row: shutdown (and a last eval)
     la.shutdown = 0.0 if last else tail
     la.book("downtime" if la.shutdown else "eval" if la.last_eval else "other", tail)
