@@ -19,6 +19,7 @@
     merge.py      old kept rows merged with new ones (append)
     append.py     the plan of an append and its old outputs
     reduce.py     per-step reductions over ranks
+    period.py     the job's step time: the period between step ends, each rank on its own clock, across windows
     buffers.py    numpy work space reused window after window; the one column copier into it
     summary.py    summary.json
     temps.py      temp files a killed ingest or export left behind
