@@ -90,18 +90,20 @@ def _summary(hosts_costs: dict | None, *, findings=()):
 def test_cost_is_summed_where_known_and_unknown_is_not_zero():
     throttle = {"kind": "hw_throttle", "hosts": ["c"], "ranks": [0]}
     straggler_a = {"kind": "straggler", "hosts": ["a"], "ranks": [0]}  # rank 0 ran on host a
+    straggler_b = {"kind": "straggler", "hosts": ["b"], "ranks": [1]}  # rank 1 on host b
     hosts = host_table([
-        _summary({"a": 1.0, "b": 30.0, "c": None}, findings=[throttle, straggler_a]),
+        _summary({"a": 1.0, "b": 30.0, "c": None}, findings=[throttle, straggler_a, straggler_b]),
         _summary({"a": 2.5, "b": 0.0}),
+        _summary({"a": 0.0, "b": 40.0}),  # 40 s of 100 s, but no finding names rank 1: a known 0 (issue 27.3)
         _summary(None),  # an older ingest, or what-if not computable
     ])
     by = {h["host"]: h for h in hosts}
     assert [h["host"] for h in hosts] == ["b", "a", "c"]  # largest cost first, unknown last
-    assert (by["b"]["cost_s"], by["b"]["cost_runs"]) == (30.0, 2)
+    assert (by["b"]["cost_s"], by["b"]["cost_runs"]) == (30.0, 3)
     # a's 1.0 s counts where a straggler finding names its rank; its 2.5 s of 100 s elsewhere is under the
     # material share (straggler_costs.MATERIAL_FRAC) with no finding: noise, a known 0
-    assert (by["a"]["cost_s"], by["a"]["cost_runs"], by["a"]["straggler_runs"]) == (1.0, 2, 1)
-    assert (by["c"]["cost_s"], by["c"]["cost_runs"], by["c"]["throttle_runs"], by["c"]["runs"]) == (None, 0, 1, 3)
+    assert (by["a"]["cost_s"], by["a"]["cost_runs"], by["a"]["straggler_runs"]) == (1.0, 3, 1)
+    assert (by["c"]["cost_s"], by["c"]["cost_runs"], by["c"]["throttle_runs"], by["c"]["runs"]) == (None, 0, 1, 4)
 
 
 def test_noise_of_clean_runs_does_not_add_up_into_a_hosts_cost():
