@@ -101,7 +101,7 @@ def test_cost_is_summed_where_known_and_unknown_is_not_zero():
     assert [h["host"] for h in hosts] == ["b", "a", "c"]  # largest cost first, unknown last
     assert (by["b"]["cost_s"], by["b"]["cost_runs"]) == (30.0, 3)
     # a's 1.0 s counts where a straggler finding names its rank; its 2.5 s of 100 s elsewhere is under the
-    # material share (straggler_costs.MATERIAL_FRAC) with no finding: noise, a known 0
+    # no finding naming it: noise, a known 0
     assert (by["a"]["cost_s"], by["a"]["cost_runs"], by["a"]["straggler_runs"]) == (1.0, 3, 1)
     assert (by["c"]["cost_s"], by["c"]["cost_runs"], by["c"]["throttle_runs"], by["c"]["runs"]) == (None, 0, 1, 4)
 
