@@ -72,6 +72,8 @@ def test_a_clean_run_on_a_busy_machine_has_no_warning_and_no_what_if(tmp_path, m
     kinds = {f["kind"] for f in s["findings"]}
     assert "slow_episode" in kinds and "grad_norm_spike" in kinds  # still told, as info
     assert not any(f["kind"] == "loss_spike" for f in s["findings"])
+    (g,) = [f for f in s["findings"] if f["kind"] == "grad_norm_spike"]  # merged: one card, not one a spike
+    assert (g["first_step"], g["last_step"]) == (97, 776) and "8 times" in g["message"]
     assert what_if_text(s) is None and s["what_if"]["saved_s"] == 0.0
     assert all(e["cost_s"] == 0.0 for e in s["what_if"]["by_rank"])
 
