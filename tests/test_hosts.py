@@ -109,13 +109,15 @@ def test_cost_is_summed_where_known_and_unknown_is_not_zero():
 def test_noise_of_clean_runs_does_not_add_up_into_a_hosts_cost():
     """Ten clean runs where node-1's rank cost 0.4 s of 44 s each (the preempted sample run's noise), and one
     run where node-2 straggled for 5 s: node-2 is the costly host, node-1 costs nothing."""
-    clean = [_summary({"node-1": 0.4, "node-2": 0.3}) for _ in range(10)]
+    noise = {"kind": "straggler", "hosts": ["node-1"], "ranks": [0], "severity": "info"}  # immaterial: not straggling
+    clean = [_summary({"node-1": 0.4, "node-2": 0.3}, findings=[noise]) for _ in range(10)]
     for s in clean:
         s["what_if"].update(total_s=44.0, without_stragglers_s=43.6, saved_s=0.4)
     slow = _summary({"node-2": 5.0, "node-1": 0.2}, findings=[{"kind": "straggler", "hosts": ["node-2"], "ranks": [0]}])
     by = {h["host"]: h for h in host_table([*clean, slow])}
     assert [h["host"] for h in host_table([*clean, slow])][:2] == ["node-2", "node-1"]
     assert (by["node-2"]["cost_s"], by["node-1"]["cost_s"], by["node-1"]["cost_runs"]) == (5.0, 0.0, 11)
+    assert (by["node-1"]["straggler_runs"], by["node-2"]["straggler_runs"]) == (0, 1)
 
 
 def test_hosts_page_data(root):

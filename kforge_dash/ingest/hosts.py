@@ -60,8 +60,9 @@ def _costs(summary: dict) -> dict[str, float]:
 
 
 def _named_by(summary: dict, kind: str) -> set[str]:
+    """Hosts a finding of ``kind`` names; an info one (an immaterial straggler: timer noise) names none."""
     return {h for f in summary.get("findings") or [] if isinstance(f, dict) and f.get("kind") == kind
-            for h in _hosts_named(f.get("hosts") or [])}
+            and f.get("severity") != "info" for h in _hosts_named(f.get("hosts") or [])}
 
 
 def host_table(summaries: Iterable[dict]) -> list[dict]:
