@@ -184,11 +184,12 @@ def test_the_what_if_sentence_reads_as_the_issue_asks():
     straggler = {"kind": "straggler", "ranks": [17]}
     assert prep_diagnosis.what_if_text({"what_if": w, "findings": [straggler]}) == (
         "Without its stragglers this run would have taken 3:10:00 instead of 3:42:00; rank 17 (node-42) alone cost 0:24:00")
-    # material (32 min of 3 h 42 min) without a finding: said, rank 17 named by its own material cost
-    assert prep_diagnosis.what_if_text({"what_if": w}).endswith("rank 17 (node-42) alone cost 0:24:00")
-    # no rank's cost is material and none is named by a finding: the saving is said, no rank named
-    spread = {**w, "by_rank": [{"rank": 3, "host": "node-1", "cost_s": 60}]}
-    assert prep_diagnosis.what_if_text({"what_if": spread}).endswith("instead of 3:42:00")
+    # the what-if names no rank without a finding (issue 27.3), however large its replayed cost: nothing said
+    assert prep_diagnosis.what_if_text({"what_if": w}) is None
+    # an info (immaterial) straggler supports nothing; a finding naming another rank: the saving, no rank named
+    assert prep_diagnosis.what_if_text({"what_if": w, "findings": [{**straggler, "severity": "info"}]}) is None
+    other = {"kind": "straggler", "ranks": [5], "severity": "warning"}
+    assert prep_diagnosis.what_if_text({"what_if": w, "findings": [other]}).endswith("instead of 3:42:00")
     # 0.4 s of 44 s (preempted) and 0 s of 3.3 s (one rank): nothing to say
     for total, saved in ((44.2, 0.45), (3.3, 0.0), (20.0, 0.9)):
         tiny = {"total_s": total, "without_stragglers_s": total - saved, "saved_s": saved,

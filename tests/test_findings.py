@@ -49,10 +49,27 @@ def test_a_loss_spike_is_one_finding_and_names_the_grad_norm_spike_before_it(tmp
     assert loss["first_step"] == 150 and 151 <= loss["last_step"] <= 155  # one episode, not one per step
     assert loss["ranks"] == [0, 1] and loss["severity"] == "warning" and loss["score"] > 6
     assert "grad-norm spike from step 149" in loss["message"]
-    (grad,) = _of(s, "loss_spike", "grad_norm")
-    assert grad["first_step"] == grad["last_step"] == 149 and "the loss spiked at step 150" in grad["message"]
+    # one fault, one finding: the grad-norm spike that caused it is named in its message, not a finding of its own
+    assert _of(s, "loss_spike", "grad_norm") == [] and _of(s, "grad_norm_spike") == []
     assert set(loss) == {"kind", "metric", "phase", "ranks", "hosts", "first_step", "last_step", "severity", "score",
                          "message"}
+
+
+def test_a_grad_norm_spike_the_loss_did_not_follow_is_called_that_and_is_info(tmp_path, monkeypatch):
+    """Issue 27.3: 16 'loss_spike' warnings on grad_norm whose own text said "the loss did not spike"."""
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(tmp_path / "gn", 2)
+
+    def values(r, s):
+        gn = 0.5 + 0.1 * _noise(s, 7)
+        return {"loss": 2.0 - s / 400 + 0.03 * _noise(s, r), "grad_norm": gn * (10 if s == 120 else 1), "tokens": 1000}
+
+    drive(recs, range(1, 201), clock, phases=_steady, values=values)
+    close_all(recs)
+    s = ingest_run(recs[0].run_dir).summary
+    (g,) = s["findings"]
+    assert (g["kind"], g["metric"], g["severity"], g["first_step"]) == ("grad_norm_spike", "grad_norm", "info", 120)
+    assert "the loss did not follow" in g["message"] and "loss spike" not in g["message"].lower()
 
 
 def test_a_clean_run_has_no_finding(tmp_path, monkeypatch):

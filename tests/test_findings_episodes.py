@@ -42,7 +42,7 @@ def test_a_planted_slow_stretch_is_one_episode_with_its_bounds_and_factor(tmp_pa
     (ep,) = _episodes(s)
     assert abs(ep["first_step"] - 300) <= 20 and abs(ep["last_step"] - 599) <= 20
     assert ep["score"] == pytest.approx(1.5, abs=0.1)
-    assert ep["ranks"] == [0, 1, 2, 3] and ep["metric"] == "step_time_s" and ep["severity"] == "warning"
+    assert ep["ranks"] == [0, 1, 2, 3] and ep["metric"] == "step_time_s" and ep["severity"] == "info"
     assert "then came back" in ep["message"]
     assert not [f for f in s["findings"] if f["kind"] in ("straggler", "step_time_regression")]  # one answer
 

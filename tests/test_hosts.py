@@ -90,30 +90,34 @@ def _summary(hosts_costs: dict | None, *, findings=()):
 def test_cost_is_summed_where_known_and_unknown_is_not_zero():
     throttle = {"kind": "hw_throttle", "hosts": ["c"], "ranks": [0]}
     straggler_a = {"kind": "straggler", "hosts": ["a"], "ranks": [0]}  # rank 0 ran on host a
+    straggler_b = {"kind": "straggler", "hosts": ["b"], "ranks": [1]}  # rank 1 on host b
     hosts = host_table([
-        _summary({"a": 1.0, "b": 30.0, "c": None}, findings=[throttle, straggler_a]),
+        _summary({"a": 1.0, "b": 30.0, "c": None}, findings=[throttle, straggler_a, straggler_b]),
         _summary({"a": 2.5, "b": 0.0}),
+        _summary({"a": 0.0, "b": 40.0}),  # 40 s of 100 s, but no finding names rank 1: a known 0 (issue 27.3)
         _summary(None),  # an older ingest, or what-if not computable
     ])
     by = {h["host"]: h for h in hosts}
     assert [h["host"] for h in hosts] == ["b", "a", "c"]  # largest cost first, unknown last
-    assert (by["b"]["cost_s"], by["b"]["cost_runs"]) == (30.0, 2)
+    assert (by["b"]["cost_s"], by["b"]["cost_runs"]) == (30.0, 3)
     # a's 1.0 s counts where a straggler finding names its rank; its 2.5 s of 100 s elsewhere is under the
-    # material share (straggler_costs.MATERIAL_FRAC) with no finding: noise, a known 0
-    assert (by["a"]["cost_s"], by["a"]["cost_runs"], by["a"]["straggler_runs"]) == (1.0, 2, 1)
-    assert (by["c"]["cost_s"], by["c"]["cost_runs"], by["c"]["throttle_runs"], by["c"]["runs"]) == (None, 0, 1, 3)
+    # no finding naming it: noise, a known 0
+    assert (by["a"]["cost_s"], by["a"]["cost_runs"], by["a"]["straggler_runs"]) == (1.0, 3, 1)
+    assert (by["c"]["cost_s"], by["c"]["cost_runs"], by["c"]["throttle_runs"], by["c"]["runs"]) == (None, 0, 1, 4)
 
 
 def test_noise_of_clean_runs_does_not_add_up_into_a_hosts_cost():
     """Ten clean runs where node-1's rank cost 0.4 s of 44 s each (the preempted sample run's noise), and one
     run where node-2 straggled for 5 s: node-2 is the costly host, node-1 costs nothing."""
-    clean = [_summary({"node-1": 0.4, "node-2": 0.3}) for _ in range(10)]
+    noise = {"kind": "straggler", "hosts": ["node-1"], "ranks": [0], "severity": "info"}  # immaterial: not straggling
+    clean = [_summary({"node-1": 0.4, "node-2": 0.3}, findings=[noise]) for _ in range(10)]
     for s in clean:
         s["what_if"].update(total_s=44.0, without_stragglers_s=43.6, saved_s=0.4)
     slow = _summary({"node-2": 5.0, "node-1": 0.2}, findings=[{"kind": "straggler", "hosts": ["node-2"], "ranks": [0]}])
     by = {h["host"]: h for h in host_table([*clean, slow])}
     assert [h["host"] for h in host_table([*clean, slow])][:2] == ["node-2", "node-1"]
     assert (by["node-2"]["cost_s"], by["node-1"]["cost_s"], by["node-1"]["cost_runs"]) == (5.0, 0.0, 11)
+    assert (by["node-1"]["straggler_runs"], by["node-2"]["straggler_runs"]) == (0, 1)
 
 
 def test_hosts_page_data(root):

@@ -51,12 +51,12 @@ def test_each_finding_is_sent_once_as_json_with_its_kind_also_after_a_rerun(tmp_
     assert r.exit_code == 0, r.output
     summary = json.loads((root / "spike-nan" / "ingested" / "summary.json").read_text())
     calls = _calls(out)
-    assert [c["finding"] for c in calls] == summary["findings"] and len(calls) == 4
+    assert [c["finding"] for c in calls] == summary["findings"] and len(calls) == 3
     assert all(c["kind_env"] == c["finding"]["kind"] and c["severity_env"] == c["finding"]["severity"]
                and c["run"] == "spike-nan" for c in calls)
     for again in (["--force"], []):  # a re-ingest from scratch, then an unchanged run: nothing new
         r = CliRunner().invoke(main, [str(root), *NO_EXPORT, *again, "--on-finding", _cmd(out)])
-        assert r.exit_code == 0 and len(_calls(out)) == 4
+        assert r.exit_code == 0 and len(_calls(out)) == 3
 
 
 def test_a_failing_or_slow_command_is_reported_and_the_ingest_goes_on(tmp_path):
@@ -66,15 +66,15 @@ def test_a_failing_or_slow_command_is_reported_and_the_ingest_goes_on(tmp_path):
     assert r.exit_code == 0, r.output
     assert "[warning] loss_spike" in r.stdout  # the run's screen is printed as ever
     err = r.stderr.splitlines()
-    assert sum("on-finding: --on-finding for loss_spike" in e and "timed out after 1s (killed)" in e for e in err) == 2
+    assert sum("on-finding: --on-finding for loss_spike" in e and "timed out after 1s (killed)" in e for e in err) == 1
     assert sum("on-finding: --on-finding for nonfinite" in e and "exited with status 3: boom: cannot reach the chat server"
                in e for e in err) == 2
     calls = _calls(out)
-    assert sorted(c["finding"]["kind"] for c in calls) == ["loss_spike", "loss_spike", "nonfinite", "nonfinite"]
+    assert sorted(c["finding"]["kind"] for c in calls) == ["loss_spike", "nonfinite", "nonfinite"]
     # the slow ones were killed, not left running (SIGKILL lands a moment after killpg returns)
     _wait(lambda: all(_gone(c["pid"]) for c in calls), "the slow commands to be gone", timeout_s=10)
     r = CliRunner().invoke(main, [str(root), *NO_EXPORT, "--on-finding", _cmd(out, "fail-nonfinite")])
-    assert r.exit_code == 0 and len(_calls(out)) == 4  # once: a failed command is not run again
+    assert r.exit_code == 0 and len(_calls(out)) == 3  # once: a failed command is not run again
 
 
 def _wait(cond, what: str, proc=None, timeout_s: float = 120):
@@ -133,7 +133,7 @@ def _ingested_pass(root: Path):
     from kforge_dash.pipeline import ingest_paths
 
     done = ingest_paths([str(root)], options=IngestOptions(), exporters=[])
-    assert len(done.ok) == 1 and len(done.ok[0].summary["findings"]) == 4
+    assert len(done.ok) == 1 and len(done.ok[0].summary["findings"]) == 3
     return done
 
 
@@ -168,7 +168,7 @@ def test_two_watchers_of_one_run_send_each_finding_once(tmp_path):
     assert [w.returncode for w in watchers] == [0, 0], ends
     assert not any("on-finding" in err for _, err in ends), ends
     calls = _calls(out)
-    assert len(calls) == 4
+    assert len(calls) == 3
     assert sorted(json.dumps(c["finding"], sort_keys=True) for c in calls) == \
         sorted(json.dumps(f, sort_keys=True) for f in done.ok[0].summary["findings"])  # each once, none twice
 
@@ -187,7 +187,7 @@ def test_a_watcher_that_cannot_take_the_lock_sends_nothing_that_pass_and_says_so
     assert len(said) == 1 and LOCK_FILE in said[0] and "not sent this pass" in said[0]
     assert _calls(out) == []
     assert after_pass(hook, done, said.append) == 0  # the next pass sends them
-    assert len(_calls(out)) == 4 and len(said) == 1
+    assert len(_calls(out)) == 3 and len(said) == 1
 
 
 def test_a_watcher_that_cannot_write_the_record_sends_nothing_that_pass_and_says_so_once(tmp_path, monkeypatch):
@@ -210,4 +210,4 @@ def test_a_watcher_that_cannot_write_the_record_sends_nothing_that_pass_and_says
     assert _calls(out) == []  # sent without a record, they would be sent again at the next pass
     monkeypatch.setattr(on_finding, "write_json_atomic", real_write)
     assert after_pass(OnFinding(_cmd(out), 60), done, said.append) == 0
-    assert len(_calls(out)) == 4 and len(said) == 1
+    assert len(_calls(out)) == 3 and len(said) == 1

@@ -215,3 +215,28 @@ def test_phase_per_rank_with_a_phase_named_like_a_column(tmp_path):
     metrics = prep_ranks.rank_metrics(path)
     assert metrics[0] == "step_time_s" and set(metrics) == {"step_time_s", "time/data_s", "time/step_s",
                                                             "time/step time_s", "time/fwd_bwd_s"}
+
+
+def test_a_killed_launch_is_drawn_to_the_step_it_reached_with_recomputed_and_unrecorded_steps_marked():
+    """Issue 27.4: SIGKILL at step 250, rows flushed to 199, resumed at 200: launch 0 was drawn ending at 199 (a
+    clean hand-off) beside a table saying 51 steps were run again."""
+    from kforge_dash.browse.figures import timeline_figure
+    from kforge_dash.browse.launch_segments import Segment, launch_segments
+
+    summary = {"attempts": [{"attempt": 0, "first_step": 1, "last_step": 199, "reached_step": 250, "start_time": 0.0},
+                            {"attempt": 1, "first_step": 200, "last_step": 400, "reached_step": 400, "start_time": 9.0}],
+               "restarts": [{"attempt": 1, "resumed_at_step": 200, "previous_last_step": 250, "superseded_steps": 51}]}
+    t = prep_ranks.restart_timeline(summary)
+    assert t["reached_step"].to_list() == [250, 400]
+    assert launch_segments(t) == [Segment(attempt=0, kind="kept", first=1, last=199),
+                                  Segment(attempt=0, kind="recomputed", first=200, last=250),
+                                  Segment(attempt=1, kind="kept", first=200, last=400)]
+    fig = timeline_figure(t)
+    bars = [(tr.y[0], tr.base[0], tr.base[0] + tr.x[0] - 1, tr.name) for tr in fig.data]
+    assert ("attempt 0", 200, 250, "recomputed") in bars and max(b[2] for b in bars if b[0] == "attempt 0") == 250
+    # resumed from an older checkpoint at 240: 200-239 trained, never recorded, never redone; 240-250 run twice
+    summary["restarts"][0]["resumed_at_step"] = 240
+    summary["attempts"][1]["first_step"] = 240
+    assert launch_segments(prep_ranks.restart_timeline(summary))[:3] == [
+        Segment(attempt=0, kind="kept", first=1, last=199), Segment(attempt=0, kind="unrecorded", first=200, last=239),
+        Segment(attempt=0, kind="recomputed", first=240, last=250)]

@@ -250,18 +250,31 @@ def phase_figure(breakdown) -> go.Figure:
     return fig
 
 
+_COLORS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3")  # plotly's own, one per launch
+_SEGMENT_PATTERN = {"kept": "", "recomputed": "/", "unrecorded": "."}
+_SEGMENT_TEXT = {"kept": "steps {a}–{b} recorded and kept", "recomputed": "steps {a}–{b} run again by a later launch",
+                 "unrecorded": "steps {a}–{b} trained, not recorded (its heartbeat)"}
+
+
 def timeline_figure(timeline) -> go.Figure:
-    """Each attempt (launch) as a bar over the steps it contributed."""
+    """Each attempt (launch) as a bar over the steps it ran, up to the step its heartbeat reached: the steps it
+    kept, those a later launch ran again and those it trained but never recorded marked (launch_segments)."""
+    from kforge_dash.browse.launch_segments import launch_segments
+
     fig = go.Figure()
-    for row in timeline.iter_rows(named=True):
-        if row["first_step"] is None or row["last_step"] is None:
-            continue
+    started = {r["attempt"]: r["start_time"] for r in timeline.iter_rows(named=True)}
+    shown: set[str] = set()
+    for seg in launch_segments(timeline):
+        label = f"attempt {seg.attempt}"
         fig.add_trace(go.Bar(
-            y=[f"attempt {row['attempt']}"], x=[row["last_step"] - row["first_step"] + 1], base=[row["first_step"]],
-            orientation="h", name=f"attempt {row['attempt']}",
-            hovertemplate=f"attempt {row['attempt']}: steps {row['first_step']}–{row['last_step']}"
-                          f"<br>started {row['start_time']}<extra></extra>",
+            y=[label], x=[seg.last - seg.first + 1], base=[seg.first], orientation="h",
+            name=seg.kind, legendgroup=seg.kind, showlegend=seg.kind not in shown,
+            marker=dict(color=_COLORS[seg.attempt % len(_COLORS)], pattern=dict(shape=_SEGMENT_PATTERN[seg.kind])),
+            opacity=1.0 if seg.kind == "kept" else 0.55,
+            hovertemplate=f"{label}: {_SEGMENT_TEXT[seg.kind].format(a=seg.first, b=seg.last)}"
+                          f"<br>started {started.get(seg.attempt)}<extra></extra>",
         ))
+        shown.add(seg.kind)
     fig.update_layout(title=dict(text="attempts (launches) over steps", x=0), xaxis_title="step",
                       barmode="overlay", **{**_LAYOUT, "height": 200 + 30 * len(timeline)})
     return fig

@@ -130,6 +130,6 @@ def spike_spans(summary: dict | None, metric: str) -> list[tuple[int, int, str]]
     out = []
     for f in findings_of(summary):
         first, last = f.get("first_step"), f.get("last_step")
-        if f.get("kind") == "loss_spike" and f.get("metric") == metric and isinstance(first, int):
+        if f.get("kind") in ("loss_spike", "grad_norm_spike") and f.get("metric") == metric and isinstance(first, int):
             out.append((first, last if isinstance(last, int) and last >= first else first, str(f.get("message"))))
     return out

@@ -338,19 +338,22 @@ def _ids_text(ids: list[str]) -> str | None:
 
 
 def restart_timeline(summary: dict) -> pl.DataFrame:
-    """One row per attempt (launch): step range, start time, world size, and where it resumed."""
+    """One row per attempt (launch): step range (rows; ``reached_step``: its heartbeat), start time, world size,
+    and where it resumed."""
     resumed = {r.get("attempt"): r for r in summary.get("restarts") or []}
     rows = []
     for a in summary.get("attempts") or []:
         r = resumed.get(a.get("attempt"), {})
         rows.append({
             "attempt": a.get("attempt"), "first_step": a.get("first_step"), "last_step": a.get("last_step"),
+            "reached_step": a.get("reached_step"),
             "start_time": a.get("start_time"), "world_size": a.get("world_size"),
             "resumed_at_step": r.get("resumed_at_step"), "previous_last_step": r.get("previous_last_step"),
             "superseded_steps": r.get("superseded_steps"),
             "attempt_ids": _ids_text(a.get("attempt_ids") or []),
         })
-    schema = {"attempt": pl.Int64, "first_step": pl.Int64, "last_step": pl.Int64, "start_time": pl.Float64,
+    schema = {"attempt": pl.Int64, "first_step": pl.Int64, "last_step": pl.Int64, "reached_step": pl.Int64,
+              "start_time": pl.Float64,
               "world_size": pl.Int64, "resumed_at_step": pl.Int64, "previous_last_step": pl.Int64,
               "superseded_steps": pl.Int64, "attempt_ids": pl.String}
     return pl.DataFrame(rows, schema=schema).with_columns(

@@ -6,7 +6,7 @@ One entry per host seen in the runs' summaries (``host_ranks``, the hosts named 
 - ``straggler_runs`` / ``throttle_runs``: runs with a ``straggler`` / ``hw_throttle`` finding naming it.
 - ``cost_s``: the what-if seconds attributed to its ranks (``what_if.by_rank[].cost_s``), summed
   over the runs where that is known; ``cost_runs`` says over how many runs. Only the costs a straggler
-  finding or the clock supports count (``straggler_costs.costly_ranks``); a clean rank's noise counts
+  finding supports count (``straggler_costs.costly_ranks``); a clean rank's noise counts
   as 0. A run without a what-if (null, absent, an older ingest) or without an entry for the host adds
   nothing and does not count: unknown, not 0. ``cost_s`` is null when no run knows it.
 
@@ -43,7 +43,7 @@ def run_hosts(summary: dict) -> set[str]:
 
 def _costs(summary: dict) -> dict[str, float]:
     """host -> what-if seconds of its ranks in this run; hosts without a known cost absent. A rank's cost
-    counts only where a straggler finding names it or it is material (straggler_costs.costly_ranks); the others'
+    counts only where a straggler finding names it (straggler_costs.costly_ranks); the others'
     noise counts as a known 0, so a host is not ranked by how many runs it took part in."""
     w = summary.get("what_if")
     out: dict[str, float] = {}
@@ -60,8 +60,9 @@ def _costs(summary: dict) -> dict[str, float]:
 
 
 def _named_by(summary: dict, kind: str) -> set[str]:
+    """Hosts a finding of ``kind`` names; an info one (an immaterial straggler: timer noise) names none."""
     return {h for f in summary.get("findings") or [] if isinstance(f, dict) and f.get("kind") == kind
-            for h in _hosts_named(f.get("hosts") or [])}
+            and f.get("severity") != "info" for h in _hosts_named(f.get("hosts") or [])}
 
 
 def host_table(summaries: Iterable[dict]) -> list[dict]:

@@ -14,7 +14,8 @@ from kforge_dash.contract import RANKS_FILE, STEPS_FILE
 
 MAX_OPEN_FINDINGS = 6  # shown at once; the rest in an expander
 MAX_FINDINGS = 100  # a diverged run can have hundreds: the page shows this many (most severe first)
-TIMELINE_LABELS = {"attempt": "attempt", "first_step": "first step", "last_step": "last step", "start_time": "started",
+TIMELINE_LABELS = {"attempt": "attempt", "first_step": "first step", "last_step": "last step recorded",
+                   "reached_step": "last step reached", "start_time": "started",
                    "world_size": "ranks", "resumed_at_step": "resumed at step", "previous_last_step": "previous last step",
                    "superseded_steps": "steps run again", "attempt_ids": "attempt ids"}
 

@@ -35,6 +35,7 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
     from kforge_dash.ingest.findings import episodes, goodput, kills, missing, nonfinite, perstep, spikes, stragglers, timeline
     from kforge_dash.ingest.findings.model import RunFacts, classify_phases, sort_key
 
+    steps = _unknown_non_positive(steps, out_dir, warnings)
     facts = RunFacts(steps=steps, ranks_path=os.path.join(out_dir, RANKS_FILE), launches=launches, summary=summary,
                      opts=opts, phases=classify_phases(steps.columns, opts),
                      hosts={(L.index, a.rank): a.meta.get("host") for L in launches for a in L.attempts})
@@ -55,7 +56,7 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
         med, blocks = pl.DataFrame({"step": []}, schema={"step": pl.Int64}), pl.DataFrame()
     good = attempt("goodput", goodput.goodput, facts, med)
     for name, fn, args in (("spikes", spikes.spike_findings, ()), ("nonfinite", nonfinite.nonfinite_findings, ()),
-                           ("stragglers", stragglers.straggler_findings, (blocks,)),
+                           ("stragglers", stragglers.straggler_findings, (blocks, med)),
                            ("memory", timeline.memory_findings, ()),
                            ("data stalls", timeline.data_stall_findings, (med,)),
                            ("restarts", timeline.restart_findings, (good,)),
@@ -64,15 +65,16 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
                            ("missing ranks", missing.missing_rank_findings, ())):
         found += attempt(name, fn, facts, *args) or []
     found += attempt("slow episodes", episodes.slow_episode_findings, facts,
-                     [f for f in found if f.kind == "straggler"]) or []  # a straggler's stretch is the straggler's
+                     [f for f in found if f.kind in ("straggler", "data_stall")]) or []  # their stretch is theirs
     from kforge_dash.ingest.findings import hardware, mfu, whatif
 
     throttled = attempt("hardware", hardware.episodes, facts) or []
     found = hardware.with_causes(found + (attempt("hardware", hardware.throttle_findings, facts, throttled) or []),
                                  throttled)
+    found = immaterial_as_info(found, good, summary)
     return {"findings": [f.to_dict() for f in sorted(found, key=sort_key)], "goodput": good,
             "host_ranks": host_ranks(facts.hosts),
-            "what_if": attempt("what-if", whatif.what_if, facts, med, blocks, good),
+            "what_if": attempt("what-if", whatif.what_if, facts, med, blocks, good, found),
             "mfu_waterfall": attempt("MFU waterfall", mfu.mfu_waterfall, facts, good, warnings)}
 
 
@@ -83,3 +85,33 @@ def host_ranks(hosts: dict) -> list[dict]:
         if isinstance(h, str) and h:
             by.setdefault(h, set()).add(rank)
     return [{"host": h, "ranks": sorted(r)} for h, r in sorted(by.items())]
+
+
+_COSTED = ("straggler", "data_stall", "slow_episode")
+
+
+def immaterial_as_info(found: list, good: dict | None, summary: dict) -> list:
+    """A straggler, data stall or slow episode whose cost is not material (straggler_costs.material: under
+    1 % of the run's time or under 1 s) is severity info: timer noise of a clean run is no warning."""
+    from dataclasses import replace
+
+    from kforge_dash.ingest.straggler_costs import material
+
+    total = good.get("total_s") if isinstance(good, dict) else None
+    total = summary.get("wall_time_s") if total is None else total
+    return [replace(f, severity="info") if f.kind in _COSTED and f.severity == "warning"
+            and not material(f.cost_s, total) else f for f in found]
+
+
+def _unknown_non_positive(steps, out_dir: str, warnings: list[str]):
+    """Step times of zero or below (a clock stepped back, a bad import) are unknown to findings: null,
+    with one warning naming how many and the first, so no share, straggler or saving is made of them."""
+    import polars as pl
+
+    cols = [c for c in ("step_time_s", "step_time_median_s") if c in steps.columns]
+    bad = steps.filter(pl.any_horizontal([pl.col(c) <= 0 for c in cols])) if cols else steps.clear()
+    if bad.height == 0:
+        return steps
+    warnings.append(f"findings: {bad.height} step(s) of {out_dir} have a step time of zero or below (first: step "
+                    f"{bad['step'].min()}); counted as unknown (no share, straggler or what-if saving from them)")
+    return steps.with_columns([pl.when(pl.col(c) > 0).then(pl.col(c)).alias(c) for c in cols])

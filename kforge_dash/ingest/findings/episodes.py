@@ -25,9 +25,13 @@ the one before it by ``episode_min_rel`` (with any slow segments after it) is an
    outside it: a job whose step time wanders by 1.5x all along (a shared machine) has no episode
    in a 1.5x bump; one that ran steadily has.
 
+A slow episode is severity info: it names no fault of the job (a shared machine's other jobs make them
+on clean runs), only when and how much the whole job slowed. One that a data stall or a straggler
+explains is theirs (below).
+
 The first segment of a launch is never an episode (nothing before it: warm-up, compilation). An
-episode over half covered by straggler findings of the launch that began with it is theirs (the
-job waited for one rank: the straggler finding names it), not reported again.
+episode over half covered by straggler or data-stall findings of the launch that began with it is
+theirs (the job waited for one rank, or for its input: that finding names it), not reported again.
 Limits: a slow drift (a staircase of steps each under the threshold) is not an episode; an
 episode shorter than ``episode_min_steps`` steps is not seen; one rank slowing is a straggler
 (stragglers.py), found by comparing ranks, not here.
@@ -189,7 +193,7 @@ def _straggled(first: int, last: int, att: int, facts: RunFacts, stragglers: lis
 
 
 def slow_episode_findings(facts: RunFacts, stragglers: list[Finding] = ()) -> list[Finding]:
-    """``stragglers``: the run's straggler findings (a stretch they explain is theirs)."""
+    """``stragglers``: the run's straggler and data-stall findings (a stretch they explain is theirs)."""
     opts, out = facts.opts, []
     m = opts.episode_min_steps
     for att in facts.steps["attempt"].unique().sort().to_list():
@@ -208,12 +212,14 @@ def slow_episode_findings(facts: RunFacts, stragglers: list[Finding] = ()) -> li
             slow = float(np.median(t[a:z + 1]))
             ended = z < len(t) - 1
             ranks = facts.ranks_of(att)
+            lost = max(0.0, float(np.sum(t[a:z + 1])) - (z - a + 1) * slow / factor)
             out.append(Finding(
-                kind="slow_episode", metric="step_time_s", severity="warning", first_step=first, last_step=last,
-                ranks=ranks, hosts=facts.hosts_of(ranks, {att}), score=factor,
+                kind="slow_episode", metric="step_time_s", severity="info", first_step=first, last_step=last,
+                ranks=ranks, hosts=facts.hosts_of(ranks, {att}), score=factor, cost_s=lost,
                 message=(f"The whole job's step time rose to {slow:.3g} s (median) at {steps_range(first, last)}, "
                          f"{factor:.2f}x the {slow / factor:.3g} s around it"
                          + (", then came back" if ended else ", and had not come back by this launch's last step")
+                         + f" ({lost:.1f} s lost)"
                          + ": every rank slowed at once (shared storage, network, other jobs, a config change), "
                            "not one straggler."),
             ))

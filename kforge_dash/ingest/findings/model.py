@@ -25,6 +25,9 @@ class Finding:
     score: float | None = None
     cause: str | None = None  # straggler only (added key): the hardware episode behind it (hardware.py)
     reasons: tuple[str, ...] | None = None  # hw_throttle only (added key): NVML throttle reasons by name
+    # straggler, data_stall, slow_episode (added key): the seconds the fault cost the job, the one figure
+    # the message, the materiality rule (straggler_costs.material) and the what-if use
+    cost_s: float | None = None
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
@@ -36,7 +39,9 @@ class Finding:
                 "hosts": sorted(self.hosts), "first_step": self.first_step, "last_step": self.last_step,
                 "severity": self.severity, "score": score, "message": self.message,
                 **({"cause": self.cause} if self.kind == "straggler" else {}),
-                **({"reasons": list(self.reasons)} if self.reasons is not None else {})}
+                **({"reasons": list(self.reasons)} if self.reasons is not None else {}),
+                **({"cost_s": round(float(self.cost_s), 4)} if self.cost_s is not None and math.isfinite(self.cost_s)
+                   else {})}
 
 
 def sort_key(f: Finding):

@@ -6,7 +6,10 @@ values by more than max(k * sigma, rel * |median|), sigma being the window's int
 themselves, like median + k * MAD). Spiking steps closer than a few steps form one episode, so a
 spike and its slow decay are one finding with a first and a last step. A grad-norm spike that
 starts at most ``_LEAD`` steps before a loss spike (or at its step) is named in that loss spike's
-message: the update that caused the jump.
+message: the update that caused the jump, and is not a finding of its own (one fault, one finding).
+The grad-norm spikes the loss did not follow are one ``grad_norm_spike`` finding of the run, severity
+info, from the first to the last (a count and the largest in its message): gradient norms are
+heavy-tailed, clipping absorbs a single large one, and the loss, the thing trained, did not move.
 """
 
 from __future__ import annotations
@@ -66,16 +69,25 @@ def spike_findings(facts: RunFacts) -> list[Finding]:
             message=(f"Loss spiked at {steps_range(e['first'], e['last'])}: {e['peak']:.4g} at step {e['peak_step']} "
                      f"against a trailing median of {e['baseline']:.4g}{why}."),
         ))
-    for g in grad:
-        follows = next((e for e in loss if g["first"] <= e["first"] <= g["first"] + _LEAD), None)
-        tail = "; the loss did not spike"
-        if follows:
-            same = follows["first"] == g["first"]
-            tail = f"; the loss spiked {'at the same step' if same else 'at step %d' % follows['first']}"
-        out.append(Finding(
-            kind="loss_spike", metric="grad_norm", severity="warning", first_step=g["first"], last_step=g["last"],
-            ranks=ranks, hosts=hosts, score=g["z"],
-            message=(f"Gradient norm spiked at {steps_range(g['first'], g['last'])}: {g['peak']:.4g} at step "
-                     f"{g['peak_step']} against a trailing median of {g['baseline']:.4g}{tail}."),
-        ))
+    alone = [g for g in grad if not any(g["first"] <= e["first"] <= g["first"] + _LEAD for e in loss)]
+    if alone:  # the others are named in their loss spike's message: one fault, one finding
+        out.append(_grad_alone(alone, ranks, hosts))
     return out
+
+
+def _grad_alone(spikes: list[dict], ranks, hosts) -> Finding:
+    """The run's grad-norm spikes the loss did not follow, as one info finding (a clean run has a few)."""
+    top = max(spikes, key=lambda g: g["z"])
+    first, last = spikes[0]["first"], spikes[-1]["last"]
+    if len(spikes) == 1:
+        where = f"at {steps_range(first, last)}"
+    else:
+        shown = ", ".join(str(g["first"]) for g in spikes[:8]) + (", ..." if len(spikes) > 8 else "")
+        where = f"{len(spikes)} times (from steps {shown}); the largest"
+    return Finding(
+        kind="grad_norm_spike", metric="grad_norm", severity="info", first_step=first, last_step=last,
+        ranks=ranks, hosts=hosts, score=top["z"],
+        message=(f"Gradient norm spiked {where}: {top['peak']:.4g} at step {top['peak_step']} against a trailing "
+                 f"median of {top['baseline']:.4g}; the loss did not follow (gradient clipping and the optimizer "
+                 "absorbed it): worth a look only if it recurs more often or grows."),
+    )

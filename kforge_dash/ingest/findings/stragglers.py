@@ -23,52 +23,104 @@ import polars as pl
 from kforge_dash.ingest.findings.model import Finding, RunFacts, phase_name, steps_range
 
 
-def straggler_findings(facts: RunFacts, blocks: pl.DataFrame) -> list[Finding]:
-    """``blocks``: perstep.per_step's per (rank, attempt, block) excesses."""
+def straggler_findings(facts: RunFacts, blocks: pl.DataFrame, med: pl.DataFrame | None = None) -> list[Finding]:
+    """``blocks``: perstep.per_step's per (rank, attempt, block) excesses; ``med``: its per-step rows (the
+    median rank's phase times, to place an episode's first and last step within their blocks)."""
     out = []
     for c in facts.phases.own:
         if blocks.height and f"{c}\0ex" in blocks.columns:
-            out += _phase_findings(facts, blocks, c)
+            out += _phase_findings(facts, blocks, c, med)
     return out
 
 
-def _phase_findings(facts: RunFacts, blocks: pl.DataFrame, col: str) -> list[Finding]:
-    opts = facts.opts
-    slow = blocks.filter(pl.col(f"{col}\0ex") > opts.straggler_min_frac * pl.col("st")).sort("attempt", "_block", "rank")
-    if slow.height == 0:
-        return []
-    # Episodes: runs of consecutive slow blocks of one attempt (whatever rank: two slow ranks of
-    # one host are one finding), long enough to be persistent.
+def _episodes(slow: pl.DataFrame) -> list[dict]:
+    """Runs of consecutive slow blocks of one attempt (whatever rank: two slow ranks of one host are one
+    finding)."""
     episodes: list[dict] = []
     for row in slow.iter_rows(named=True):
         e = episodes[-1] if episodes else None
         if e and e["attempt"] == row["attempt"] and row["_block"] - e["block"] <= 1:
             e["block"] = row["_block"]
         else:
-            e = {"attempt": row["attempt"], "block": row["_block"], "rows": []}
+            e = {"attempt": row["attempt"], "first_block": row["_block"], "block": row["_block"], "rows": []}
             episodes.append(e)
         e["rows"].append(row)
+    return episodes
+
+
+def _across_restarts(episodes: list[dict], blocks: pl.DataFrame) -> list[dict]:
+    """An episode that runs to its launch's last block and one of the same rank(s) that starts at the next
+    launch's first block are one straggler (a slow rank, a slow loader, restarted with the job): merged."""
+    span = {a: (lo, hi) for a, lo, hi in blocks.group_by("attempt").agg(
+        pl.col("_block").min().alias("lo"), pl.col("_block").max().alias("hi")).iter_rows()}
+    order = sorted(span)
+    out: list[dict] = []
+    for e in sorted(episodes, key=lambda e: (e["attempt"], e["first_block"])):
+        p = out[-1] if out else None
+        nxt = order[order.index(p["attempt"]) + 1] if p and order.index(p["attempt"]) + 1 < len(order) else None
+        if (p is not None and e["attempt"] == nxt and p["block"] == span[p["attempt"]][1]
+                and e["first_block"] == span[e["attempt"]][0]
+                and {r["rank"] for r in p["rows"]} & {r["rank"] for r in e["rows"]}):
+            p.update(attempt=e["attempt"], block=e["block"], rows=p["rows"] + e["rows"],
+                     attempts=p.get("attempts", {p["attempt"]}) | {e["attempt"]})
+        else:
+            out.append(dict(e))
+    return out
+
+
+def _edge(facts: RunFacts, med: pl.DataFrame | None, col: str, ranks, attempt: int, lo: int, hi: int,
+          first: bool) -> int | None:
+    """The first (or last) step of [lo, hi] (an episode's first or last block) where one of ``ranks``' own
+    time in ``col`` is over the median rank's by ``straggler_min_frac`` of the step time: the episode
+    begins (ends) there, not at its block's edge (a straggler from step 151 is reported from 151, not 150)."""
+    if med is None or f"{col}\0med" not in med.columns:
+        return None
+    st = facts.steps.select("step", pl.col("step_time_median_s").cast(pl.Float64).alias("_st"))
+    slow = (pl.scan_parquet(facts.ranks_path, glob=False)
+            .filter(pl.col("step").is_between(lo, hi) & pl.col("rank").is_in(list(ranks)) & (pl.col("attempt") == attempt))
+            .select("step", pl.col(col).cast(pl.Float64).alias("_x")).collect()
+            .join(med.select("step", pl.col(f"{col}\0med").alias("_m")), on="step", how="inner")
+            .join(st, on="step", how="inner")
+            .filter((pl.col("_st") > 0) & (pl.col("_x") - pl.col("_m") > facts.opts.straggler_min_frac * pl.col("_st"))))
+    v = slow["step"].min() if first else slow["step"].max()
+    return int(v) if v is not None else None
+
+
+def _phase_findings(facts: RunFacts, blocks: pl.DataFrame, col: str, med: pl.DataFrame | None) -> list[Finding]:
+    opts = facts.opts
+    # a block whose step time is unknown or not positive has no "fraction of a step" (issue 32.4)
+    slow = (blocks.filter((pl.col("st") > 0) & (pl.col(f"{col}\0ex") > opts.straggler_min_frac * pl.col("st")))
+            .sort("attempt", "_block", "rank"))
+    if slow.height == 0:
+        return []
     out = []
-    for e in episodes:
+    for e in _across_restarts(_episodes(slow), blocks):
         rows = e["rows"]
         first, last = min(r["first"] for r in rows), max(r["last"] for r in rows)
         if last - first + 1 < opts.straggler_min_steps:
             continue
         ranks = tuple(sorted({r["rank"] for r in rows}))
-        cost: dict[int, float] = {}  # per block the worst rank's excess: what the others waited
+        attempts = e.get("attempts", {e["attempt"]})
+        head = [r for r in rows if r["first"] == first]
+        tail = [r for r in rows if r["last"] == last]
+        first = _edge(facts, med, col, ranks, head[0]["attempt"], first, max(r["last"] for r in head), True) or first
+        last = _edge(facts, med, col, ranks, tail[0]["attempt"], min(r["first"] for r in tail), last, False) or last
+        cost: dict[tuple, float] = {}  # per block the worst rank's excess: what the others waited
         for r in rows:
-            cost[r["_block"]] = max(cost.get(r["_block"], 0.0), r[f"{col}\0cost"] or 0.0)
+            k = (r["attempt"], r["_block"])
+            cost[k] = max(cost.get(k, 0.0), r[f"{col}\0cost"] or 0.0)
         waited = sum(cost.values())
-        frac = sorted(r[f"{col}\0ex"] / r["st"] for r in rows if r["st"])[len(rows) // 2] if rows else None
+        frac = sorted(r[f"{col}\0ex"] / r["st"] for r in rows)[len(rows) // 2]
         name = phase_name(col)
-        hosts = facts.hosts_of(ranks, {e["attempt"]})
+        hosts = facts.hosts_of(ranks, attempts)
         where = f" on {', '.join(hosts)}" if hosts else ""
         who = f"Rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}{where}"
+        across = f" (across {len(attempts)} launches)" if len(attempts) > 1 else ""
         out.append(Finding(
             kind="straggler", phase=name, metric=col, severity="warning", first_step=first, last_step=last,
-            ranks=ranks, hosts=hosts, score=frac,
-            message=(f"{who} straggled in its {name!r} phase at {steps_range(first, last)}: "
-                     f"{100 * (frac or 0):.0f}% of a step longer than the median rank, so the other ranks waited "
+            ranks=ranks, hosts=hosts, score=frac, cost_s=waited,
+            message=(f"{who} straggled in its {name!r} phase at {steps_range(first, last)}{across}: "
+                     f"{100 * frac:.0f}% of a step longer than the median rank, so the other ranks waited "
                      f"{waited:.1f} s for it in all; look at that phase on that host."),
         ))
     return out

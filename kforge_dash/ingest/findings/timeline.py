@@ -81,7 +81,13 @@ def data_stall_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
     if not facts.phases.data or med.height == 0:
         return []
     opts = facts.opts
-    s = facts.steps.select("step", "step_time_s").join(med.select("step", "data_med"), on="step", how="inner")
+    # Only steps whose time and data phase are known: a NaN, zero or negative step time has no share (no
+    # "nan%" or "inf%" of a step); analyse_run warned about the non-positive ones.
+    s = (facts.steps.select("step", "step_time_s").join(med.select("step", "data_med"), on="step", how="inner")
+         .filter(pl.col("step_time_s").is_finite() & (pl.col("step_time_s") > 0)
+                 & pl.col("data_med").is_finite() & (pl.col("data_med") >= 0)))
+    if s.height == 0:
+        return []
     s = s.with_columns(share=(pl.col("data_med") / pl.col("step_time_s")))
     w = opts.stall_window
     s = s.with_columns(r=pl.col("share").rolling_median(window_size=w, min_samples=w // 2, center=True),
@@ -97,6 +103,7 @@ def data_stall_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
         out.append(Finding(
             kind="data_stall", phase=phase_name(facts.phases.data[0]), metric=facts.phases.data[0], severity="warning",
             first_step=a, last_step=b, ranks=facts.ranks_of(), hosts=facts.hosts_of(facts.ranks_of()), score=share,
+            cost_s=lost,
             message=(f"The data phase ({names}) took {100 * share:.0f}% of each step at {steps_range(a, b)} on the "
                      f"median rank ({lost:.1f} s in all): add loader workers or prefetch."),
         ))
