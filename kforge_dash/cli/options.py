@@ -30,13 +30,13 @@ class SpecType(click.ParamType):
 
 
 def spec_options(specs: dict[str, OptionSpec], defaults: dict | None = None) -> Callable:
-    """One click option per spec (``spike_k`` -> ``--spike-k``), default None (not given), the
-    default it stands for shown from ``defaults``."""
+    """One click option per spec (``spike_k`` -> ``--spike-k``), default None (not given: the value kept
+    with the run, else the default shown from ``defaults``)."""
     def decorate(f):
         for name, spec in reversed(list(specs.items())):
             shown = None if defaults is None or defaults.get(name) is None else _shown(defaults[name])
             f = click.option(spec.flag(name), name, type=SpecType(name, spec), default=None, metavar=spec.metavar,
-                             show_default=shown if shown is not None else False, help=spec.help)(f)
+                             help=spec.help + (f"  [default: {shown}]" if shown is not None else ""))(f)
         return f
     return decorate
 

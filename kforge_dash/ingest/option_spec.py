@@ -49,8 +49,8 @@ def _int(text: str) -> int:
 
 
 def globs_from_text(text: str) -> tuple[str, ...]:
-    """``'fwd*, *bwd*'`` -> ``('fwd*', '*bwd*')``."""
-    return tuple(p.strip() for p in text.split(",") if p.strip()) or (text,)
+    """``'fwd*, *bwd*'`` -> ``('fwd*', '*bwd*')``; ``''`` -> ``()`` (none: e.g. no phase holds a collective)."""
+    return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
 def positive(help: str, *, metavar: str = "X", optional: bool = False) -> OptionSpec:
