@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from . import env
-from .checks import check_flag, check_int, check_positive  # noqa: F401  (check_int: used by callers too)
+from .checks import check_flag, check_int, check_positive
 from .model import ModelSpec
 
 STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
@@ -49,6 +49,7 @@ class RecorderOptions:
         check_int("memory_every_steps", memory_every_steps, 0)
         check_int("max_backlog_rows", max_backlog_rows, 1)
         check_positive("flush_every_s", flush_every_s, "a positive number of seconds", finite=False)
+        check_positive("close_timeout_s", close_timeout_s, "a positive number of seconds", finite=False)
         if hw_every_s != 0:
             check_positive("hw_every_s", hw_every_s, "0 (off) or a positive finite number of seconds")
         return cls(model=model, hparams=hparams or {}, tags=tuple(tags),
