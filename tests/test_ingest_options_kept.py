@@ -44,9 +44,13 @@ def test_a_peak_given_on_the_root_sticks_for_a_plain_ingest_of_one_run(tmp_path,
         s = summary_of(run)
         assert s["mean_mfu"] is not None and s["peak_tflops"] == 312.0, extra
         assert "--peak-tflops 312 (kept from an earlier ingest)" in r.stdout
-    # given again: the new value wins and is kept
+    # given again: the new value wins and is kept; --json says where each option came from
     r = runner().invoke(main, [run, "--peak-tflops", "100", "--json", *NO_EXPORT])
-    assert json.loads(r.stdout)["runs"][0]["summary"]["peak_tflops"] == 100.0
+    got = json.loads(r.stdout)["runs"][0]
+    assert got["summary"]["peak_tflops"] == 100.0
+    assert got["options"]["peak_tflops"] == {"value": 100.0, "source": "given now"}
+    assert got["options"]["alpha"] == {"value": 0.1, "source": "default"}
+    assert got["options"]["findings.wait_phases"]["source"] == "default"
     assert json.loads(Path(run, "ingested", OPTIONS_FILE).read_text()) == {"peak_tflops": 100.0}
 
 

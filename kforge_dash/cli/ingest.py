@@ -135,8 +135,8 @@ def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, j
     waiting = [] if only_changed else result.waiting  # --watch: said once, not on every poll
     if as_json:
         click.echo(json.dumps({
-            "runs": [{"run_dir": r.run_dir, "skipped": r.skipped, "appended": r.appended, "summary": r.summary}
-                     for r in shown],
+            "runs": [{"run_dir": r.run_dir, "skipped": r.skipped, "appended": r.appended, "summary": r.summary,
+                      "options": None if r.options is None else r.options.to_dict()} for r in shown],
             "failed": [{"run_dir": f.run_dir, "error": f.error} for f in result.failed]
             + [{"run_dir": None, "error": e} for e in result.errors],
             "waiting": [{"run_dir": w.run_dir, "reason": w.reason} for w in result.waiting],

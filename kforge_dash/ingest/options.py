@@ -112,6 +112,12 @@ class DecidedOptions:
     sources: Mapping[str, str]
     kept: Mapping[str, object]
 
+    def to_dict(self) -> dict:
+        """JSON-able, for ``kforge-ingest --json``: ``{name: {"value": v, "source": s}}``, names as in ``sources``."""
+        findings = self.findings.to_dict()
+        return {name: {"value": findings[name[len("findings."):]] if name.startswith("findings.") else getattr(self, name),
+                       "source": source} for name, source in self.sources.items()}
+
 
 @dataclass(frozen=True)
 class IngestResult:
