@@ -61,6 +61,18 @@ class ClusterError(IngestError):
 
 @dataclass(frozen=True, kw_only=True)
 class DaskOptions:
+    """Where and how ``kforge-ingest --dask`` runs (kforge_dash.cluster). The timeouts are checked as
+    ``--dask-connect-timeout`` is (the same message for the same bad value).
+
+    Attributes:
+        address: ``tcp://HOST:PORT`` (any Dask address), ``local:N`` (N local workers), or a scheduler file.
+        connect_timeout_s: an unreachable scheduler fails after this long.
+        no_workers_timeout_s: no worker alive this long (all died, none joined): fail.
+        task_timeout_s: a task (a window, a whole run) not back this long is stuck: its run fails.
+        whole_run_bytes: a run with fewer bytes of part files is one task.
+        windows_per_worker: windows in flight per worker (one running, one queued).
+    """
+
     address: str  # tcp://host:port (any Dask address), local:N, or a scheduler file (*.json)
     connect_timeout_s: float = 10.0  # an unreachable scheduler fails after this long
     no_workers_timeout_s: float = 60.0  # no worker alive this long (all died, none joined): fail

@@ -110,3 +110,13 @@ def test_every_kforge_command_says_its_version():
     for cmd, prog in ((main, "kforge-ingest"), (dash.main, "kforge-dash"), (report.main, "kforge-report")):
         r = runner().invoke(cmd, ["--version"])
         assert r.exit_code == 0 and r.stdout.strip() == f"{prog} {__version__}", (prog, r.output)
+
+
+def test_ingest_options_given_as_a_mapping_travel_to_dask_workers():
+    """IngestOptions is pickled to a Dask worker (cluster._whole_run): thresholds given as a mapping too."""
+    import pickle
+
+    o = IngestOptions(peak_tflops=312, findings={"wait_phases": ("fwd*",)}, reset_options=True)
+    back = pickle.loads(pickle.dumps(o))
+    assert back == o and back.given() == {"peak_tflops": 312.0, "findings": {"wait_phases": ["fwd*"]}}
+    assert IngestOptions(findings=FindingsOptions(spike_k=8.0)).given()["findings"]["spike_k"] == 8.0  # a whole set: all given

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from kforge_dash.contract import INGESTED_DIR
 from kforge_dash.ingest import option_spec as spec
@@ -79,17 +78,18 @@ class IngestOptions:
         check_int("chunk_rows", self.chunk_rows, 1)
         check_seconds("lock_timeout_s", self.lock_timeout_s)
         f = self.findings
+        # a plain dict (not a MappingProxyType): IngestOptions is pickled to Dask workers
         if isinstance(f, FindingsOptions):
-            object.__setattr__(self, "findings", MappingProxyType(f.to_dict()))
+            object.__setattr__(self, "findings", f.to_dict())
         elif f is not None:
             if not isinstance(f, Mapping):
                 raise TypeError(f"findings: must be a FindingsOptions or a mapping of thresholds, got {type(f).__name__}")
             FindingsOptions.from_dict(dict(f))  # each value checked by its own spec, naming it
-            object.__setattr__(self, "findings", MappingProxyType(dict(f)))
+            object.__setattr__(self, "findings", dict(f))
 
     def given(self) -> dict:
         """The options that decide the outputs given here, JSON-able: ``{"alpha": 0.05, "findings": {...}}``."""
-        out: dict = {k: getattr(self, k) for k in KEPT_OPTIONS if getattr(self, k) is not None}
+        out: dict = {k: float(getattr(self, k)) for k in KEPT_OPTIONS if getattr(self, k) is not None}
         if self.findings:
             full = FindingsOptions.from_dict(dict(self.findings)).to_dict()
             out["findings"] = {k: full[k] for k in self.findings}
