@@ -53,6 +53,8 @@ def read_kept(out_dir: str, warnings: list[str]) -> dict:
                 kept[k] = v
             elif k == "findings" and isinstance(v, dict):
                 kept[k] = {n: x for n, x in v.items() if _threshold_ok(n, x, path, warnings)}
+            elif k == "findings":
+                warnings.append(f"{path}: findings: must be an object of thresholds, got {v!r}; ignored")
             else:
                 warnings.append(f"{path}: unknown option {k!r} ignored")
         except ValueError as e:
