@@ -148,3 +148,22 @@ def test_options_given_are_recorded_with_where_they_came_from(tmp_path, monkeypa
     assert f"{given[0]} {given[1]} (given now); the others default" in r.stdout
     r = runner().invoke(main, [run, *NO_EXPORT])
     assert f"{given[0]} {given[1]} (kept from an earlier ingest); the others default" in r.stdout
+
+
+def test_a_summary_without_phase_classes_asks_for_a_re_ingest(tmp_path, monkeypatch):
+    """An older summary.json has no ``phases``: the page does not guess them from default options."""
+    from dash_fixtures import detail_page, write_run
+
+    run = write_run(tmp_path, "old", n=30, world_size=2)
+    path = run / "ingested" / "summary.json"
+    s = json.loads(path.read_text())
+    del s["phases"], s["findings_options"]
+    path.write_text(json.dumps(s))
+    at = detail_page(tmp_path, monkeypatch, "old")
+    assert not at.exception
+    assert any("re-ingest the run" in i.value for i in at.info)
+    from kforge_dash.browse import ranks as prep_ranks
+
+    d = prep_ranks.run_detail(run / "ingested" / "steps.parquet", run / "ingested" / "ranks.parquet", s)
+    assert not d.phases_known and d.slowest is None
+    assert not [c for c in d.phase_by_rank.columns if "incl. waiting" in c]
