@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from kforge_dash.export.outcome import Exporter
 from kforge_dash.ingest import shards as _shards
 from kforge_dash.ingest.buffers import Buffers
+from kforge_dash.ingest.option_spec import CONNECT_TIMEOUT
 from kforge_dash.ingest.options import (
     IngestError,
     IngestFailure,
@@ -47,6 +48,7 @@ from kforge_dash.ingest.window import WindowRows, WindowTask
 from kforge_dash.optional import require
 from kforge_dash.pipeline import IngestPass, export_ingested, ingest_and_export, runs_at
 from kforge_dash.progress import NullProgress
+from kforge_record.checks import check_int
 
 __all__ = ["ClusterError", "DaskOptions", "DaskWindows", "dask_client", "ingest_paths_dask"]
 
@@ -59,6 +61,18 @@ class ClusterError(IngestError):
 
 @dataclass(frozen=True, kw_only=True)
 class DaskOptions:
+    """Where and how ``kforge-ingest --dask`` runs (kforge_dash.cluster). The timeouts are checked as
+    ``--dask-connect-timeout`` is (the same message for the same bad value).
+
+    Attributes:
+        address: ``tcp://HOST:PORT`` (any Dask address), ``local:N`` (N local workers), or a scheduler file.
+        connect_timeout_s: an unreachable scheduler fails after this long.
+        no_workers_timeout_s: no worker alive this long (all died, none joined): fail.
+        task_timeout_s: a task (a window, a whole run) not back this long is stuck: its run fails.
+        whole_run_bytes: a run with fewer bytes of part files is one task.
+        windows_per_worker: windows in flight per worker (one running, one queued).
+    """
+
     address: str  # tcp://host:port (any Dask address), local:N, or a scheduler file (*.json)
     connect_timeout_s: float = 10.0  # an unreachable scheduler fails after this long
     no_workers_timeout_s: float = 60.0  # no worker alive this long (all died, none joined): fail
@@ -77,14 +91,9 @@ class DaskOptions:
             if not (n.isdigit() and int(n) >= 1):
                 raise ValueError(f"address {self.address!r}: local:N needs a worker count N >= 1")
         for name in ("connect_timeout_s", "no_workers_timeout_s", "task_timeout_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0):
-                raise ValueError(f"{name}: must be > 0 seconds, got {v!r}")
-        for name in ("whole_run_bytes", "windows_per_worker"):
-            v = getattr(self, name)
-            if not (isinstance(v, int) and v >= (0 if name == "whole_run_bytes" else 1)):
-                raise ValueError(f"{name}: must be a {'non-negative' if name == 'whole_run_bytes' else 'positive'} "
-                                 f"integer, got {v!r}")
+            CONNECT_TIMEOUT.check(name, getattr(self, name))  # the check of kforge-ingest --dask-connect-timeout
+        check_int("whole_run_bytes", self.whole_run_bytes, 0)
+        check_int("windows_per_worker", self.windows_per_worker, 1)
 
     @property
     def local_workers(self) -> int | None:

@@ -15,6 +15,7 @@ INGESTED_DIR = "ingested"  # RUN/ingested/ holds everything below
 STEPS_FILE = "steps.parquet"
 RANKS_FILE = "ranks.parquet"
 SUMMARY_FILE = "summary.json"
+OPTIONS_FILE = "options.json"  # the options kept with the run (kforge_dash/ingest/kept.py)
 MANIFEST_FILE = "manifest.parquet"  # ingest's own footer cache, safe to delete
 LOCK_FILE = ".ingest.lock"
 # ranks.parquet's key-value metadata: a JSON list of the float columns that may hold NaN/inf (every

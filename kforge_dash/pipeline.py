@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from kforge_dash.contract import EXPORT_NAMES, LOCK_FILE, SUMMARY_FILE, read_summary_file
+from kforge_dash.contract import EXPORT_NAMES, SUMMARY_FILE, read_summary_file
 from kforge_dash.export.exporters import choose_exporters, run_exporters
 from kforge_dash.export.outcome import Exporter
 from kforge_dash.ingest import shards as _shards
@@ -83,7 +83,7 @@ def ingest_and_export(run: str, *, options: IngestOptions, exporters: Sequence[E
 def export_ingested(res: IngestResult, exporters: Sequence[Exporter], *, lock_timeout_s: float) -> IngestResult:
     """Run ``exporters`` on an ingested run, their outcomes recorded in its summary.json."""
     summary = _export_and_record(res, exporters, lock_timeout_s=lock_timeout_s)
-    return res if summary is None else IngestResult(res.run_dir, summary, res.skipped, res.appended)
+    return res if summary is None else replace(res, summary=summary)
 
 
 def _reraise_interrupts(e: BaseException) -> None:
@@ -113,30 +113,25 @@ def _export_and_record(res: IngestResult, exporters: Sequence[Exporter], *, lock
     """Export, and record the outcomes in summary.json; None when no export ran. Under the run's
     ingest lock, so an ingest that finds a temp file in RUN/ingested/ knows it is a dead export's
     (kforge_dash.ingest.temps), and two exports of one run never write at once."""
-    from filelock import FileLock, Timeout
+    from kforge_dash.ingest.lock import LockBusy, run_lock
 
     if not exporters:
         return None
-    lock = FileLock(os.path.join(res.ingested_dir, LOCK_FILE))
     try:
-        lock.acquire(timeout=lock_timeout_s)
-    except Timeout:
-        error = f"another kforge-ingest of this run held {lock.lock_file} for over {lock_timeout_s:g}s; not exported"
-        return dict(res.summary, exports=_all_failed([x.name for x in exporters], error))
-    try:
-        exports = _export(res, exporters)
-        if exports is None:
-            return None
-        path = os.path.join(res.ingested_dir, SUMMARY_FILE)
-        try:
-            summary = read_summary_file(path)
-        except ValueError:
-            summary = dict(res.summary)
-        summary["exports"] = exports
-        write_json_atomic(path, summary)
-        return summary
-    finally:
-        lock.release()
+        with run_lock(res.ingested_dir, timeout_s=lock_timeout_s):
+            exports = _export(res, exporters)
+            if exports is None:
+                return None
+            path = os.path.join(res.ingested_dir, SUMMARY_FILE)
+            try:
+                summary = read_summary_file(path)
+            except ValueError:
+                summary = dict(res.summary)
+            summary["exports"] = exports
+            write_json_atomic(path, summary)
+            return summary
+    except LockBusy as e:
+        return dict(res.summary, exports=_all_failed([x.name for x in exporters], f"{e}; not exported"))
 
 
 def _all_failed(names: list[str], error: str) -> dict:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 from dataclasses import dataclass
 
 from . import env
+from .checks import check_flag, check_int, check_positive
 from .model import ModelSpec
 
 STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
@@ -44,12 +44,12 @@ class RecorderOptions:
         if peak_tflops is not None:
             check_positive("peak_tflops", peak_tflops, "a positive finite number")
         for name, flag in (("counts_tokens", counts_tokens), ("merge_parts", merge_parts)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name}: must be True or False, got {flag!r}")
+            check_flag(name, flag)
         check_int("flush_every_steps", flush_every_steps, 1)
         check_int("memory_every_steps", memory_every_steps, 0)
         check_int("max_backlog_rows", max_backlog_rows, 1)
         check_positive("flush_every_s", flush_every_s, "a positive number of seconds", finite=False)
+        check_positive("close_timeout_s", close_timeout_s, "a positive number of seconds", finite=False)
         if hw_every_s != 0:
             check_positive("hw_every_s", hw_every_s, "0 (off) or a positive finite number of seconds")
         return cls(model=model, hparams=hparams or {}, tags=tuple(tags),
@@ -64,16 +64,6 @@ class RecorderOptions:
         (the one being written and the next), at least MIN_LAG_ROWS (so that with tiny windows
         the writer can catch up by merging them into bigger parts), at most max_backlog_rows."""
         return min(max(2 * self.flush_every_steps, MIN_LAG_ROWS), self.max_backlog_rows)
-
-
-def check_int(name: str, v, lo: int) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name}: must be an integer >= {lo}, got {v!r}")
-
-
-def check_positive(name: str, v, what: str, *, finite: bool = True) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (finite and not math.isfinite(v)) or not v > 0:
-        raise ValueError(f"{name}: must be {what}, got {v!r}")
 
 
 def _model(model) -> ModelSpec | None:

@@ -48,7 +48,27 @@ class Recorder:
     ...     rec.end_step(step, loss=loss, lr=3e-4, tokens=4096)
     >>> rec.close()
 
-    Construction validates everything and may raise; after that no method raises into the loop.
+    Construction validates everything and may raise (``NAME: must be ..., got VALUE``, as ingest's
+    options say it); after that no method raises into the loop.
+
+    Args:
+        run_dir: the run's folder; this rank writes ``run_dir/rank-NNNNN/ATTEMPT/``.
+        model: for MFU, a ModelSpec or its keywords (``flops_per_token``, ``n_params`` or the shape).
+        hparams: the run's hyperparameters (a JSON-able dict), shown and compared by the dashboard.
+        tags: labels of the run (strings), for grouping and filtering runs.
+        peak_tflops: peak dense TFLOPS per GPU, beating ingest's device table (``--peak-tflops`` beats both).
+        counts_tokens: False on ranks that repeat a replica's tokens (tensor/pipeline parallel peers).
+        flush_every_steps: write a part file every so many steps...
+        flush_every_s: ...or at the first call after so many seconds (there is no timer thread).
+        memory_every_steps: sample CUDA memory every so many steps (1: every step; 0: never).
+        max_backlog_rows: rows kept for a writer that cannot write (a hung filesystem), then dropped and counted.
+        close_timeout_s: the longest ``close()`` waits for the writer.
+        rank: this process's rank (default: torch.distributed, else RANK, else SLURM_PROCID).
+        world_size: the job's ranks (default: as ``rank``, from WORLD_SIZE or SLURM_NTASKS).
+        local_rank: the rank on its host, for the GPU it uses (default: LOCAL_RANK, else SLURM_LOCALID).
+        install_sigterm_handler: flush (and close, unless the job handles it) on SIGTERM (Slurm preemption).
+        merge_parts: the writer merges its part files into bigger ones; False: one file per flush.
+        hw_every_s: GPU telemetry (NVML) every so many seconds on a thread of its own; 0: off.
     """
 
     def __init__(

@@ -103,6 +103,12 @@ def write_run(root: str | os.PathLike, name: str, *, n: int = 1000, hparams=None
         "tags": list(tags), "nonfinite": {"loss": len(nan_steps)} if nan_steps else {},
         "dropped_rows": 0, "warnings": [], "exports": {},
     }
+    # What ingest decided (summary.json findings_options, phases): the default thresholds, as ingest records them.
+    from kforge_dash.ingest.findings.model import classify_phases
+    from kforge_dash.ingest.findings_options import FindingsOptions
+
+    summary["findings_options"] = FindingsOptions().to_dict()
+    summary["phases"] = classify_phases(steps.columns, FindingsOptions()).to_dict()
     summary.update(summary_extra)
     (out / "summary.json").write_text(json.dumps(summary))
     return run

@@ -115,23 +115,20 @@ def test_run_page_shows_units_and_where_mfu_inputs_came_from(tmp_path, monkeypat
 
 def test_kforge_ingest_screen_says_where_mfu_inputs_came_from():
     from kforge_dash.cli.ingest import _screen
+    from kforge_dash.ingest.options import IngestResult
 
-    class Res:
-        summary = {"run_name": "r", "flops_per_token": 7.4e8, "flops_source": "6*n_params+12*L*D*S",
-                   "peak_tflops": 989.0, "peak_source": "table: H100"}
-        run_dir, skipped, appended, ingested_dir = "/x/r", False, False, "/x/r/ingested"
-
-    assert "  MFU inputs: 7.4e+08 FLOPs/token from 6*n_params+12*L*D*S; peak 989 TFLOPS/GPU from table: H100" in _screen(Res)
+    res = IngestResult("/x/r", {"run_name": "r", "flops_per_token": 7.4e8, "flops_source": "6*n_params+12*L*D*S",
+                                "peak_tflops": 989.0, "peak_source": "table: H100"}, False)
+    assert "  MFU inputs: 7.4e+08 FLOPs/token from 6*n_params+12*L*D*S; peak 989 TFLOPS/GPU from table: H100" in _screen(res)
 
 
 def test_kforge_ingest_screen_says_unknown_mfu_inputs_in_words():
     from kforge_dash.cli.ingest import _screen
+    from kforge_dash.ingest.options import IngestResult
 
-    class Res:
-        summary = {"run_name": "r", "flops_per_token": None, "flops_source": None, "peak_tflops": None, "peak_source": None}
-        run_dir, skipped, appended, ingested_dir = "/x/r", False, False, "/x/r/ingested"
-
-    assert "  MFU inputs: FLOPs/token unknown; peak TFLOPS unknown" in _screen(Res)
+    res = IngestResult("/x/r", {"run_name": "r", "flops_per_token": None, "flops_source": None, "peak_tflops": None,
+                                "peak_source": None}, False)
+    assert "  MFU inputs: FLOPs/token unknown; peak TFLOPS unknown" in _screen(res)
 
 
 def test_dash_hides_the_developer_toolbar():

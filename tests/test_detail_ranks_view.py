@@ -13,6 +13,7 @@ from dash_fixtures import detail_page, lab, write_run
 
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import ranks as prep_ranks
+from kforge_dash.ingest.findings.model import Phases
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def test_per_rank_phases_count_a_phase_that_did_not_run_as_zero(root):
     (0.0172 s), while the phase shares (rightly) count 0 s in the other steps."""
     path = root / "straggler" / "ingested" / "ranks.parquet"
     t = pq.read_table(path).to_pydict()
-    got = prep_ranks.phase_per_rank(path)
+    got = prep_ranks.phase_per_rank(path, Phases.from_summary(json.loads((path.parent / "summary.json").read_text())))
     phases = [c for c in t if c.startswith("time/") and c.endswith("_s")]
     labels = {c: next(x for x in got.columns if x.startswith(c[5:-2] + " (s")) for c in phases}
     for rank in sorted(set(t["rank"])):

@@ -133,7 +133,7 @@ def test_the_window_work_is_one_function_of_plain_values(tmp_path, monkeypatch):
 
     run = make_run(tmp_path / "run", monkeypatch, world=2)
     ingest_run(run)
-    inputs = ingest_mod._list_inputs(run, os.path.join(run, "ingested"), ingest_mod.IngestOptions(force=True), [])
+    inputs = ingest_mod._list_inputs(run, os.path.join(run, "ingested"), ingest_mod.decide(ingest_mod.IngestOptions(), {}), [])
     plan = make_plan(inputs, [], force=True, chunk_rows=10)
     windows = plan_windows(plan.files, 10)
     assert len(windows) > 1

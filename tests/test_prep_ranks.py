@@ -10,6 +10,13 @@ from dash_fixtures import PHASES, write_run
 from kforge_dash.browse import downloads as prep_export
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse.series import RunSource
+from kforge_dash.ingest.findings.model import Phases, classify_phases
+from kforge_dash.ingest.findings_options import FindingsOptions
+
+
+def _as_ingest_would(path) -> Phases:
+    """The phase classes a default ingest records in summary.json (the pages read them from there)."""
+    return classify_phases(pl.read_parquet_schema(path).names(), FindingsOptions())
 
 
 @pytest.fixture
@@ -58,12 +65,12 @@ def test_slowest_rank_is_the_one_whose_own_work_is_longest_not_the_step_times_ar
     frame.write_parquet(path)
     by_step_time = frame.sort("step_time_s").group_by("step").agg(pl.col("rank").last())["rank"].value_counts()
     assert dict(by_step_time.iter_rows())[0] > n // 2  # the old chart's answer: rank 0
-    got = prep_ranks.slowest_own_work(path)
+    got = prep_ranks.slowest_own_work(path, _as_ingest_would(path))
     assert got.phases == ("time/data_s", "time/optimizer_s")  # not fwd_bwd (wait), not checkpoint
     assert got.counts.rows() == [(1, n, 1.0)]
     no_own = tmp_path / "no_own.parquet"
     frame.select("step", "rank", "step_time_s", "time/fwd_bwd_s").write_parquet(no_own)
-    assert prep_ranks.slowest_own_work(no_own) is None
+    assert prep_ranks.slowest_own_work(no_own, _as_ingest_would(no_own)) is None
 
 
 def test_slowest_rank_of_the_straggler_sample_run_is_the_findings_rank(sample_runs_copy):
@@ -72,7 +79,8 @@ def test_slowest_rank_of_the_straggler_sample_run_is_the_findings_rank(sample_ru
 
     run = sample_runs_copy / "straggler" / "ingested"
     finding = next(f for f in json.loads((run / "summary.json").read_text())["findings"] if f["kind"] == "straggler")
-    got = prep_ranks.slowest_own_work(run / "ranks.parquet")
+    got = prep_ranks.slowest_own_work(run / "ranks.parquet",
+                                      Phases.from_summary(json.loads((run / "summary.json").read_text())))
     assert got.counts["rank"][0] == finding["ranks"][0] == 1 and got.counts["share"][0] > 0.9
 
 
@@ -204,7 +212,7 @@ def test_phase_per_rank_with_a_phase_named_like_a_column(tmp_path):
     pl.DataFrame({"step": [1, 1, 2, 2], "rank": [0, 1, 0, 1], "step_time_s": [1.0, 1.0, 3.0, 3.0],
                   "time/step_s": [0.5, 0.25, 0.5, 0.75], "time/data_s": [0.1, 0.4, 0.1, 0.6],
                   "time/step time_s": [1.0] * 4, "time/fwd_bwd_s": [0.2] * 4}).write_parquet(path)
-    got = prep_ranks.phase_per_rank(path)
+    got = prep_ranks.phase_per_rank(path, _as_ingest_would(path))
     assert got["rank"].to_list() == [0, 1]
     # Labelled for a person (issue 21, item 8): no raw column names; a wait phase says it includes waiting.
     assert got["step (s)"].to_list() == [0.5, 0.5]

@@ -26,6 +26,8 @@ LLAMA_7B = dict(n_layers=32, dim=4096, n_heads=32, n_kv_heads=32, ffn_hidden_dim
         (dict(flush_every_steps=0), ValueError, "flush_every_steps"),
         (dict(flush_every_s=-1), ValueError, "flush_every_s"),
         (dict(max_backlog_rows=0), ValueError, "max_backlog_rows"),
+        (dict(close_timeout_s=True), ValueError, "close_timeout_s: must be a positive number of seconds, got True"),
+        (dict(peak_tflops=True), ValueError, "peak_tflops: must be a positive finite number, got True"),
         (dict(rank=2, world_size=2), ValueError, "rank 2 is not below world_size 2"),
         (dict(rank=-1), ValueError, "rank"),
         (dict(tags="baseline"), TypeError, "tags"),

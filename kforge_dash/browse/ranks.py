@@ -12,8 +12,7 @@ import polars as pl
 
 from kforge_dash.browse.rank_metrics import median_rank, metric_label, phase_columns, phase_name, view_metrics
 from kforge_dash.contract import EMA_COLUMNS
-from kforge_dash.ingest.findings.model import classify_phases
-from kforge_dash.ingest.findings_options import FindingsOptions
+from kforge_dash.ingest.findings.model import Phases
 from kforge_record.schema import MEM_COLUMNS, PHASE_PREFIX, PHASE_SUFFIX
 
 
@@ -107,7 +106,7 @@ def rank_metrics(ranks_path: str | Path) -> list[str]:
     return view_metrics(_reading(path, lambda p: pl.scan_parquet(p, glob=False).collect_schema()).names())
 
 
-def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
+def phase_per_rank(ranks_path: str | Path, classes: Phases | None) -> pl.DataFrame:
     """Mean seconds of each phase timer and of the whole step per rank, columns labelled for a
     person ('data (s)', 'fwd_bwd (s, incl. waiting)', 'step time (s)').
 
@@ -116,14 +115,16 @@ def phase_per_rank(ranks_path: str | Path) -> pl.DataFrame:
     the steps it ran, so a rank's phases add up to its step time (less 'other', unless they overlap).
 
     The straggler is the rank whose own work (data, fwd_bwd) is longest; the others' wait phases
-    (fwd_bwd under DDP) include the time they wait for it in the gradient all-reduce.
+    (fwd_bwd under DDP) include the time they wait for it in the gradient all-reduce. ``classes``: the
+    phase classes ingest used (summary.json ``phases``: Phases.from_summary); None (an older summary): no
+    phase is marked as waiting.
     """
     lf = pl.scan_parquet(ranks_path, glob=False)
     schema = lf.collect_schema()
     phases = phase_columns(schema)
     if not phases:
         return pl.DataFrame(schema={"rank": pl.Int64})
-    wait = set(classify_phases(list(schema), FindingsOptions()).wait)
+    wait = set(classes.wait) if classes is not None else set()
     labels = {"step_time_s": "step time (s)"}
     for c in phases:
         label = f"{phase_name(c)} (s{', incl. waiting' if c in wait else ''})"
@@ -144,13 +145,6 @@ class SlowestOwnWork:
     phases: tuple[str, ...]       # the own-work phase columns summed per rank and step
 
 
-def own_work_phases(schema) -> tuple[str, ...]:
-    """The phases that are a rank's own work, as the straggler finding classes them (ingest's
-    findings/model.classify_phases with the default wait phases): not a wait phase (those hold the
-    collective, so every rank's includes waiting for the others), not checkpoint or eval."""
-    return classify_phases(list(schema), FindingsOptions()).own
-
-
 def per_rank_caption(own: tuple[str, ...], columns: list[str]) -> str:
     """The per-rank phase table's caption, naming the run's own-work phases (none: said so)."""
     waits = any("incl. waiting" in c for c in columns)
@@ -164,15 +158,20 @@ def per_rank_caption(own: tuple[str, ...], columns: list[str]) -> str:
             f"with the longest own work ({names}){wait}.")
 
 
-def slowest_own_work(ranks_path: str | Path) -> SlowestOwnWork | None:
+def slowest_own_work(ranks_path: str | Path, phases: Phases | None) -> SlowestOwnWork | None:
     """Per step, the rank whose own work (the sum of its own-work phases) was the longest; how many
-    steps each rank was that one. None when the run timed no own-work phase.
+    steps each rank was that one. None when the run timed no own-work phase, or ``phases`` is None.
+
+    The own-work phases are those ingest's straggler finding compared (summary.json ``phases``,
+    Phases.from_summary): never re-classified here, so the page and the findings agree whatever
+    ``--wait-phases`` the run was ingested with.
 
     Not the step time's argmax: under data parallelism every rank waits for the others in the
     collective, so all ranks' step times are equal up to noise and "the slowest" is a coin toss,
     which would contradict the straggler finding."""
     lf = pl.scan_parquet(ranks_path, glob=False)
-    own = own_work_phases(lf.collect_schema())
+    schema = lf.collect_schema()
+    own = tuple(c for c in (phases.own if phases is not None else ()) if c in schema)
     if not own:
         return None
     work = pl.when(pl.any_horizontal(pl.col(own).is_not_null())).then(pl.sum_horizontal(pl.col(own)))
@@ -371,6 +370,7 @@ class RunDetail:
     phase_totals: PhaseTotals
     timeline: pl.DataFrame
     nonfinite: pl.DataFrame
+    phases_known: bool = True  # summary.json has the phase classes ingest used (older ones do not)
 
 
 def _reading(path: Path, fn, *args, **kwargs):
@@ -386,13 +386,15 @@ def run_detail(steps_path: str | Path, ranks_path: str | Path, summary: dict, *,
     steps_path, ranks_path = Path(steps_path), Path(ranks_path)
     has_ranks = ranks_path.is_file()
     phase_path = ranks_path if has_ranks else steps_path  # each rank's own phases (phase_breakdown)
+    classes = Phases.from_summary(summary)  # as ingest classified them
     return RunDetail(
         heatmap=_reading(ranks_path, rank_heatmap, relative=relative, metric=metric) if has_ranks else None,
-        phase_by_rank=_reading(ranks_path, phase_per_rank) if has_ranks else None,
-        slowest=_reading(ranks_path, slowest_own_work) if has_ranks else None,
+        phase_by_rank=_reading(ranks_path, phase_per_rank, classes) if has_ranks else None,
+        slowest=_reading(ranks_path, slowest_own_work, classes) if has_ranks else None,
         memory=memory_bars(_reading(ranks_path, memory_per_rank)) if has_ranks else None,
         phases=_reading(phase_path, phase_breakdown),
         phase_totals=_reading(phase_path, phase_totals),
         timeline=restart_timeline(summary),
         nonfinite=_reading(steps_path, nonfinite_steps),
+        phases_known=classes is not None,
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from kforge_dash.browse.runs import ROOT_ENV, default_runs_root
+from kforge_dash.cli.options import version_option
 
 APP = Path(__file__).resolve().parent.parent / "browse" / "app.py"
 
@@ -29,6 +30,7 @@ def streamlit_args(*, host: str, port: int) -> list[str]:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; the default keeps the app on this machine.")
 @click.option("--port", default=8501, show_default=True, type=click.IntRange(1, 65535))
+@version_option("kforge-dash")
 def main(runs_root: Path | None, host: str, port: int) -> None:
     """Browse the ingested runs under RUNS_ROOT (default: the bundled sample_runs/)."""
     root = (runs_root or default_runs_root()).resolve()

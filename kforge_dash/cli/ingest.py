@@ -19,7 +19,10 @@ try:
 except MissingDependency as e:  # at the edge: a message, not a traceback
     raise SystemExit(str(e)) from e
 
-from kforge_dash.ingest.findings_options import FindingsOptions  # (no heavy imports: dataclass only)
+from kforge_dash.cli.options import SpecType, spec_options, version_option  # noqa: E402
+from kforge_dash.ingest.findings_options import FINDINGS_SPECS, FindingsOptions  # noqa: E402  (dataclasses only)
+from kforge_dash.ingest.option_spec import CONNECT_TIMEOUT  # noqa: E402
+from kforge_dash.ingest.options import DEFAULT_ALPHA, INGEST_SPECS  # noqa: E402
 
 _F = FindingsOptions()  # the defaults the options show
 
@@ -63,6 +66,8 @@ def _screen(res) -> list[str]:
         f"   best loss {_num(s.get('best_loss'), '{:.4g}')}",
     ]
     lines.append(f"  MFU inputs: {units.flops_origin(s)}")
+    if res.options is not None:
+        lines.append(_options_line(res.options))
     lines += _findings_lines(s)
     nonfinite = {k: v for k, v in (s.get("nonfinite") or {}).items() if v}
     if nonfinite:
@@ -78,6 +83,21 @@ def _screen(res) -> list[str]:
         if len(warnings) > 8:
             lines.append(f"    ... and {len(warnings) - 8} more in {res.ingested_dir}/summary.json")
     return lines
+
+
+def _options_line(decided) -> str:
+    """Which options this ingest used that are not the defaults, and where each came from (given now,
+    kept from an earlier ingest: RUN/ingested/options.json)."""
+    from kforge_dash.ingest.options import DEFAULT
+
+    shown = []
+    for name, source in decided.sources.items():
+        if source == DEFAULT:
+            continue
+        value = getattr(decided.findings, name.split(".", 1)[1]) if name.startswith("findings.") else getattr(decided, name)
+        flag = "--" + name.rsplit(".", 1)[-1].replace("_", "-")
+        shown.append(f"{flag} {','.join(value) if isinstance(value, tuple) else f'{value:g}'} ({source})")
+    return "  options: " + ("; ".join(shown) + "; the others default" if shown else "all default")
 
 
 def _findings_lines(s: dict) -> list[str]:
@@ -115,8 +135,8 @@ def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, j
     waiting = [] if only_changed else result.waiting  # --watch: said once, not on every poll
     if as_json:
         click.echo(json.dumps({
-            "runs": [{"run_dir": r.run_dir, "skipped": r.skipped, "appended": r.appended, "summary": r.summary}
-                     for r in shown],
+            "runs": [{"run_dir": r.run_dir, "skipped": r.skipped, "appended": r.appended, "summary": r.summary,
+                      "options": None if r.options is None else r.options.to_dict()} for r in shown],
             "failed": [{"run_dir": f.run_dir, "error": f.error} for f in result.failed]
             + [{"run_dir": None, "error": e} for e in result.errors],
             "waiting": [{"run_dir": w.run_dir, "reason": w.reason} for w in result.waiting],
@@ -155,11 +175,9 @@ def _note_stale_tensorboard(result) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.1, show_default=True, help="EMA smoothing factor.")
-@click.option("--peak-tflops", type=click.FloatRange(0, min_open=True), default=None,
-              help="Peak dense TFLOPS per GPU; beats meta.json and the device table.")
-@click.option("--flops-per-token", type=click.FloatRange(0, min_open=True), default=None,
-              help="Model FLOPs per token; beats meta.json.")
+@spec_options(INGEST_SPECS, {"alpha": DEFAULT_ALPHA})
+@click.option("--reset-options", is_flag=True,
+              help="Forget the options kept with each run by earlier ingests (the ones given now are kept).")
 @click.option("--watch", type=click.FloatRange(0, min_open=True), default=None, metavar="SECONDS",
               help="Re-ingest every SECONDS as new part files arrive (appending them), until Ctrl-C; "
                    "the W&B export of changed runs waits until then.")
@@ -169,27 +187,12 @@ def _note_stale_tensorboard(result) -> None:
 @click.option("--upload", is_flag=True, help="Also sync the W&B run (needs network and a login).")
 @click.option("--wandb-project", default=None, help="W&B project name.")
 @click.option("--wandb-entity", default=None, help="W&B entity (user or team).")
-@click.option("--spike-k", type=click.FloatRange(0, min_open=True), default=_F.spike_k, show_default=True,
-              help="Loss/grad-norm spike: this many robust sigmas above the trailing median.")
-@click.option("--spike-window", type=click.IntRange(2), default=_F.spike_window, show_default=True,
-              help="Steps of the trailing baseline of the spike rule.")
-@click.option("--straggler-min-frac", type=click.FloatRange(0, min_open=True), default=_F.straggler_min_frac,
-              show_default=True, help="Straggler: own work above the median rank's by this fraction of a step.")
-@click.option("--straggler-min-steps", type=click.IntRange(2), default=_F.straggler_min_steps, show_default=True,
-              help="Straggler: for at least this many steps.")
-@click.option("--wait-phases", default=",".join(_F.wait_phases), show_default=True, metavar="GLOBS",
-              help="Phases that hold a collective (time there includes waiting for other ranks), comma-separated.")
-@click.option("--episode-min-rel", type=click.FloatRange(0, min_open=True), default=_F.episode_min_rel,
-              show_default=True, help="Slow episode: the job's step time at least (1 + this) x the level before it.")
-@click.option("--memory-growth-frac", type=click.FloatRange(0, min_open=True), default=_F.memory_growth_frac,
-              show_default=True, help="Memory growth: allocated memory up by more than this fraction.")
-@click.option("--data-stall-frac", type=click.FloatRange(0, min_open=True), default=_F.data_stall_frac,
-              show_default=True, help="Data stall: the median rank's data phase over this share of the step.")
+@spec_options(FINDINGS_SPECS, _F.to_dict())
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
               help="Ingest on a Dask cluster: a scheduler address (tcp://HOST:8786), a scheduler file (PATH.json), "
                    "or local:N (N local worker processes, started and stopped here). Needs 'kforge[dask]'.")
-@click.option("--dask-connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
-              metavar="SECONDS", help="Give up on an unreachable scheduler after SECONDS.")
+@click.option("--dask-connect-timeout", "dask_connect_timeout", type=SpecType("connect_timeout_s", CONNECT_TIMEOUT),
+              default=10.0, show_default=True, metavar="SECONDS", help=CONNECT_TIMEOUT.help)
 @click.option("--on-finding", default=None, metavar="CMD",
               help="Run the shell command CMD once per new finding (with --watch: as they appear): the finding as JSON "
                    "on stdin, KFORGE_FINDING_KIND, KFORGE_FINDING_SEVERITY, KFORGE_RUN_DIR, KFORGE_RUN_NAME set. Never twice "
@@ -199,11 +202,15 @@ def _note_stale_tensorboard(result) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="Only errors.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a machine-readable summary on stdout (with --watch: one JSON line per pass).")
-def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorboard, no_wandb, upload,
-         wandb_project, wandb_entity, dask_address, dask_connect_timeout, on_finding, on_finding_timeout, quiet, as_json,
-         spike_k, spike_window,
-         straggler_min_frac, straggler_min_steps, wait_phases, episode_min_rel, memory_growth_frac, data_stall_frac):
+@version_option("kforge-ingest")
+def main(paths, *, watch, force, no_tensorboard, no_wandb, upload, wandb_project, wandb_entity, dask_address,
+         dask_connect_timeout, on_finding, on_finding_timeout, quiet, as_json, reset_options, alpha, peak_tflops,
+         flops_per_token, **thresholds):
     """Ingest kforge runs: PATH is a runs root (every run below it) or one run directory.
+
+    The options that decide the outputs (--alpha, --peak-tflops, --flops-per-token and the findings
+    thresholds) are kept with each run once given (RUN/ingested/options.json) and used by every later
+    ingest of it, until given again or dropped with --reset-options; the screen says where each came from.
 
     Exit status: 0 all ingested (a run with no part file yet is waiting, not failed), 1 nothing could be
     ingested, 2 usage error (a PATH that does not exist too), 3 some runs or an --upload failed,
@@ -224,12 +231,9 @@ def main(paths, *, alpha, peak_tflops, flops_per_token, watch, force, no_tensorb
     except ValueError as e:
         raise click.UsageError(str(e)) from None
 
-    findings = FindingsOptions(
-        spike_k=spike_k, spike_window=spike_window, straggler_min_frac=straggler_min_frac,
-        straggler_min_steps=straggler_min_steps, wait_phases=tuple(p.strip() for p in wait_phases.split(",") if p.strip()),
-        episode_min_rel=episode_min_rel, memory_growth_frac=memory_growth_frac, data_stall_frac=data_stall_frac)
     options = IngestOptions(alpha=alpha, peak_tflops=peak_tflops, flops_per_token=flops_per_token, force=force,
-                            findings=findings)
+                            reset_options=reset_options,
+                            findings={k: v for k, v in thresholds.items() if v is not None})  # those given now
     exporters = choose_exporters(tensorboard=not no_tensorboard, wandb=not no_wandb, upload=upload,
                                  wandb_project=wandb_project, wandb_entity=wandb_entity)
     if dask_address is not None and hook is not None:

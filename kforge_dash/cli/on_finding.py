@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from kforge_dash.optional import require
 from kforge_record.atomic import write_json_atomic
+from kforge_record.checks import check_positive, check_seconds
 
 SEEN_FILE = "on_finding.json"
 LOCK_FILE = ".on_finding.lock"  # beside SEEN_FILE; not a temp file (ingest's clean-up leaves it)
@@ -49,10 +50,8 @@ class OnFinding:
     def __post_init__(self):
         if not isinstance(self.command, str) or not self.command.strip():
             raise ValueError("--on-finding: the command is empty")
-        if not self.timeout_s > 0:
-            raise ValueError(f"--on-finding-timeout: must be > 0, got {self.timeout_s!r}")
-        if not (isinstance(self.lock_timeout_s, (int, float)) and self.lock_timeout_s >= 0):
-            raise ValueError(f"lock_timeout_s: must be >= 0 seconds, got {self.lock_timeout_s!r}")
+        check_positive("timeout_s", self.timeout_s, "a positive number of seconds")  # the checks every option shares
+        check_seconds("lock_timeout_s", self.lock_timeout_s)
 
 
 def _identity(f: dict) -> list:

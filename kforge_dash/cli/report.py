@@ -10,6 +10,9 @@ except ImportError as e:  # optional dependency, imported at the edge
     raise SystemExit("kforge-report needs the dash extra: pip install 'kforge[dash]'") from e
 
 
+from kforge_dash.cli.options import version_option  # noqa: E402
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
@@ -18,6 +21,7 @@ except ImportError as e:  # optional dependency, imported at the edge
 @click.option("--smoothing", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
               help="EMA weight per step (as the dashboard's slider); 0 draws the recorded values only.")
 @click.option("--title", default="kforge report", show_default=True)
+@version_option("kforge-report")
 def main(paths, output, runs, metrics, smoothing, title) -> None:
     """One self-contained HTML report of the ingested runs under PATH (a runs root or a run directory).
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 
-from kforge_dash.contract import LOCK_FILE, ingested_dir
+from kforge_dash.contract import ingested_dir
 from kforge_dash.export.exporters import choose_exporters, run_exporters
 from kforge_dash.export.outcome import ExporterOutcome, ExportResult
-from kforge_dash.optional import require
+from kforge_dash.ingest.lock import lock_path, run_lock
 
 __all__ = ["export_run", "ExportResult", "ExporterOutcome"]
 
@@ -34,9 +34,8 @@ def export_run(
     """
     exporters = choose_exporters(tensorboard=tensorboard, wandb=wandb, upload=upload, wandb_project=wandb_project,
                                  wandb_entity=wandb_entity, upload_timeout_s=upload_timeout_s)
-    lock_path = os.path.join(ingested_dir(run_dir), LOCK_FILE)
-    if not os.path.exists(lock_path):  # outputs not made by kforge-ingest: no ingest to keep out
+    if not os.path.exists(lock_path(ingested_dir(run_dir))):  # outputs not made by kforge-ingest: no ingest to keep out
         return run_exporters(run_dir, exporters, max_rank_tags=max_rank_tags)
     # The run's ingest lock, as the pipeline exports: an ingest meanwhile would remove our temp files.
-    with require("filelock", extra="ingest", purpose="export").FileLock(lock_path):
+    with run_lock(ingested_dir(run_dir), timeout_s=None):
         return run_exporters(run_dir, exporters, max_rank_tags=max_rank_tags)

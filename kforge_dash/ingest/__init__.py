@@ -9,6 +9,9 @@
     meta_fields.py  the types of the meta.json fields ingest reads
     options.py    ingest's interface types: IngestOptions, its result, its errors
     findings_options.py  the thresholds of the findings (IngestOptions.findings)
+    option_spec.py  one definition of each option: its check, its help, its command-line spelling
+    kept.py       the options kept with a run (ingested/options.json): given now, else kept, else default
+    lock.py       the run's ingest lock, taken here only
     plan.py       the plan, from metadata only: launches, parts to read, cut-offs, append or not
     read.py       rows of one step window (or of a batch of its ranks): the window plan, the scan
     coalesce.py   Recorder.log rows folded into their step's end_step row

@@ -16,7 +16,6 @@ import warnings as _warnings
 from kforge_dash.contract import (
     EMA_METRICS,
     INGESTED_DIR,
-    LOCK_FILE,
     RANKS_FILE,
     STEP_HEAD,
     STEPS_FILE,
@@ -31,9 +30,12 @@ pl = require("polars", extra="ingest", purpose="kforge-ingest")
 from kforge_dash.ingest import shards as _shards  # noqa: E402  (after the polars check)
 from kforge_dash.ingest.append import attempts_state  # noqa: E402
 from kforge_dash.ingest.findings import analyse_run  # noqa: E402
+from kforge_dash.ingest.kept import decide, read_kept, save_kept  # noqa: E402
 from kforge_dash.ingest.launches import launch_flops, world_size_of  # noqa: E402
+from kforge_dash.ingest.lock import LockBusy, run_lock  # noqa: E402
 from kforge_dash.ingest.manifest import output_stat, save_manifest  # noqa: E402
 from kforge_dash.ingest.options import (  # noqa: E402
+    DecidedOptions,
     IngestError,
     IngestNotReady,
     IngestOptions,
@@ -56,15 +58,17 @@ __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce
 # Bump when the outputs' meaning changes: a new version re-ingests unchanged shards.
 INGEST_VERSION = "8"  # 8: steps.parquet step_time_s the period between step ends (mean over ranks), the ranks' own
 # times as step_work_s/_min_s/_median_s; goodput's between_steps bucket; findings cost_s, grad_norm_spike,
-# immaterial findings info, what-if over found stragglers; 7: a missing_ranks finding;
+# immaterial findings info, what-if over found stragglers;
+# summary.json findings_options and phases (what ingest decided); 7: a missing_ranks finding;
 # 6: steps.parquet hw/throttle_reasons an int64 OR over ranks (was a float mean)
 
 
 def ingest_run(run_dir, options: IngestOptions | None = None, *, progress=None, windows=None) -> IngestResult:
     """Ingest one run directory into RUN/ingested/. Raises IngestError when nothing can be ingested.
 
-    ``options``: an IngestOptions (default: its defaults), e.g. ``ingest_run(run, IngestOptions(alpha=0.05))``;
-    option keywords are taken by kforge_dash.pipeline.ingest_path.
+    ``options``: an IngestOptions, e.g. ``ingest_run(run, IngestOptions(alpha=0.05))``; an option not
+    given is the one kept with the run by an earlier ingest, else its default (kept.py); option
+    keywords are taken by kforge_dash.pipeline.ingest_path.
     ``progress`` (kforge_dash.progress; silent by default) hears of lock waits and windows done.
     ``windows``: where the step windows run, an object whose ``map(ingest_window, tasks)`` yields
     their WindowRows in order (kforge_dash.cluster.DaskWindows); default: here, one after the other.
@@ -76,12 +80,12 @@ def ingest_run(run_dir, options: IngestOptions | None = None, *, progress=None, 
     run_dir = _checked_run_dir(run_dir)
     out_dir = os.path.join(run_dir, INGESTED_DIR)
     os.makedirs(out_dir, exist_ok=True)
-    lock = _acquire_lock(os.path.join(out_dir, LOCK_FILE), run_dir, opts.lock_timeout_s, progress)
     try:
-        remove_stale_temps(out_dir)  # also when the run turns out unchanged
-        result = _ingest_relisting(run_dir, out_dir, opts, progress, windows)
-    finally:
-        lock.release()
+        with run_lock(out_dir, timeout_s=opts.lock_timeout_s, on_wait=lambda: progress.lock_wait(run_dir)):
+            remove_stale_temps(out_dir)  # also when the run turns out unchanged
+            result = _ingest_relisting(run_dir, out_dir, opts, progress, windows)
+    except LockBusy as e:
+        raise IngestError(f"{run_dir}: {e}; try again when it finishes") from None
     for w in result.summary.get("warnings", []) if not result.skipped else []:
         _warnings.warn(w, IngestWarning, stacklevel=2)
     progress.done(run_dir)
@@ -95,24 +99,6 @@ def _checked_run_dir(run_dir) -> str:
     if not _shards.is_run_dir(run_dir):
         raise IngestError(f"{run_dir}: not a kforge run (no rank-NNNNN/ folders inside)")
     return run_dir
-
-
-def _acquire_lock(path: str, run_dir: str, timeout_s: float, progress):
-    """The run's ingest lock, held; another ingest holding it is waited for up to ``timeout_s``."""
-    filelock = require("filelock", extra="ingest", purpose="kforge-ingest")
-    lock = filelock.FileLock(path)
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        progress.lock_wait(run_dir)
-        try:
-            lock.acquire(timeout=timeout_s)
-        except filelock.Timeout:
-            raise IngestError(
-                f"{run_dir}: another kforge-ingest of this run held {lock.lock_file} for over "
-                f"{timeout_s:g}s; try again when it finishes"
-            ) from None
-    return lock
 
 
 _RELISTS = 5
@@ -135,27 +121,32 @@ def _ingest_relisting(run_dir: str, out_dir: str, opts: IngestOptions, progress,
 
 def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress, windows=None) -> IngestResult:
     warnings: list[str] = []
-    inputs = _list_inputs(run_dir, out_dir, opts, warnings)
+    kept = read_kept(out_dir, warnings)
+    decided = decide(opts, kept)  # given now, else kept with the run, else default
+    inputs = _list_inputs(run_dir, out_dir, decided, warnings)
     prev = None if opts.force else _unchanged_summary(inputs)
     if prev is not None:
-        return IngestResult(run_dir, prev, True)
+        save_kept(out_dir, decided, kept)
+        return IngestResult(run_dir, prev, True, options=decided)
     plan = make_plan(inputs, warnings, force=opts.force, chunk_rows=opts.chunk_rows)
     rows = read_rows(plan, progress, warnings, windows)
-    flops = {launch.index: launch_flops(launch, warnings, flops_per_token=opts.flops_per_token, peak_tflops=opts.peak_tflops)
+    flops = {launch.index: launch_flops(launch, warnings, flops_per_token=decided.flops_per_token,
+                                        peak_tflops=decided.peak_tflops)
              for launch in plan.launches if launch.parts()}
-    steps = _derive(rows.steps, plan.launches, flops, opts.alpha)
+    steps = _derive(rows.steps, plan.launches, flops, decided.alpha)
     _write_outputs(plan, rows, steps)
     summary = build_summary(SummaryInput(
         run_dir=run_dir, steps=steps, launches=plan.launches, flops=flops, first_ended=plan.first_ended,
-        last_ended=plan.last_ended, ranks=sorted(rows.rank_ids), attempts=plan.attempts, alpha=opts.alpha,
+        last_ended=plan.last_ended, ranks=sorted(rows.rank_ids), attempts=plan.attempts, alpha=decided.alpha,
         warnings=warnings, input_digest=inputs.digest))
     # findings, goodput: read from the outputs just written
-    summary.update(analyse_run(out_dir, steps, plan.launches, summary, opts.findings, warnings))
+    summary.update(analyse_run(out_dir, steps, plan.launches, summary, decided.findings, warnings))
     write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), summary)
-    return IngestResult(run_dir, summary, False, appended=rows.appended)
+    save_kept(out_dir, decided, kept)  # after the outputs: a failed ingest keeps nothing new
+    return IngestResult(run_dir, summary, False, appended=rows.appended, options=decided)
 
 
-def _list_inputs(run_dir: str, out_dir: str, opts: IngestOptions, warnings: list[str]) -> IngestInputs:
+def _list_inputs(run_dir: str, out_dir: str, opts: DecidedOptions, warnings: list[str]) -> IngestInputs:
     listing = _shards.list_attempts(run_dir, warnings)
     if not listing:
         raise IngestNotReady(f"{run_dir}: no attempt folders under its rank-NNNNN/ folders (nothing recorded yet)")

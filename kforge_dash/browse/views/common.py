@@ -200,7 +200,8 @@ def _ingest(root, names: list[str]) -> None:
             # Through run_dir: a name can only be one of the root's own runs. New part files of a
             # running job are appended. A run that looked stale only by folder times (a temp file
             # come and gone) is skipped as unchanged: its outputs are current, so they are marked
-            # so (summary.json touched) instead of redone.
+            # so (summary.json touched) instead of redone. No option given: the run's kept options
+            # (those given to kforge-ingest earlier: ingest/kept.py), else the defaults.
             res = ingest_run(prep_runs.run_dir(root, name))
             if res.skipped:
                 os.utime(os.path.join(res.ingested_dir, "summary.json"))

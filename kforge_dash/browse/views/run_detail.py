@@ -155,7 +155,10 @@ if d.phase_by_rank is not None and d.phase_by_rank.width > 1:
     st.dataframe(d.phase_by_rank, hide_index=True, key="phase_by_rank", column_config={
         c: st.column_config.NumberColumn(c, format="%.4f") for c in d.phase_by_rank.columns if c != "rank"})
 left, right = st.columns(2)
-if d.slowest is None:
+if d.slowest is None and d.phase_by_rank is not None and not d.phases_known:
+    left.info("Ingested by an older kforge, which did not record its phase classes: re-ingest the run to see "
+              "which rank's own work was slowest.")
+elif d.slowest is None:
     left.info("No phase timers of a rank's own work (data, forward, optimizer...): which rank is slowest cannot "
               "be told apart from waiting in the collective, so it is not drawn.")
 else:

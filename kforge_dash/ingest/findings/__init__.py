@@ -30,7 +30,8 @@ __all__ = ["analyse_run", "FindingsOptions"]
 
 
 def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOptions, warnings: list[str]) -> dict:
-    """``{"findings", "goodput", "host_ranks", "what_if", "mfu_waterfall"}`` for summary.json. A detector that
+    """``{"findings", "goodput", "host_ranks", "what_if", "mfu_waterfall", "findings_options", "phases"}`` for
+    summary.json (the last two: the thresholds and the phase classes used, which the pages read). A detector that
     fails on odd input costs its own findings and one warning, never the ingest."""
     from kforge_dash.ingest.findings import episodes, goodput, kills, missing, nonfinite, perstep, spikes, stragglers, timeline
     from kforge_dash.ingest.findings.model import RunFacts, classify_phases, sort_key
@@ -72,7 +73,8 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
     found = hardware.with_causes(found + (attempt("hardware", hardware.throttle_findings, facts, throttled) or []),
                                  throttled)
     found = immaterial_as_info(found, good, summary)
-    return {"findings": [f.to_dict() for f in sorted(found, key=sort_key)], "goodput": good,
+    return {"findings_options": opts.to_dict(), "phases": facts.phases.to_dict(),
+            "findings": [f.to_dict() for f in sorted(found, key=sort_key)], "goodput": good,
             "host_ranks": host_ranks(facts.hosts),
             "what_if": attempt("what-if", whatif.what_if, facts, med, blocks, good, found),
             "mfu_waterfall": attempt("MFU waterfall", mfu.mfu_waterfall, facts, good, warnings)}

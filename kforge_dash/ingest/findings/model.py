@@ -58,6 +58,22 @@ class Phases:
     checkpoint: tuple[str, ...]
     eval: tuple[str, ...]
 
+    def to_dict(self) -> dict[str, list[str]]:
+        """summary.json ``phases``: ``{own, wait, data, checkpoint, eval}``, each a list of phase columns."""
+        return {k: list(getattr(self, k)) for k in PHASE_CLASSES}
+
+    @classmethod
+    def from_summary(cls, summary: dict) -> "Phases | None":
+        """The phase classes ingest used, from summary.json's ``phases``; None when it has none (a
+        summary written before they were recorded: re-ingest the run)."""
+        d = summary.get("phases")
+        if not isinstance(d, dict) or not all(isinstance(d.get(k), list) for k in PHASE_CLASSES):
+            return None
+        return cls(**{k: tuple(str(c) for c in d[k]) for k in PHASE_CLASSES})
+
+
+PHASE_CLASSES = ("own", "wait", "data", "checkpoint", "eval")
+
 
 def phase_name(column: str) -> str:
     return column[len(PHASE_PREFIX):-2] if column.startswith(PHASE_PREFIX) and column.endswith("_s") else column
