@@ -26,6 +26,8 @@ import os
 import struct
 from dataclasses import dataclass
 
+from .regular_file import read_regular_bytes
+
 HEARTBEAT_FILE = "heartbeat.bin"
 MAGIC = b"KFHB" + struct.pack("<I", 1)
 SIZE = 24
@@ -72,8 +74,7 @@ def read_heartbeat(path: str) -> Heartbeat | None:
     """The heartbeat in ``path``; None when absent or no step ended. Raises ValueError for a file
     that is not a heartbeat (wrong size or magic), OSError when it cannot be read."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(SIZE + 1)
+        data = read_regular_bytes(path, SIZE + 1)  # a FIFO or device: refused, never blocks
     except FileNotFoundError:
         return None
     if len(data) != SIZE or data[:4] != MAGIC[:4]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from kforge_dash.optional import require
 from kforge_record.atomic import write_json_atomic
+from kforge_record.regular_file import open_regular
 
 SEEN_FILE = "on_finding.json"
 LOCK_FILE = ".on_finding.lock"  # beside SEEN_FILE; not a temp file (ingest's clean-up leaves it)
@@ -69,7 +70,7 @@ def _overlaps(a: dict, f: dict) -> bool:
 
 def _load(path: str, warn: Callable[[str], None]) -> list[dict]:
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_regular(path, "r") as fh:
             data = json.load(fh)
     except FileNotFoundError:
         return []
