@@ -91,3 +91,14 @@ def test_the_dashboard_run_listing_does_not_block_on_fifos(tmp_path, monkeypatch
                        timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[0].startswith("[('run', ")  # listed (a summary that is no file: not ingested)
+
+
+def test_a_page_is_refused_an_ingested_output_that_is_a_fifo(tmp_path, monkeypatch):
+    from kforge_dash.browse.runs import RunPathError, ingested_file
+
+    run = make_run(tmp_path / "run", monkeypatch, world=1, steps=5)
+    assert _ingest(run).returncode == 0
+    _fifo_in_place_of(Path(run, "ingested", "steps.parquet"), via_symlink=True)
+    with pytest.raises(RunPathError, match=r"run/ingested/steps.parquet: a named pipe \(FIFO\), not a regular file"):
+        ingested_file(Path(run), "steps.parquet")
+    assert ingested_file(Path(run), "ranks.parquet").is_file()
