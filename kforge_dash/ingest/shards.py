@@ -335,7 +335,7 @@ def _heartbeat(af: AttemptFiles, warnings: list[str]) -> Heartbeat | None:
     try:
         return read_heartbeat(path)
     except (OSError, ValueError) as e:
-        warnings.append(f"{path}: unreadable ({e}); how far this rank got past its last row is unknown")
+        warnings.append(f"{path}: unreadable ({e}); ignored: how far this rank got past its last row is unknown")
         return None
 
 
