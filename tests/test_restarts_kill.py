@@ -175,3 +175,16 @@ def test_an_impossible_heartbeat_is_ignored_with_a_warning_naming_it(tmp_path, b
     (w,) = [w for w in s["warnings"] if str(beats[0]) in w]
     assert "impossible heartbeat" in w and "ignored" in w
     assert not any("recomputed" in w and "1000000000000" in w for w in s["warnings"])
+
+
+def test_an_impossible_heartbeat_is_no_kill_to_re_ingest_for(tmp_path):
+    """A kill changes no file, so ingest re-reads a run whose heartbeats moved past the reached step;
+    a heartbeat that cannot be (ingest ignores it) must not make every pass a full re-ingest."""
+    run = tmp_path / "killed-last"
+    killed_at = _launch(run, T0, 1, 57, 40, kill=True)
+    with pytest.warns(IngestWarning):
+        ingest_run(run)
+    for b in run.glob("rank-*/*/heartbeat.bin"):
+        b.write_bytes(b.read_bytes()[:8] + struct.pack("<qd", 10**12, killed_at))
+    for _ in range(2):
+        assert ingest_run(run).skipped
