@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 
+from kforge_record.regular_file import open_regular
 from kforge_record.schema import MEM_COLUMNS
 
 INGESTED_DIR = "ingested"  # RUN/ingested/ holds everything below
@@ -60,7 +61,7 @@ def read_summary_file(path: str | os.PathLike) -> dict:
     The one reader of summary.json: ingest (is the run unchanged?), export and the dashboard.
     """
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path, "r") as f:
             data = json.load(f)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .heartbeat import HEARTBEAT_FILE, read_heartbeat
+from .regular_file import check_regular_file, open_regular
 from .schema import (
     FIXED_COLUMNS,
     META_FILE,
@@ -53,7 +54,7 @@ def check_attempt(path: str, *, rank_name: str | None = None) -> list[str]:
     problems: list[str] = []
     meta_path = os.path.join(path, META_FILE)
     try:
-        with open(meta_path) as f:
+        with open_regular(meta_path, "r") as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
         return [f"{meta_path}: unreadable ({e})"]
@@ -80,6 +81,7 @@ def check_attempt(path: str, *, rank_name: str | None = None) -> list[str]:
 
 def _check_part(path: str) -> list[str]:
     try:
+        check_regular_file(path)  # a FIFO: refused, never blocks
         schema = pq.read_schema(path)
         md = pq.read_metadata(path)
     except Exception as e:  # pyarrow raises several types for a damaged file

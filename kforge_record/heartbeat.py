@@ -21,10 +21,13 @@ file; nothing in kforge truncates it, and deleting it is harmless.)
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
 from dataclasses import dataclass
+
+from .regular_file import read_regular_bytes
 
 HEARTBEAT_FILE = "heartbeat.bin"
 MAGIC = b"KFHB" + struct.pack("<I", 1)
@@ -70,10 +73,10 @@ class Heartbeat:
 
 def read_heartbeat(path: str) -> Heartbeat | None:
     """The heartbeat in ``path``; None when absent or no step ended. Raises ValueError for a file
-    that is not a heartbeat (wrong size or magic), OSError when it cannot be read."""
+    that is not a heartbeat (wrong size or magic, an end time that is not finite), OSError when it
+    cannot be read or is not a regular file (a FIFO is never opened: regular_file.py)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(SIZE + 1)
+        data = read_regular_bytes(path, SIZE + 1)  # a FIFO or device: refused, never blocks
     except FileNotFoundError:
         return None
     if len(data) != SIZE or data[:4] != MAGIC[:4]:
@@ -81,4 +84,6 @@ def read_heartbeat(path: str) -> Heartbeat | None:
     if data[:8] != MAGIC:
         raise ValueError(f"heartbeat layout {struct.unpack_from('<I', data, 4)[0]} is newer than this reader's (1)")
     step, t = _BODY.unpack_from(data, 8)
+    if not math.isfinite(t):  # no recorder stores that: a damaged or foreign file (ingest checks the rest)
+        raise ValueError(f"an impossible heartbeat: its end time is {t!r} (step {step})")
     return None if t == 0.0 else Heartbeat(step, t)

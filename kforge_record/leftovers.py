@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from .atomic import fsync_dir, fsync_file
 from .env import hostname, process_identity
+from .regular_file import check_regular_file, open_regular
 from .schema import END_FILE, META_FILE, PARQUET_META_KEY, is_part_file, live_parts, part_span
 
 STALE_TMP_S = 3600.0  # a temp file this old in a folder whose writer may live elsewhere is dead
@@ -177,6 +178,7 @@ def _remove_replaced(d: str, parts: list[str], warn) -> int:
 def _why_not_replaced(d: str, name: str, holder: str) -> str | None:
     """None when merged part ``holder`` provably holds every row of part ``name``; else why not."""
     try:
+        check_regular_file(os.path.join(d, holder))
         meta = pq.read_metadata(os.path.join(d, holder))
         kv = json.loads((meta.metadata or {}).get(PARQUET_META_KEY, b"{}"))
     except Exception as e:  # half written on a filesystem without hard links, or damaged
@@ -190,6 +192,7 @@ def _why_not_replaced(d: str, name: str, holder: str) -> str | None:
     if not any(r == name or _merged_into(r, span) for r in replaces if isinstance(r, str)):
         return "its replaces list does not name it"
     try:
+        check_regular_file(os.path.join(d, name))
         own = pq.read_metadata(os.path.join(d, name)).num_rows
     except Exception as e:
         return f"its own footer cannot be read ({type(e).__name__})"
@@ -225,7 +228,7 @@ def folder_writer_gone(d: str) -> bool | None:
     if os.path.exists(os.path.join(d, END_FILE)):
         return True  # the writer thread stops once end.json is written
     try:
-        with open(os.path.join(d, META_FILE)) as f:
+        with open_regular(os.path.join(d, META_FILE), "r") as f:
             meta = json.load(f)
         host, pid, started = meta.get("host"), meta.get("pid"), meta.get("process_start_time")
         ident = meta.get("process")

@@ -2,6 +2,8 @@
 a schema keep their own facts and a wrong column type is still refused; a footer is read from the
 file's tail alone; a file that is no footer warns as pyarrow's own open words it."""
 
+import os
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -61,8 +63,7 @@ def test_a_footer_is_read_from_the_file_tail_alone_and_bad_files_warn_as_before(
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         paths.append(str(tmp_path / name))
-    (tmp_path / "a-folder.parquet").mkdir()
-    paths += [str(tmp_path / "a-folder.parquet"), str(tmp_path / "missing.parquet")]
+    paths += [str(tmp_path / "missing.parquet")]
     for path in paths:
         got, want = [], []
         assert parquet_io.open_footer(path, got) is None
@@ -71,6 +72,13 @@ def test_a_footer_is_read_from_the_file_tail_alone_and_bad_files_warn_as_before(
         except Exception as e:
             want.append(f"{path}: corrupt or truncated part file ({type(e).__name__}: {e}); skipped")
         assert got == want and len(got) == 1
+    # Not a regular file (a folder, a FIFO): never handed to pyarrow, said so plainly (regular_file.py).
+    (tmp_path / "a-folder.parquet").mkdir()
+    os.mkfifo(tmp_path / "a-pipe.parquet")
+    for name, kind in (("a-folder.parquet", "a directory"), ("a-pipe.parquet", "a named pipe (FIFO)")):
+        got = []
+        assert parquet_io.open_footer(str(tmp_path / name), got) is None
+        assert got == [f"{tmp_path / name}: {kind}, not a regular file: not read; skipped"]
 
 
 def test_footers_sharing_a_schema_keep_their_own_facts_and_a_wrong_type_is_still_refused(tmp_path):

@@ -19,12 +19,13 @@ def _python(code: str, **env) -> str:
 def test_ingest_does_not_import_the_recorder():
     got = _python("import sys\nfrom kforge_dash.ingest.run import ingest_run\n"
                   "print(sorted(m for m in sys.modules if m.startswith('kforge_record.')))")
-    # The on-disk contract's helpers only: heartbeat.bin's reader, and whether a writer is gone
-    # (leftovers, env: a killed launch's lost steps are told only once its processes are gone), and
-    # the checks every option shares with the Recorder's keywords (checks).
+    # The on-disk contract's helpers only: heartbeat.bin's reader, whether a writer is gone
+    # (leftovers, env: a killed launch's lost steps are told only once its processes are gone), the checks
+    # every option shares with the Recorder's keywords (checks), and the one gate every reader opens
+    # files through (regular_file: a FIFO is never opened).
     assert got == ("['kforge_record.atomic', 'kforge_record.checks', 'kforge_record.env', 'kforge_record.heartbeat', "
-                   "'kforge_record.leftovers', "
-                   "'kforge_record.model', 'kforge_record.schema', 'kforge_record.version']")
+                   "'kforge_record.leftovers', 'kforge_record.model', 'kforge_record.regular_file', "
+                   "'kforge_record.schema', 'kforge_record.version']")
     assert "kforge_record.recorder" not in got and "kforge_record.writer" not in got
     # The schema alone (what kforge_dash.contract reads) needs neither pyarrow nor numpy.
     assert _python("import sys, kforge_record.schema\nprint('pyarrow' in sys.modules, 'numpy' in sys.modules)") == "False False"

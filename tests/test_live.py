@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from findings_fixtures import T0
 
 from kforge_dash.browse import runs as prep_runs
@@ -113,3 +114,22 @@ def test_the_compare_page_follows_a_live_run_instead_of_flagging_it_out_of_date(
         assert not at.exception
         flagged = [shown(w.value) for w in at.warning if "out of date" in shown(w.value)]
         assert len(flagged) == 1 and "done-run (stale)" in flagged[0] and "live-run" not in flagged[0], flagged
+
+
+@pytest.mark.parametrize("t", [float("inf"), "a day ahead"])
+def test_an_impossible_heartbeat_time_is_no_sign_of_life(tmp_path, t):
+    """A heartbeat of the right layout whose end time is inf or a day in the future (issue 32.1): the
+    run is not live for ever; as for a recorder without a heartbeat, its folders' times decide."""
+    import struct
+
+    run = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, os.path.join(HERE, "kill_child.py"), str(run), repr(T0), "1", "20", "10", "1"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    t = time.time() + 86400 if isinstance(t, str) else t
+    for b in run.glob("rank-*/*/heartbeat.bin"):
+        b.write_bytes(b.read_bytes()[:8] + struct.pack("<qd", 20, t))
+    for f in run.rglob("*"):
+        os.utime(f, (T0, T0))
+    assert not _live(run)

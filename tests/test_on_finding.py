@@ -211,3 +211,60 @@ def test_a_watcher_that_cannot_write_the_record_sends_nothing_that_pass_and_says
     monkeypatch.setattr(on_finding, "write_json_atomic", real_write)
     assert after_pass(OnFinding(_cmd(out), 60), done, said.append) == 0
     assert len(_calls(out)) == 3 and len(said) == 1
+
+
+def _kill_daemons(calls):
+    for c in calls:
+        if c.get("daemon_pid"):
+            try:
+                os.kill(c["daemon_pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_command_that_leaves_a_daemon_holding_its_output_does_not_hold_the_watcher(tmp_path):
+    """A daemon in its own session keeps the command's stdout/stderr open for 30 s: the watcher waits
+    for the command only (issue 32.6). Four findings: exiting at once, then each slow and killed at 2 s."""
+    from kforge_dash.cli.on_finding import OnFinding, after_pass
+
+    root, out = _spike_nan(tmp_path), tmp_path / "calls.jsonl"
+    done = _ingested_pass(root)
+    n = len(json.loads((root / "spike-nan" / "ingested" / "summary.json").read_text())["findings"])
+    said = []
+    t0 = time.monotonic()
+    try:
+        assert after_pass(OnFinding(_cmd(out, "daemon"), 2), done, said.append) == 0
+        took = time.monotonic() - t0
+        assert len(_calls(out)) == n and said == []
+        assert took < 10, f"{took:.1f} s: waited on the daemons"  # old code: n x 30 s
+        for d in (root / "spike-nan" / "ingested").iterdir():
+            if d.name == "on_finding.json":
+                d.unlink()
+        t0 = time.monotonic()
+        assert after_pass(OnFinding(_cmd(out, "daemon,sleep-60"), 2), done, said.append) == n
+        took = time.monotonic() - t0
+    finally:
+        _kill_daemons(_calls(out))
+    assert len(said) == n and all("timed out after 2s (killed)" in s for s in said)
+    assert took < n * 2 + 8, f"{took:.1f} s for {n} 2 s timeouts"
+
+
+def test_a_watcher_killed_while_a_command_runs_loses_at_most_that_one_finding(tmp_path):
+    """SIGKILL the watcher during the first of its 3 s commands, start it again: each finding is sent
+    once: the one in flight by its own command (left running), the rest by the new watcher (issue 32.7)."""
+    root, out = _spike_nan(tmp_path), tmp_path / "calls.jsonl"
+    _ingested_pass(root)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = [sys.executable, "-m", "kforge_dash.cli.ingest", str(root), *NO_EXPORT, "--on-finding", _cmd(out, "sleep-3")]
+    watcher = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait(lambda: len(_calls(out)) >= 1, "the first command", watcher)
+    watcher.kill()
+    watcher.wait()
+    seen = json.loads((root / "spike-nan" / "ingested" / "on_finding.json").read_text())["seen"]
+    assert len(seen) == 1  # only the finding in flight is marked sent
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    _wait(lambda: all(_gone(c["pid"]) for c in _calls(out)), "the orphaned first command", timeout_s=20)
+    summary = json.loads((root / "spike-nan" / "ingested" / "summary.json").read_text())
+    sent = sorted(json.dumps(c["finding"], sort_keys=True) for c in _calls(out))
+    assert sent == sorted(json.dumps(f, sort_keys=True) for f in summary["findings"])  # every finding, each once

@@ -151,3 +151,40 @@ def test_a_kill_whose_lost_rows_were_all_recomputed_leaves_no_hole(tmp_path):
     g = s["goodput"]
     assert g["wasted_steps"] == 40 and g["buckets"]["wasted_progress"] == pytest.approx(40 * STEP_S, abs=1e-4)
     assert g["buckets"]["downtime"] == pytest.approx(25.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("body", [(2**63 - 1, float("nan")), (10**12, float("inf")), (140, -1e9), (10**12, None)],
+                         ids=["nan-time", "inf-time", "before-start", "step-far-past-rows"])
+def test_an_impossible_heartbeat_is_ignored_with_a_warning_naming_it(tmp_path, body):
+    """Right size, magic and layout, impossible body: the launch's reach comes from its rows and the
+    file is named in a warning (issue 32.1)."""
+    run = tmp_path / "bad-beat"
+    killed_at = _launch(run, T0, 1, 140, 92, kill=True)
+    _launch(run, killed_at + 30.0, 101, 200, 0, kill=False)
+    beats = sorted(run.glob("rank-*/*/heartbeat.bin"))[:1]  # rank 0 of launch 0 (attempt ids sort by start)
+    rank1 = sorted(run.glob("rank-00001/*/heartbeat.bin"))[0]
+    rank1.write_bytes(rank1.read_bytes()[:8] + struct.pack("<qd", 92, killed_at - 4.8))  # rank 1 stopped at its rows
+    step, t = body
+    beats[0].write_bytes(beats[0].read_bytes()[:8] + struct.pack("<qd", step, killed_at if t is None else t))
+    with pytest.warns(IngestWarning):
+        s = ingest_run(run).summary
+    assert s["attempts"][0]["reached_step"] == 92  # its rows; not 9.2e18
+    (r,) = s["restarts"]
+    assert (r["previous_last_step"], r["superseded_steps"]) == (92, 0)
+    assert s["goodput"]["wasted_steps"] == 0
+    (w,) = [w for w in s["warnings"] if str(beats[0]) in w]
+    assert "impossible heartbeat" in w and "ignored" in w
+    assert not any("recomputed" in w and "1000000000000" in w for w in s["warnings"])
+
+
+def test_an_impossible_heartbeat_is_no_kill_to_re_ingest_for(tmp_path):
+    """A kill changes no file, so ingest re-reads a run whose heartbeats moved past the reached step;
+    a heartbeat that cannot be (ingest ignores it) must not make every pass a full re-ingest."""
+    run = tmp_path / "killed-last"
+    killed_at = _launch(run, T0, 1, 57, 40, kill=True)
+    with pytest.warns(IngestWarning):
+        ingest_run(run)
+    for b in run.glob("rank-*/*/heartbeat.bin"):
+        b.write_bytes(b.read_bytes()[:8] + struct.pack("<qd", 10**12, killed_at))
+    for _ in range(2):
+        assert ingest_run(run).skipped

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from kforge_dash.browse.series import DEFAULT_CHARTS
+from kforge_record.regular_file import check_regular_file
 
 
 def metrics_with_values(path: str | Path) -> set[str]:
@@ -15,6 +16,7 @@ def metrics_with_values(path: str | Path) -> set[str]:
     footer's statistics alone (a CPU run's mem_* columns are all null). A column without
     statistics counts as having values."""
     try:
+        check_regular_file(path)  # a FIFO: refused, never blocks
         meta = pq.read_metadata(path)
     except Exception as e:  # pyarrow raises several types for a bad file; name the file
         raise ValueError(f"{path}: not a readable Parquet file ({e})") from None

@@ -12,7 +12,9 @@ import json
 import os
 from pathlib import Path
 
+from kforge_dash.ingest import heartbeat_check
 from kforge_record.heartbeat import HEARTBEAT_FILE, read_heartbeat
+from kforge_record.regular_file import open_regular
 from kforge_record.schema import END_FILE, META_FILE, RANK_PREFIX
 
 
@@ -26,7 +28,7 @@ def _newest_attempt(rank_path: str) -> str | None:
 
 def _started(attempt: str) -> float | None:
     try:
-        with open(os.path.join(attempt, META_FILE)) as f:
+        with open_regular(os.path.join(attempt, META_FILE), "r") as f:
             t = json.load(f).get("start_time")
         return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
     except (OSError, ValueError, AttributeError):
@@ -45,6 +47,9 @@ def attempt_last_seen(attempt: str) -> float | None:
     try:
         hb = read_heartbeat(hb_path)
     except (OSError, ValueError):  # not a heartbeat: as for an older recorder
+        hb, hb_path = None, None
+    if hb is not None and heartbeat_check.why_impossible(  # a NaN or future time: no sign of life
+            hb, start_time=_started(attempt), meta={}, rows=heartbeat_check.RowsSeen(None, 1.0, 0)) is not None:
         hb, hb_path = None, None
     if hb is not None:
         return hb.time

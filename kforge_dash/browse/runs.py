@@ -18,6 +18,7 @@ import polars as pl
 
 from kforge_dash.browse import units
 from kforge_dash.contract import INGESTED_DIR, STEPS_FILE, SUMMARY_FILE, read_summary_file
+from kforge_record.regular_file import NotRegularFile, check_regular_file
 from kforge_record.schema import RANK_PREFIX
 
 ROOT_ENV = "KFORGE_DASH_ROOT"  # how kforge-dash hands the runs root to the Streamlit script
@@ -69,6 +70,12 @@ def ingested_file(run_path: Path, name: str) -> Path:
     if not target.is_relative_to(run_real):
         # The target is not echoed: where a symlink points outside the root is not the viewer's to see.
         raise RunPathError(f"{run_path.name}/{INGESTED_DIR}/{name}: a link that leads outside the run directory; not read")
+    try:
+        check_regular_file(target)  # a FIFO would block the page's reader for ever
+    except NotRegularFile as e:
+        raise RunPathError(f"{run_path.name}/{INGESTED_DIR}/{name}: {e}") from None
+    except OSError:
+        pass  # missing: the caller's reader says so
     return target
 
 

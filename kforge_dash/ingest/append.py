@@ -32,6 +32,7 @@ from kforge_dash.ingest.coverage import Coverage, unread_tail
 from kforge_dash.ingest.manifest import Prior, output_stat
 from kforge_dash.ingest.merge import AppendConflict
 from kforge_dash.ingest.parquet_io import read_columns
+from kforge_record.regular_file import check_regular_file
 from kforge_record.schema import META_FILE
 
 
@@ -117,6 +118,7 @@ def recheck_bad(known_bad: dict, bad: dict, warnings: list[str]) -> None:
 def old_ranks_parts(path: str, start: int) -> list:
     """The old ranks.parquet's row groups that hold steps >= start, as (PartInfo, None, None)
     stand-ins for plan_windows (which needs only their step range and row count)."""
+    check_regular_file(path)
     pf = pq.ParquetFile(path)
     i = pf.schema_arrow.get_field_index("step")
     out = []
@@ -138,6 +140,7 @@ def old_ranks_parts(path: str, start: int) -> list:
 def copy_head(path: str, start: int, cols: list[str], put) -> None:
     """Hand every row of the old ranks.parquet with step < start to ``put``, in file order,
     one row group at a time (bounded memory), with the columns ``cols`` (new ones null)."""
+    check_regular_file(path)
     pf = pq.ParquetFile(path)
     i = pf.schema_arrow.get_field_index("step")
     for g in range(pf.num_row_groups):

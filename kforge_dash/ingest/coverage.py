@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from kforge_dash.ingest.parquet_io import read_columns
 from kforge_dash.ingest.read import PartToRead
+from kforge_record.regular_file import check_regular_file
 from kforge_record.schema import PARQUET_META_KEY, PartSpan, part_span
 
 
@@ -90,6 +91,7 @@ def unread_tail(f: PartToRead, flushes: int) -> PartToRead | None:
     left. Raises (OSError, ValueError, KeyError) when the part cannot tell: the caller then
     ingests in full."""
     info = f.part
+    check_regular_file(info.path)  # a FIFO since its footer was read: refused (an OSError)
     md = pq.read_metadata(info.path)
     rows = [int(n) for n in json.loads(md.metadata[PARQUET_META_KEY])["flush_rows"]]
     span = part_span(os.path.basename(info.path))

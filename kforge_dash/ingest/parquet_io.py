@@ -20,6 +20,7 @@ try:  # the reader under pq.read_metadata, without its filesystem and nested-pat
 except ImportError:  # a pyarrow that moved it: the public way
     _Reader = None
 
+from kforge_record.regular_file import NotRegularFile, check_regular_file, open_regular_fd
 from kforge_record.schema import FIXED_COLUMNS, PARQUET_META_KEY, SchemaError, check_schema_version
 
 # Arrow prints float64 as "double".
@@ -49,6 +50,9 @@ def open_footer(path: str, warnings: list[str]):
             if key[0] is not None and len(_SCHEMA_FACTS) < 4096:
                 _SCHEMA_FACTS[key] = facts
         return md, metadata, facts
+    except NotRegularFile as e:  # a FIFO, a device: never opened
+        warnings.append(f"{path}: {e}; skipped")
+        return None
     except Exception as e:  # truncated, not Parquet, unreadable, a symlink loop: pyarrow raises several types
         warnings.append(f"{path}: corrupt or truncated part file ({type(e).__name__}: {e}); skipped")
         return None
@@ -133,6 +137,7 @@ def read_metadata(path: str):
     when warm. So the footer is read here, exactly, and pyarrow parses it from memory, as the file
     "PAR1" + footer + trailer (84 MB of disk there; 3.4 -> 2.2 s cold, 0.93 -> 0.73 s warm). A file
     this cannot make sense of is opened the usual way, whose error names the problem."""
+    _refuse_irregular(path)
     if _Reader is None:
         return pq.read_metadata(path)
     footer = _footer_file(path)
@@ -151,7 +156,7 @@ def _footer_file(path: str) -> bytes | None:
     """b"PAR1" + the footer + its 8-byte trailer (length, "PAR1") of a Parquet file, read with one
     or two reads of its tail; None when the file is not what that expects (pyarrow then says why)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular_fd(path)
     except OSError:
         return None
     try:
@@ -184,8 +189,20 @@ def _open(source):
         reader.close()
 
 
+def _refuse_irregular(path: str) -> None:
+    """NotRegularFile (an OSError) for a FIFO, a device, a folder: no reader may open it (one could
+    block for ever). A path that cannot be stat'ed is left to the reader, whose error names it."""
+    try:
+        check_regular_file(path)
+    except NotRegularFile:
+        raise
+    except OSError:
+        pass
+
+
 def read_columns(path: str, columns: list[str] | None = None):
     """The ``columns`` (default all) of one Parquet file as an Arrow table (as pq.read_table)."""
+    _refuse_irregular(path)
     with pq.ParquetFile(path) as pf:
         return pf.read(columns=columns)
 

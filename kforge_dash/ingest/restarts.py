@@ -17,16 +17,20 @@ run by both at once.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
+from kforge_dash.ingest import heartbeat_check
 from kforge_dash.ingest.launches import Launch
 from kforge_dash.ingest.parquet_io import column_max, read_columns
 from kforge_dash.ingest.plan import ended_bound
 from kforge_record.heartbeat import HEARTBEAT_FILE, read_heartbeat
 from kforge_record.leftovers import folder_writer_gone
+from kforge_record.regular_file import read_regular_bytes
+from kforge_record.schema import META_FILE
 
 # Clocks of different hosts agree to about this (NTP): a smaller overlap is taken for none.
 CLOCK_SLACK_S = 1.0
@@ -259,11 +263,17 @@ def killed_since(prev: dict, listing: list) -> bool:
     if not dirs or folder_writer_gone(dirs[0]) is not True:
         return False
     steps = []
+    top = attempts[-1].get("last_step")
+    rows = heartbeat_check.RowsSeen(top if isinstance(top, int) else None, 1.0, 0)
     for d in dirs:
         try:
             hb = read_heartbeat(os.path.join(d, HEARTBEAT_FILE))
+            meta = json.loads(read_regular_bytes(os.path.join(d, META_FILE)))
         except (OSError, ValueError):
             continue
-        if hb is not None:
+        meta = meta if isinstance(meta, dict) else {}
+        start = meta.get("start_time") if isinstance(meta.get("start_time"), (int, float)) else None
+        # an impossible heartbeat (which ingest ignores) is no sign of a kill: else every pass re-ingests
+        if hb is not None and heartbeat_check.why_impossible(hb, start_time=start, meta=meta, rows=rows) is None:
             steps.append(hb.step)
     return bool(steps) and max(steps) != attempts[-1].get("reached_step")

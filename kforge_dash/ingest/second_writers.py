@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 
+from kforge_record.regular_file import read_regular_bytes
 from kforge_record.schema import META_FILE, launch_of_attempt
 
 
@@ -32,8 +33,7 @@ def warn_second_writers(attempts: list, warnings: list[str]) -> list:
 def _writer_of(folder: str) -> tuple:
     """(host, pid) from meta.json; the folder itself when meta.json cannot tell (another writer)."""
     try:
-        with open(os.path.join(folder, META_FILE), "rb") as f:
-            meta = json.loads(f.read())
+        meta = json.loads(read_regular_bytes(os.path.join(folder, META_FILE)))
         return (str(meta.get("host")), str(meta.get("pid")))
     except (OSError, ValueError, AttributeError):
         return (folder,)

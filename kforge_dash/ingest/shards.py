@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pyarrow.compute as pc
 
 from kforge_dash.contract import INGESTED_DIR
+from kforge_dash.ingest import heartbeat_check
 from kforge_dash.ingest.meta_fields import typed_fields
 from kforge_dash.ingest.parquet_io import (
     corrupt_part,  # noqa: F401 (read.py's and append.py's name for it)
@@ -27,6 +28,7 @@ from kforge_dash.ingest.parquet_io import (
 )
 from kforge_dash.ingest.second_writers import warn_second_writers
 from kforge_record.heartbeat import HEARTBEAT_FILE, Heartbeat, read_heartbeat
+from kforge_record.regular_file import read_regular_bytes
 from kforge_record.schema import (
     END_FILE,
     META_FILE,
@@ -207,8 +209,7 @@ def input_digest(run_dir: str, stats: dict, extra: dict) -> str:
 
 
 def _read_json(path: str) -> dict:
-    with open(path, "rb") as f:
-        obj = json.loads(f.read())
+    obj = json.loads(read_regular_bytes(path))  # a FIFO or device: refused (an OSError), never blocks
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     return obj
@@ -322,8 +323,10 @@ def read_attempt(af: AttemptFiles, warnings: list[str], part_reader=None) -> Att
     reader = part_reader or read_part
     parts = _readable_parts(af, reader, warnings)
     start = None if meta["start_time"] is None else float(meta["start_time"])
-    return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, start, read_end(af, warnings), parts,
-                   _heartbeat(af, warnings))
+    end = read_end(af, warnings)
+    hb = heartbeat_check.checked(_heartbeat(af, warnings), os.path.join(af.dir, HEARTBEAT_FILE), warnings,
+                                 start_time=start, meta=meta, rows=heartbeat_check.rows_seen(parts, end))
+    return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, start, end, parts, hb)
 
 
 def _heartbeat(af: AttemptFiles, warnings: list[str]) -> Heartbeat | None:
@@ -332,7 +335,7 @@ def _heartbeat(af: AttemptFiles, warnings: list[str]) -> Heartbeat | None:
     try:
         return read_heartbeat(path)
     except (OSError, ValueError) as e:
-        warnings.append(f"{path}: unreadable ({e}); how far this rank got past its last row is unknown")
+        warnings.append(f"{path}: unreadable ({e}); ignored: how far this rank got past its last row is unknown")
         return None
 
 
