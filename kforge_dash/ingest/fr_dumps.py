@@ -174,10 +174,15 @@ def _members(raw: object) -> tuple[int, ...] | None:
     return None
 
 
+def printable(value: object) -> str:
+    """A name from disk as plain text: control characters (a terminal's escapes) become '?'."""
+    return "".join(c if c.isprintable() else "?" for c in str(value))[:200]
+
+
 def _op(e: Mapping, group_of_id: dict[str, str]) -> Op:
     pg = e.get("process_group") or ("", "")
-    group = str(pg[0]) if pg[0] != "" else group_of_id.get(str(e.get("pg_id")), "")
-    backend, _, name = str(e.get("profiling_name", "")).partition(":")
+    group = printable(pg[0]) if pg[0] != "" else group_of_id.get(str(e.get("pg_id")), "")
+    backend, _, name = printable(e.get("profiling_name", "")).partition(":")
     if not name:
         backend, name = "", backend
     state = e.get("state")
@@ -195,12 +200,12 @@ def _group_names_by_id(dump: Mapping, entries: list) -> dict[str, str]:
     for e in entries:
         pg = e.get("process_group") if isinstance(e, Mapping) else None
         if isinstance(pg, (list, tuple)) and pg and pg[0] != "" and "pg_id" in e:
-            by_id[str(e["pg_id"])] = str(pg[0])
+            by_id[str(e["pg_id"])] = printable(pg[0])
     status, config = dump.get("pg_status"), dump.get("pg_config")
     if isinstance(status, Mapping) and isinstance(config, Mapping) and len(status) == len(config):
         names, ids = list(config), list(status)
         if all(str(n).isdigit() for n in names) and all(str(i).isdigit() for i in ids):
-            ordered = dict(zip(sorted(ids, key=int), sorted(names, key=int)))
+            ordered = dict(zip(map(str, sorted(ids, key=int)), map(str, sorted(names, key=int))))
             if all(ordered.get(i, n) == n for i, n in by_id.items()):  # agrees with every entry
                 return {**ordered, **by_id}
     return by_id
@@ -223,12 +228,12 @@ def normalize(rank: int, dump: Mapping) -> tuple[RankDump, list[str]]:
     p2p_groups = {o.group for o in ops if o.is_p2p}
     config = dump.get("pg_config") if isinstance(dump.get("pg_config"), Mapping) else {}
     status = dump.get("pg_status") if isinstance(dump.get("pg_status"), Mapping) else {}
-    names = {str(n) for n in config if str(n)} | {o.group for o in ops} | {group_of_id[i] for i in map(str, status)
+    names = {printable(n) for n in config if str(n)} | {o.group for o in ops} | {group_of_id[i] for i in map(str, status)
                                                                             if i in group_of_id}
     groups = {}
     for name in sorted(names):
         cfg = config.get(name) if isinstance(config.get(name), Mapping) else {}
-        desc = str(cfg.get("desc") or next((_desc(e) for e in entries if _group(e) == name), "") or "")
+        desc = printable(cfg.get("desc") or next((_desc(e) for e in entries if _group(e) == name), "") or "")
         mine = [o for o in ops if o.group == name and not o.is_p2p]
         enq = max((o.seq for o in mine), default=None)
         done = max((o.seq for o in mine if not o.pending), default=None)
@@ -241,12 +246,12 @@ def normalize(rank: int, dump: Mapping) -> tuple[RankDump, list[str]]:
         if first_pending is not None:  # entries complete in order: everything before the first pending did
             done = _max(done, first_pending - 1)
         groups[name] = GroupView(desc=desc, members=_members(cfg.get("ranks")), enqueued=enq, completed=done)
-    return RankDump(rank=rank, version=str(dump.get("version")), ops=tuple(ops), groups=groups), warnings
+    return RankDump(rank=rank, version=printable(dump.get("version")), ops=tuple(ops), groups=groups), warnings
 
 
 def _group(e: Mapping) -> str:
     pg = e.get("process_group")
-    return str(pg[0]) if isinstance(pg, (list, tuple)) and pg else ""
+    return printable(pg[0]) if isinstance(pg, (list, tuple)) and pg else ""
 
 
 def _desc(e: Mapping) -> str:
@@ -255,6 +260,9 @@ def _desc(e: Mapping) -> str:
 
 
 def _max(a: int | None, b: object) -> int | None:
+    """The larger of a and b, where b is a sequence number as a dump holds it (an int; JSON dumps: a str)."""
+    if isinstance(b, str) and b.lstrip("-").isdigit():
+        b = int(b)
     if not isinstance(b, int) or isinstance(b, bool) or b < 0:
         return a
     return b if a is None else max(a, b)
