@@ -108,6 +108,8 @@ class _Job:
             for g in d.groups:
                 mentions.setdefault(g, set()).add(r)
         self.mentions = mentions
+        self.heads = {r: d.head for r, d in dumps.items()}
+        self._states: dict[tuple, tuple] = {}
 
     def members(self, rank: int, group: str) -> tuple[int, ...]:
         view = self.dumps[rank].groups.get(group)
@@ -120,12 +122,27 @@ class _Job:
             return tuple(range(self.world))
         return tuple(sorted(self.mentions.get(group, {rank})))
 
+    def collective_state(self, members: tuple[int, ...], op: Op) -> tuple[frozenset, frozenset, frozenset, frozenset]:
+        """Of a collective's members: (never issued it, completed it, waiting elsewhere first, without a dump).
+
+        Once per collective, not per rank that waits in it: 4,096 ranks in one all_reduce checked each other
+        member in turn (N^2): 27 s -> 14 s at 4,096 ranks of 200 entries (bench_hang_fr.py)."""
+        key = (members, op.group, op.seq)
+        if key not in self._states:
+            dumped = [b for b in members if b in self.dumps]
+            self._states[key] = (
+                frozenset(b for b in dumped if self.issued(b, op.group, op.seq) is False),
+                frozenset(b for b in dumped if self.completed(b, op.group, op.seq)),
+                frozenset(b for b in dumped if not _same(self.heads[b], op)),
+                frozenset(b for b in members if b not in self.dumps))
+        return self._states[key]
+
     def desc(self, group: str) -> str:
         return next((d.groups[group].desc for d in self.dumps.values() if group in d.groups and d.groups[group].desc), "")
 
     def issued(self, rank: int, group: str, seq: int) -> bool | None:
         d = self.dumps[rank]
-        if any(o.group == group and o.seq == seq and not o.is_p2p for o in d.ops):
+        if (group, seq) in d.issued:  # an index: scanning each member's buffer made 512 ranks take 6.6 s (bench_hang_fr.py)
             return True
         view = d.groups.get(group)
         return None if view is None or view.enqueued is None else view.enqueued >= seq
@@ -151,21 +168,16 @@ def _wait(job: _Job, rank: int, head: Op) -> _Wait:
             return _Wait(rank, head, frozenset(), frozenset())
         if peer not in job.dumps:
             return _Wait(rank, head, frozenset(), frozenset({peer}))
-        other = job.dumps[peer].head  # both posted, each the other's head: they wait on each other
+        other = job.heads[peer]  # both posted, each the other's head: they wait on each other
         posted = (other is not None and other.is_p2p and other.group == head.group and _pairs(head, other)
                   and _peer(job, peer, other) == rank)
         return _Wait(rank, head, frozenset() if posted else frozenset({peer}), frozenset())
-    others = [b for b in members if b != rank]
-    unknown = frozenset(b for b in others if b not in job.dumps)
-    dumped = [b for b in others if b in job.dumps]
-    missing = frozenset(b for b in dumped if job.issued(b, head.group, head.seq) is False)
-    if missing:
-        return _Wait(rank, head, missing, unknown)
-    done = tuple(b for b in dumped if job.completed(b, head.group, head.seq))
+    missing, done, elsewhere, unknown = job.collective_state(members, head)
+    if missing - {rank}:
+        return _Wait(rank, head, missing - {rank}, unknown)
     if done:
-        return _Wait(rank, head, frozenset(), frozenset(), completed_by=done)
-    elsewhere = frozenset(b for b in dumped if not _same(job.dumps[b].head, head))
-    return _Wait(rank, head, elsewhere, unknown)
+        return _Wait(rank, head, frozenset(), frozenset(), completed_by=tuple(sorted(done - {rank})))
+    return _Wait(rank, head, elsewhere - {rank}, unknown)
 
 
 def _same(a: Op | None, b: Op) -> bool:
@@ -257,16 +269,20 @@ def collective_text(c: Collective) -> str:
 def _reason(job: _Job, waits, idle, stuck, undecided, no_dump: tuple[int, ...]) -> str:
     parts = []
     if idle:
-        awaited: dict[str, tuple[set[int], set[int]]] = {}  # what the others wait in -> (idle ranks, waiters)
-        for r in sorted(idle):
-            ws = [w for w in waits.values() if r in w.on]
-            for w in [w for w in ws if not w.op.is_p2p] or ws:
-                text = _op_text(job, w.rank, w.op) if not w.op.is_p2p else f"the peer of {w.op.name} of rank {w.rank}"
-                rs, by = awaited.setdefault(text, (set(), set()))
-                rs.add(r)
-                by.add(w.rank)
+        awaited: dict[tuple, tuple[set[int], set[int], str]] = {}  # what the others wait in -> (idle ranks, waiters)
+        collective_waits = {r for w in waits.values() if not w.op.is_p2p for r in w.on & idle}
+        for w in waits.values():
+            for r in w.on & idle:
+                if w.op.is_p2p and r in collective_waits:
+                    continue  # a rank awaited in a collective is named by that; the sends to it add nothing
+                key = (w.op.group, w.op.seq, w.op.name) if not w.op.is_p2p else (w.op.name, w.rank)
+                if key not in awaited:
+                    awaited[key] = (set(), set(), _op_text(job, w.rank, w.op) if not w.op.is_p2p
+                                    else f"the peer of {w.op.name} of rank {w.rank}")
+                awaited[key][0].add(r)
+                awaited[key][1].add(w.rank)
         by_ranks: dict[tuple, list[str]] = {}
-        for text, (rs, by) in awaited.items():
+        for rs, by, text in awaited.values():
             by_ranks.setdefault(tuple(sorted(rs)), []).append(f"{text}, which {_plural(by)} wait in")
         for rs, texts in by_ranks.items():
             more = f" (and {len(texts) - 1} more)" if len(texts) > 1 else ""
