@@ -11,8 +11,10 @@ pickle, as bytes) to ``rank_<r>`` (and, for the JSON case, ``_dump_fr_trace_json
 - ``missing_subgroup``: 4 ranks in groups [0, 1] and [2, 3]; rank 3 skips the second all_reduce of
   its group; ranks 0-2 then issue one more world all_reduce (which rank 3 never reaches).
 - ``json_missing_world``: missing_world written as JSON (``_dump_fr_trace_json``).
+- ``order_cycle``: 2 ranks call two groups' all_reduces in opposite orders (rank 0: world, then a
+  second group of both; rank 1: the reverse): each waits in a collective the other never issued.
 
-CASES maps each to the rank that did not join (what kforge-hang must name).
+CASES maps each to the ranks that did not join (what kforge-hang must name; none in a cycle).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-CASES = {"missing_world": (2,), "missing_subgroup": (3,), "json_missing_world": (2,)}
-_WORLD = {"missing_world": 3, "missing_subgroup": 4, "json_missing_world": 3}
+CASES = {"missing_world": (2,), "missing_subgroup": (3,), "json_missing_world": (2,), "order_cycle": ()}
+_WORLD = {"missing_world": 3, "missing_subgroup": 4, "json_missing_world": 3, "order_cycle": 2}
 
 
 def _job(rank: int, world: int, case: str, out: str, port: int) -> None:
@@ -43,6 +45,10 @@ def _job(rank: int, world: int, case: str, out: str, port: int) -> None:
             dist.all_reduce(t)
         if rank != 2:
             pending.append(dist.all_reduce(t, async_op=True))
+    elif case == "order_cycle":
+        other = dist.new_group([0, 1])
+        dist.all_reduce(t)
+        pending.append(dist.all_reduce(t, group=None if rank == 0 else other, async_op=True))
     else:
         dist.all_reduce(t)
         groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]

@@ -22,7 +22,7 @@ DATA = Path(__file__).parent / "data"
 NVIDIA = DATA / "fr_traces"
 GLOO = DATA / "fr_gloo"
 FAULTED = {"gpu_error_1st": (12, 14), "gpu_error_2nd": (9, 14), "lock_gil_1st": (9, 14), "lock_gil_2nd": (10, 15)}
-GLOO_CASES = {"missing_world": (2,), "missing_subgroup": (3,), "json_missing_world": (2,)}
+GLOO_CASES = {"missing_world": (2,), "missing_subgroup": (3,), "json_missing_world": (2,)}  # order_cycle: below
 
 
 def faulted_in_log(case: str) -> tuple[int, ...]:
@@ -93,6 +93,45 @@ def test_gloo_subgroup_members_are_inferred_without_pg_config():
     v = analyze_fr(dumps_of(GLOO / "missing_subgroup"))
     assert v.waiting == (0, 1, 2)  # rank 2 waits in its group [2, 3]: gloo's dump names no member; the mentions do
     assert "never issued all_reduce #2 of default_pg 0 (ranks 0-3), which ranks 0, 1 wait in (and 1 more)" in v.reason
+
+
+def test_gloo_collectives_in_opposite_orders_name_no_rank():
+    """Rank 0 waits in the world all_reduce rank 1 never issued; rank 1 in a group its dump alone names."""
+    v = analyze_fr(dumps_of(GLOO / "order_cycle"))
+    assert v.ranks == () and v.undecided == (1,) and v.waiting == (0, 1)
+    assert v.collective.op == "all_reduce" and v.collective.desc == "default_pg" and v.collective.waiting == (0,)
+    assert "Rank 1 waits in all_reduce #1 of group 1, whose other members no dump names" in v.reason
+
+
+def _two_groups(last: dict, head: tuple[str, int]) -> dict:
+    """A rank's dump with groups A (pg_id 0) and B (pg_id 1) of ranks 0, 1: last[g] = (enqueued, completed)."""
+    entries = []
+    for pg_id, g in enumerate("AB"):
+        for seq in range(1, last[g][1] + 1):
+            entries.append((pg_id, g, seq, "completed"))
+    entries.append(({"A": 0, "B": 1}[head[0]], head[0], head[1], "scheduled"))
+    d = _dump([(seq, state) for _, _, seq, state in entries], (0, -1, 0))
+    for e, (pg_id, g, _, _) in zip(d["entries"], entries):
+        e.update(pg_id=pg_id, process_group=(g, "X"))
+    d["pg_config"] = {g: {"name": g, "desc": "X", "ranks": "[0, 1]"} for g in "AB"}
+    d["pg_status"] = {str(i): {"last_enqueued_collective": last[g][0], "last_completed_collective": last[g][1]}
+                      for i, g in enumerate("AB")}
+    return d
+
+
+def test_a_cycle_of_waits_names_no_rank():
+    """Rank 0 waits in A's #5 that rank 1 never issued, rank 1 in B's #3 that rank 0 never issued (collectives
+    called in different orders on different ranks): a cycle; no rank is named."""
+    r0 = _two_groups({"A": (5, 4), "B": (2, 2)}, ("A", 5))
+    r1 = _two_groups({"A": (4, 4), "B": (3, 2)}, ("B", 3))
+    v = analyze_fr({0: r0, 1: r1})
+    assert v.ranks == () and v.undecided == (0, 1) and v.waiting == (0, 1)
+    assert "Ranks 0, 1 wait on each other in a cycle" in v.reason
+    r1 = _two_groups({"A": (4, 4), "B": (3, 1)}, ("B", 2))  # B's #2, which rank 0 completed: rank 1 is stuck
+    r1["entries"].insert(-1, {**r1["entries"][-1], "collective_seq_id": 3, "record_id": 99})
+    v = analyze_fr({0: r0, 1: r1})
+    assert v.ranks == (1,) and v.stuck == (1,) and v.waiting == (0,)
+    assert v.reason.startswith("Rank 1 never saw all_reduce #2 of X B (ranks 0, 1) complete, which rank 0 completed")
 
 
 def test_pytorch_analyzer_fails_on_gloo_dumps():
