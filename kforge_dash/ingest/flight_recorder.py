@@ -137,9 +137,12 @@ def _reason(job: Job, waits: dict[int, Wait], ends: Ends, no_dump: tuple[int, ..
     parts = _idle_reason(job, waits, ends.idle) if ends.idle else []
     for r in sorted(ends.stuck):
         w = waits[r]
-        parts.append(f"rank {r} never saw {_op_text(job, r, w.op)} complete, which {_plural(w.completed_by)} "
-                     f"completed (a collective completes on no rank unless every member ran it): rank {r}'s own GPU "
-                     "or communicator stopped (e.g. a GPU error)")
+        parts.append(f"rank {r} never saw {_op_text(job, r, w.op)} complete, which {_plural(w.completed_by)} completed")
+    if ends.stuck:
+        one = len(ends.stuck) == 1
+        parts[-1] += (": a collective completes on no rank unless every member ran it, so "
+                      f"{'its' if one else 'their'} own GPU{'' if one else 's'} or communicator{'' if one else 's'} "
+                      "stopped (e.g. a GPU error)")
     if ends.cycles:
         parts.append(f"{_plural(ends.cycles)} wait on each other in a cycle (each waits in a collective or send/recv "
                      "that another never issued: collectives called in a different order on different ranks)")
