@@ -212,13 +212,30 @@ def test_a_bad_file_is_skipped_with_a_warning_naming_it(tmp_path):
     (tmp_path / "notes").write_text("x")
     (tmp_path / "rank_5").symlink_to(tmp_path / "rank_0")
     (tmp_path / "rank_6").mkdir()
+    os.mkfifo(tmp_path / "rank_7")  # opened, it would block the reader
     dumps, warnings = read_fr_dumps(tmp_path.iterdir())
     assert sorted(dumps) == [0] and not marker.exists()
     text = "\n".join(warnings)
     for name, why in [("rank_1", "refused io.open"), ("rank_2", "cannot read it"), ("rank_3", "'3.0' is not supported"),
                       ("rank_4.json", "cannot read it"), ("notes", "does not end with a rank number"),
-                      ("rank_5", "not a regular file"), ("rank_6", "not a regular file")]:
+                      ("rank_5", "not a regular file"), ("rank_6", "not a regular file"), ("rank_7", "not a regular file")]:
         assert any(w.startswith(f"{tmp_path / name}: skipped") and why in w for w in warnings), (name, text)
+
+
+def test_mangled_dumps_never_raise():
+    """Any field of a real dump replaced by a value of another type: a verdict (maybe with warnings), no exception."""
+    import random
+
+    base = dumps_of(GLOO / "missing_subgroup")
+    odd = [None, 1, -5, "x", "", [], {}, [1, 2], {"a": 1}, ("0",), 3.5, True, "[0, 1]", "[", [None], float("nan"), "-3"]
+    rnd = random.Random(3)
+    for _ in range(300):
+        dumps = copy.deepcopy(base)
+        d = dumps[rnd.randrange(4)]
+        target = rnd.choice([d, d["pg_status"], *[e for e in d["entries"]], *[v for v in d["pg_status"].values()]])
+        target[rnd.choice(list(target) or ["x"])] = rnd.choice(odd)
+        v = analyze_fr(dumps)
+        assert isinstance(v.reason, str) and set(v.ranks) <= {0, 1, 2, 3}
 
 
 def test_a_malformed_entry_is_left_out_with_a_warning():
@@ -247,6 +264,8 @@ def test_cli_human_output():
     assert "Cause: ranks 9, 14" in out
     assert "The others wait in: all_to_all #45265 of EXPERT_MODEL_PARALLEL_GROUP 72 (ranks 8-15)" in out
     assert "Waiting (the majority): 14 ranks: 0-8, 10-13, 15" in out
+    assert "  6 ranks (8, 10-13, 15) in all_to_all #45265 of EXPERT_MODEL_PARALLEL_GROUP 72, for 9, 14" in out
+    assert "  8 ranks (0-7) in send 0->1 #14147 of PIPELINE_MODEL_PARALLEL_GROUP (8 groups), for 8-15" in out
     assert "Nothing pending (stuck outside communication): 9, 14" in out
     assert "Ranks without a dump: none" in out and "Desync: none" in out
     assert "fault_injection.log" not in res.output  # not named for a rank: not a dump, not read
@@ -262,6 +281,10 @@ def test_cli_json_and_ranks_without_dump(tmp_path):
     assert out["ranks"] == [9] and out["ranks_without_dump"] == [14] and out["stuck"] == [9]
     assert out["collective"]["group"] == "72" and out["collective"]["op"] == "all_to_all" and out["dumps"] == 15
     assert out["desync"] == [] and "no dump from rank 14" in out["reason"]
+    stuck = next(g for g in out["wait_groups"] if g["ranks"] == [9])
+    assert stuck["completed_by"] == [8, 10, 11] and stuck["op"] == "_all_gather_base" and stuck["seq"] == 87749
+    moe = out["wait_groups"][0]  # the largest group first: the expert all_to_all, waiting for rank 9
+    assert moe["ranks"] == [8, 10, 11, 12, 13, 15] and moe["waits_for"] == [9] and moe["group"] == "72"
 
 
 def test_cli_gloo_json():

@@ -22,11 +22,32 @@ except MissingDependency as e:  # at the edge: a message, not a traceback
     raise SystemExit(str(e)) from e
 
 
+_WAIT_LINES = 8  # who waits for whom: the largest groups first, the rest in --json
+
+
 def _dump_files(folder: Path) -> list[Path]:
     from kforge_dash.ingest.fr_dumps import is_dump_name
 
     with os.scandir(folder) as it:  # the folder's own entries: no glob, no walk into sub-folders
         return sorted(Path(e.path) for e in it if is_dump_name(Path(e.name)) and not e.is_dir(follow_symlinks=False))
+
+
+def _merged(wait_groups: list[dict]) -> list[dict]:
+    """Sends and recvs of one kind in groups of one description (each pipeline stage pair its own group) on one line."""
+    out: dict[tuple, dict] = {}
+    for g in wait_groups:
+        key = (g["desc"], g["op"], g["seq"], "p2p") if g["p2p"] and g["desc"] and not g["completed_by"] else (id(g),)
+        if key not in out:
+            out[key] = {**g, "ranks": list(g["ranks"]), "waits_for": list(g["waits_for"]), "groups": {g["group"]}}
+        else:
+            out[key]["ranks"] += g["ranks"]
+            out[key]["waits_for"] += g["waits_for"]
+            out[key]["groups"].add(g["group"])
+    for g in out.values():
+        if len(g["groups"]) > 1:
+            g["group"] = f"({len(g['groups'])} groups)"
+        g["ranks"], g["waits_for"] = sorted(g["ranks"]), sorted(set(g["waits_for"]))
+    return sorted(out.values(), key=lambda g: (g["p2p"], -len(g["ranks"]), g["ranks"]))
 
 
 def _human(v, n_dumps: int, versions: str) -> list[str]:
@@ -44,6 +65,16 @@ def _human(v, n_dumps: int, versions: str) -> list[str]:
         c = v.collective
         lines.append(f"The others wait in: {collective_text(c)}, sizes {c.sizes} {' '.join(map(str, c.dtypes))}".rstrip())
     lines.append(f"Waiting (the majority): {counted(len(v.waiting), 'rank')}: {named(v.waiting)}")
+    shown = _merged(v.wait_groups)
+    if shown:
+        lines.append("Who waits for whom (each rank's oldest collective not seen complete):")
+    for g in shown[:_WAIT_LINES]:
+        whom = (f"completed by {ranks_text(g['completed_by'])}" if g["completed_by"] else
+                f"for {ranks_text(g['waits_for'])}" if g["waits_for"] else "for no rank the dumps tell")
+        lines.append(f"  {counted(len(g['ranks']), 'rank')} ({ranks_text(g['ranks'])}) in {g['op']} #{g['seq']} of "
+                     f"{g['desc'] or 'group'} {g['group']}, {whom}")
+    if len(shown) > _WAIT_LINES:
+        lines.append(f"  (+{len(shown) - _WAIT_LINES} more in --json)")
     if v.idle:
         lines.append(f"Nothing pending (stuck outside communication): {named(v.idle)}")
     if v.stuck:

@@ -67,6 +67,9 @@ class FrVerdict:
     undecided: tuple[int, ...] = ()  # ranks stalled together (a cycle, or one collective none completed)
     world_size: int | None = None
     warnings: tuple[str, ...] = ()  # parts of the dumps that could not be used
+    # who waits for whom: ranks with one head and one set of ranks waited for, each as {"ranks", "group", "desc",
+    # "seq", "op", "p2p", "waits_for", "completed_by"} (completed_by: peers that completed it: the ranks are stuck)
+    wait_groups: list[dict] = field(default_factory=list)
 
 
 def ranks_text(ranks) -> str:
@@ -120,6 +123,16 @@ def _collective(job: Job, waits: dict[int, Wait], causes: set[int]) -> Collectiv
     return Collective(group=op.group, seq=op.p2p_seq if op.is_p2p else op.seq, op=op.name, sizes=op.sizes,
                       dtypes=op.dtypes, desc=job.desc(op.group), group_ranks=job.members(chosen[0].rank, op.group),
                       waiting=tuple(sorted(heads)), p2p=op.is_p2p)
+
+
+def _wait_groups(job: Job, waits: dict[int, Wait]) -> list[dict]:
+    groups: dict[tuple, list[int]] = {}
+    for r, w in sorted(waits.items()):
+        key = (w.op.group, w.op.is_p2p, w.op.p2p_seq if w.op.is_p2p else w.op.seq, w.op.name, w.on, w.completed_by)
+        groups.setdefault(key, []).append(r)
+    out = [{"ranks": rs, "group": g, "desc": job.desc(g), "seq": seq, "op": name, "p2p": p2p, "waits_for": sorted(on),
+            "completed_by": list(done)} for (g, p2p, seq, name, on, done), rs in groups.items()]
+    return sorted(out, key=lambda d: (d["p2p"], -len(d["ranks"]), d["ranks"]))
 
 
 def _op_text(job: Job, rank: int, op: Op) -> str:
@@ -222,4 +235,4 @@ def analyze_fr(dumps: Mapping[int, dict], *, world_size: int | None = None) -> F
                      reason=_reason(job, waits, ends, no_dump), ranks_without_dump=no_dump,
                      waiting=tuple(sorted(r for r in waits if r not in causes)), idle=tuple(sorted(ends.idle)),
                      stuck=tuple(sorted(ends.stuck)), undecided=tuple(sorted(ends.undecided)), world_size=job.world,
-                     warnings=tuple(warnings))
+                     warnings=tuple(warnings), wait_groups=_wait_groups(job, waits))

@@ -62,7 +62,9 @@ def is_dump_name(path: Path) -> bool:
 
 
 def _load(path: Path) -> object:
-    with open(path, "rb") as f:
+    # O_NONBLOCK: a FIFO put in the folder is not waited on; O_NOFOLLOW: a symlink swapped in is not followed
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise ValueError("not a regular file")
         data = f.read(MAX_DUMP_BYTES + 1)
