@@ -189,6 +189,12 @@ def test_ranks_stalled_together_are_not_named():
     assert "cannot tell which rank stalled" in v.reason
 
 
+def test_an_entry_the_watchdog_counted_as_completed_is_not_waited_in():
+    """NCCL's state can lag its pg_status: #4 still 'scheduled' though last_completed_collective is 4."""
+    v = analyze_fr({0: _dump([(4, "scheduled"), (5, "scheduled")], (5, -1, 4)), 1: _dump([(4, "completed")], (4, -1, 4))})
+    assert v.ranks == (1,) and v.idle == (1,) and v.collective.seq == 5  # not rank 0 "stuck" in #4
+
+
 def test_no_hang_names_no_rank():
     d = _dump([(4, "completed"), (5, "completed")], (5, -1, 5))
     v = analyze_fr({0: d, 1: copy.deepcopy(d)})

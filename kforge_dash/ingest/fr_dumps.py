@@ -244,6 +244,14 @@ def normalize(rank: int, dump: Mapping) -> tuple[RankDump, list[str]]:
     status = dump.get("pg_status") if isinstance(dump.get("pg_status"), Mapping) else {}
     names = {printable(n) for n in config if str(n)} | {o.group for o in ops} | {group_of_id[i] for i in map(str, status)
                                                                             if i in group_of_id}
+    status_of: dict[str, Mapping] = {}  # group name -> its pg_status (a group that also sends p2p counts those there)
+    for i, name in group_of_id.items():
+        if isinstance(status.get(i), Mapping) and name not in p2p_groups:
+            status_of[name] = status[i]
+    # pg_status is the watchdog's last word: an entry it counts as completed is, whatever its state says
+    counted = {g: _max(None, st.get("last_completed_collective")) for g, st in status_of.items()}
+    ops = [o._replace(pending=False) if o.pending and not o.is_p2p and (counted.get(o.group) or -1) >= o.seq else o
+           for o in ops]
     groups = {}
     for name in sorted(names):
         cfg = config.get(name) if isinstance(config.get(name), Mapping) else {}
@@ -251,9 +259,8 @@ def normalize(rank: int, dump: Mapping) -> tuple[RankDump, list[str]]:
         mine = [o for o in ops if o.group == name and not o.is_p2p]
         enq = max((o.seq for o in mine), default=None)
         done = max((o.seq for o in mine if not o.pending), default=None)
-        ids = [i for i, n in group_of_id.items() if n == name]
-        st = status.get(ids[0]) if ids and isinstance(status.get(ids[0]), Mapping) else None
-        if st is not None and name not in p2p_groups:  # a group that also sends p2p counts those in pg_status
+        st = status_of.get(name)
+        if st is not None:
             enq = _max(enq, st.get("last_enqueued_collective"))
             done = _max(done, st.get("last_completed_collective"))
         first_pending = min((o.seq for o in mine if o.pending), default=None)
