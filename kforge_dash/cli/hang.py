@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -23,13 +22,6 @@ except MissingDependency as e:  # at the edge: a message, not a traceback
 
 
 _WAIT_LINES = 8  # who waits for whom: the largest groups first, the rest in --json
-
-
-def _dump_files(folder: Path) -> list[Path]:
-    from kforge_dash.ingest.fr_dumps import is_dump_name
-
-    with os.scandir(folder) as it:  # the folder's own entries: no glob, no walk into sub-folders
-        return sorted(Path(e.path) for e in it if is_dump_name(Path(e.name)) and not e.is_dir(follow_symlinks=False))
 
 
 def _merged(wait_groups: list[dict]) -> list[dict]:
@@ -101,10 +93,10 @@ def main(folder: Path, as_json: bool, world_size: int | None) -> None:
 
     Exit status: 0 analysed, 1 nothing readable in DIR, 2 usage error.
     """
-    from kforge_dash.ingest.flight_recorder import analyze_fr, read_fr_dumps
+    from kforge_dash.ingest.flight_recorder import analyze_fr, fr_dump_files, read_fr_dumps
 
     try:
-        files = _dump_files(folder)
+        files = fr_dump_files(folder)
     except OSError as e:
         click.echo(f"kforge-hang: error: {folder}: cannot list it: {e.strerror or e}", err=True)
         sys.exit(1)

@@ -28,10 +28,10 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kforge_dash.ingest.fr_dumps import Op, RankDump, normalize, read_fr_dumps
+from kforge_dash.ingest.fr_dumps import Op, RankDump, fr_dump_files, normalize, read_fr_dumps
 from kforge_dash.ingest.fr_waits import Ends, Job, Wait, same_collective, terminal, wait_of
 
-__all__ = ["Collective", "FrVerdict", "analyze_fr", "read_fr_dumps", "ranks_text"]
+__all__ = ["Collective", "FrVerdict", "analyze_fr", "fr_dump_files", "read_fr_dumps", "ranks_text"]
 
 # Ops whose every rank passes tensors of one shape; all_to_all and the *_v ops differ by design.
 _SAME_SIZES = {"all_reduce", "allreduce", "broadcast", "reduce", "_all_gather_base", "all_gather", "allgather",

@@ -61,6 +61,13 @@ def is_dump_name(path: Path) -> bool:
     return rank_of_name(path) is not None
 
 
+def fr_dump_files(folder: Path) -> list[Path]:
+    """The files directly in ``folder`` named like a rank's dump (``_dump_12``, ``rank_3.json``): no glob, no walk
+    into sub-folders. Raises OSError when the folder cannot be listed."""
+    with os.scandir(folder) as it:
+        return sorted(Path(e.path) for e in it if is_dump_name(Path(e.name)) and not e.is_dir(follow_symlinks=False))
+
+
 def _load(path: Path) -> object:
     # O_NONBLOCK: a FIFO put in the folder is not waited on; O_NOFOLLOW: a symlink swapped in is not followed
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
