@@ -181,6 +181,16 @@ def _dump(entries, status, ranks=(0, 1)):
                          "time_created_ns": 10 + i, "retired": False} for i, (s, st) in enumerate(entries)]}
 
 
+def test_split_groups_sharing_a_name_are_told_apart():
+    """torch's split_group gives disjoint groups one name: [0, 1] and [2, 3] both '0', each with its own sequence."""
+    a = [_dump([(5, "scheduled")], (5, -1, 4), ranks=(0, 1)) for _ in range(2)]
+    b = [_dump([(5, "scheduled")], (5, -1, 4), ranks=(2, 3)), _dump([], (4, -1, 4), ranks=(2, 3))]
+    b[0]["entries"][0]["input_sizes"] = [[8]]  # another shape than group [0, 1]'s #5: no desync between the two
+    v = analyze_fr({0: a[0], 1: a[1], 2: b[0], 3: b[1]})
+    assert v.desync == [] and v.ranks == (3,) and v.undecided == (0, 1)
+    assert v.collective.group_ranks == (2, 3) and v.collective.waiting == (2,)
+
+
 def test_ranks_stalled_together_are_not_named():
     """Both issued all_reduce #5 and neither completed it: the dumps cannot tell which rank stalled."""
     d = _dump([(5, "scheduled")], (5, -1, 4))

@@ -90,15 +90,18 @@ def _plural(ranks) -> str:
 
 
 def _desync(dumps: dict[int, RankDump], job: Job) -> list[dict]:
-    seen: dict[tuple[str, int], dict[int, tuple]] = {}
+    """Ranks of one group that issued different collectives at one sequence number. A group is its name and its
+    members: groups split from one (torch's split_group) share a name, and each counts its own sequence."""
+    seen: dict[tuple, dict[int, tuple]] = {}
     for r, d in dumps.items():
         for o in d.ops:
             if not o.is_p2p:
-                seen.setdefault((o.group, o.seq), {}).setdefault(r, ())
+                key = (o.group, job.members(r, o.group), o.seq)
                 sizes = (repr(o.sizes), repr(o.out_sizes)) if o.name in _SAME_SIZES else ()
-                seen[(o.group, o.seq)][r] += ((o.name, sizes, repr(o.dtypes), repr(o.out_dtypes)),)
+                by_rank = seen.setdefault(key, {})
+                by_rank[r] = by_rank.get(r, ()) + ((o.name, sizes, repr(o.dtypes), repr(o.out_dtypes)),)
     out = []
-    for (group, seq), by_rank in sorted(seen.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    for (group, _, seq), by_rank in sorted(seen.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
         variants: dict[tuple, list[int]] = {}
         for r, sig in by_rank.items():
             variants.setdefault(tuple(sorted(sig)), []).append(r)
@@ -119,10 +122,12 @@ def _collective(job: Job, waits: dict[int, Wait], causes: set[int]) -> Collectiv
     key = Counter((w.op.group, w.op.is_p2p, w.op.seq if not w.op.is_p2p else 0, w.op.name) for w in pool).most_common(1)[0][0]
     chosen = [w for w in pool if (w.op.group, w.op.is_p2p, w.op.seq if not w.op.is_p2p else 0, w.op.name) == key]
     op = chosen[0].op
-    heads = [w.rank for w in waits.values() if same_collective(w.op, op)] if not op.is_p2p else [w.rank for w in chosen]
+    members = job.members(chosen[0].rank, op.group)
+    heads = ([w.rank for w in waits.values() if same_collective(w.op, op) and w.rank in members] if not op.is_p2p
+             else [w.rank for w in chosen])
     return Collective(group=op.group, seq=op.p2p_seq if op.is_p2p else op.seq, op=op.name, sizes=op.sizes,
-                      dtypes=op.dtypes, desc=job.desc(op.group), group_ranks=job.members(chosen[0].rank, op.group),
-                      waiting=tuple(sorted(heads)), p2p=op.is_p2p)
+                      dtypes=op.dtypes, desc=job.desc(op.group), group_ranks=members, waiting=tuple(sorted(heads)),
+                      p2p=op.is_p2p)
 
 
 def _wait_groups(job: Job, waits: dict[int, Wait]) -> list[dict]:
