@@ -155,6 +155,21 @@ def test_live_gloo_job_dumps_are_read(tmp_path):
     assert analyze_fr(dumps).ranks == (2,)
 
 
+def test_nccl_dumps_as_json_give_the_same_verdict(tmp_path):
+    """An NCCL job's dumps as torch's _dump_nccl_trace_json writes them: lists for tuples, pg_status numbers as text."""
+    for r, d in dumps_of(NVIDIA / "gpu_error_1st").items():
+        d = {**d, "pg_status": {k: {f: str(n) for f, n in st.items()} for k, st in d["pg_status"].items()}}
+        (tmp_path / f"nccl_trace_rank_{r}.json").write_text(json.dumps(d))
+    dumps, warnings = read_fr_dumps(tmp_path.iterdir())
+    assert warnings == [] and isinstance(dumps[0]["entries"][0]["process_group"], list)
+    v = analyze_fr(dumps)
+    assert v.ranks == (12, 14) and v.stuck == (12, 14)
+    lagging = {0: _dump([(4, "scheduled"), (5, "scheduled")], (5, -1, 4)), 1: _dump([(4, "completed")], (4, -1, 4))}
+    for d in lagging.values():  # the watchdog's count, as text, is what says #4 completed on rank 0
+        d["pg_status"] = {k: {f: str(n) for f, n in st.items()} for k, st in d["pg_status"].items()}
+    assert analyze_fr({r: json.loads(json.dumps(d)) for r, d in lagging.items()}).ranks == (1,)
+
+
 def test_desync_is_found_where_ranks_issued_different_collectives(tmp_path):
     dumps = copy.deepcopy(dumps_of(NVIDIA / "lock_gil_1st"))
     e = next(e for e in dumps[10]["entries"] if e["process_group"][0] == "72" and e["collective_seq_id"] == 45265)
