@@ -224,7 +224,10 @@ def test_no_hang_names_no_rank():
     d = _dump([(4, "completed"), (5, "completed")], (5, -1, 5))
     v = analyze_fr({0: d, 1: copy.deepcopy(d)})
     assert v.ranks == () and v.collective is None and v.waiting == ()
-    assert v.reason.startswith("No rank waits in a collective")
+    assert v.reason.startswith("No rank with a dump waits in a collective")
+    v = analyze_fr({"x": d, 1: copy.deepcopy(d)})  # a key that is no rank number: left out, said so
+    assert v.ranks_without_dump == (0,) and v.warnings[0].startswith("rank x: its dump could not be used")
+    assert v.reason.endswith("; no dump from rank 0.")
 
 
 def test_a_bad_file_is_skipped_with_a_warning_naming_it(tmp_path):

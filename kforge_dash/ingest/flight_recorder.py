@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kforge_dash.ingest.fr_dumps import Op, RankDump, fr_dump_files, normalize, read_fr_dumps
+from kforge_dash.ingest.fr_dumps import Op, RankDump, fr_dump_files, normalize, printable, read_fr_dumps
 from kforge_dash.ingest.fr_waits import Ends, Job, Wait, same_collective, terminal, wait_of
 
 __all__ = ["Collective", "FrVerdict", "analyze_fr", "fr_dump_files", "read_fr_dumps", "ranks_text"]
@@ -183,10 +183,10 @@ def _reason(job: Job, waits: dict[int, Wait], ends: Ends, no_dump: tuple[int, ..
     if awaited:
         parts.append(f"no dump from {_plural(awaited)}, which the others may wait for: no evidence from "
                      f"{'it' if len(awaited) == 1 else 'them'}")
-    elif no_dump and not parts:
+    if not waits:
+        parts.append("no rank with a dump waits in a collective: every entry in the dumps completed (no hang in them)")
+    if no_dump and not awaited:
         parts.append(f"no dump from {_plural(no_dump)}")
-    if not parts:
-        return "No rank waits in a collective: every entry in the dumps completed (no hang in these dumps)."
     text = "; ".join(parts)
     return text[0].upper() + text[1:] + "."
 
@@ -222,13 +222,15 @@ def analyze_fr(dumps: Mapping[int, dict], *, world_size: int | None = None) -> F
     """The ranks a hung job waits for, and why, from its ranks' flight-recorder dumps (rank -> dump)."""
     warnings: list[str] = []
     ranks: dict[int, RankDump] = {}
-    for r, raw in sorted(dumps.items()):
+    for key, raw in dumps.items():
         try:
+            r = int(key)
             ranks[r], w = normalize(r, raw)
         except (AttributeError, TypeError, ValueError, KeyError) as e:
-            warnings.append(f"rank {r}: its dump could not be used ({type(e).__name__}: {e})")
+            warnings.append(f"rank {printable(key)}: its dump could not be used ({type(e).__name__}: {e})")
             continue
         warnings.extend(w)
+    ranks = dict(sorted(ranks.items()))
     job = Job(ranks, world_size)
     no_dump = tuple(r for r in range(job.world) if r not in ranks)
     waits = {r: wait_of(job, r, d.head) for r, d in ranks.items() if d.head is not None}
