@@ -78,12 +78,19 @@ def write_case(case: str, out: Path) -> Path:
     import torch.multiprocessing as mp
 
     (out / case).mkdir(parents=True, exist_ok=True)
-    os.environ["TORCH_FR_BUFFER_SIZE"] = "64"  # read when each process group is made: inherited by the workers
     ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [ctx.Process(target=_job, args=(r, _WORLD[case], case, str(out), port)) for r in range(_WORLD[case])]
-    for p in procs:
-        p.start()
+    before = os.environ.get("TORCH_FR_BUFFER_SIZE")
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "64"  # read when each process group is made: the workers inherit it
+    try:
+        for p in procs:
+            p.start()
+    finally:  # the caller's environment as it was (a test's process runs other tests after)
+        if before is None:
+            del os.environ["TORCH_FR_BUFFER_SIZE"]
+        else:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = before
     for p in procs:
         p.join(60)
         if p.is_alive():
