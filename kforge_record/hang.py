@@ -28,6 +28,7 @@ import bisect
 import contextlib
 import faulthandler
 import os
+import re
 import sys
 import threading
 import time
@@ -45,6 +46,14 @@ REARM_MARGIN_S = 3.0  # re-arm faulthandler when its deadline comes this close
 STACKS_FILE = "hang-stacks.txt"
 MAX_FRAMES = 200  # per thread, innermost kept
 _faulthandler_owner: list = []  # the one HangWatch that arms faulthandler in this process
+
+
+_EVIDENCE = re.compile(r"^(hang-\d+\.json|fr-hang-\d+-rank-\d+\.pkl|hang-stacks\.txt)$")
+
+
+def is_evidence_name(name: str) -> bool:
+    """A file the hang watch writes (hang-N.json, fr-hang-N-rank-R.pkl, hang-stacks.txt)."""
+    return _EVIDENCE.match(name) is not None
 
 
 def evidence_name(n: int) -> str:

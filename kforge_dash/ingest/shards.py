@@ -26,6 +26,7 @@ from kforge_dash.ingest.parquet_io import (
     step_facts,
 )
 from kforge_dash.ingest.second_writers import warn_second_writers
+from kforge_record.hang import is_evidence_name
 from kforge_record.heartbeat import HEARTBEAT_FILE, Heartbeat, read_heartbeat
 from kforge_record.schema import (
     END_FILE,
@@ -52,6 +53,9 @@ class AttemptFiles:
     # Part files a merged part among ``parts`` replaces (full paths): left by a merge in progress or
     # killed; read only if that merged part turns out unreadable (read_attempt).
     shadowed: tuple[str, ...] = ()
+    # A stalled rank's evidence (kforge_record/hang.py: hang-N.json, hang-stacks.txt, FR dumps), full
+    # paths: in the fingerprint (a new stall is ingested again) and read by findings/hang.py.
+    evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class Attempt:
     end: dict | None
     parts: tuple[PartInfo, ...] = field(default=())
     heartbeat: Heartbeat | None = None  # the last step it ended, kept by a SIGKILL (kforge_record/heartbeat.py)
+    evidence: tuple[str, ...] = ()  # AttemptFiles.evidence
 
     @property
     def world_size(self) -> int | None:
@@ -144,7 +149,8 @@ def list_attempts(run_dir: str, warnings: list[str]) -> list[AttemptFiles]:
                 continue
             shadowed = sorted(n for n in set(listed).difference(names) if is_part_file(n))
             out.append(AttemptFiles(rank, att.name, att.path, tuple(os.path.join(att.path, n) for n in names),
-                                    tuple(os.path.join(att.path, n) for n in shadowed)))
+                                    tuple(os.path.join(att.path, n) for n in shadowed),
+                                    tuple(os.path.join(att.path, n) for n in sorted(listed) if is_evidence_name(n))))
     return warn_second_writers(out, warnings)
 
 
@@ -187,7 +193,7 @@ def stat_inputs(attempts: list[AttemptFiles]) -> dict[str, tuple[int, int] | Non
     stat'ed (absent). One stat per file, shared by input_digest and the footer cache."""
     out: dict[str, tuple[int, int] | None] = {}
     for a in attempts:
-        for p in (os.path.join(a.dir, META_FILE), os.path.join(a.dir, END_FILE), *a.parts):
+        for p in (os.path.join(a.dir, META_FILE), os.path.join(a.dir, END_FILE), *a.parts, *a.evidence):
             try:
                 st = os.stat(p)
                 out[p] = (st.st_size, st.st_mtime_ns)
@@ -323,7 +329,7 @@ def read_attempt(af: AttemptFiles, warnings: list[str], part_reader=None) -> Att
     parts = _readable_parts(af, reader, warnings)
     start = None if meta["start_time"] is None else float(meta["start_time"])
     return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, start, read_end(af, warnings), parts,
-                   _heartbeat(af, warnings))
+                   _heartbeat(af, warnings), af.evidence)
 
 
 def _heartbeat(af: AttemptFiles, warnings: list[str]) -> Heartbeat | None:
