@@ -7,7 +7,6 @@ backward's all_reduce); MODE data: inside its ``data`` phase. The recorder's han
 hang_after_s=3; the test kills the job once the stall's evidence is written.
 """
 
-import os
 import sys
 import time
 

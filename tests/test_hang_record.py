@@ -1,0 +1,154 @@
+"""The recorder's hang watch (kforge_record/hang.py) and ingest's hang finding (findings/hang.py).
+
+One real 4-rank gloo job under torchrun (slow); the other cases in-process or with one child process.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from kforge_dash.ingest.run import ingest_run
+from kforge_record import Recorder
+
+HERE = Path(__file__).parent
+REPO = HERE.parent
+
+
+def hang_findings(run: Path) -> list[dict]:
+    summary = ingest_run(str(run)).summary
+    return [f for f in summary["findings"] if f["kind"] == "hang"]
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _steps(rec, first, last, phase="fwd_bwd"):
+    for s in range(first, last + 1):
+        with rec.phase(phase):
+            time.sleep(0.005)
+        rec.end_step(s, loss=1.0)
+
+
+def test_a_rank_stuck_in_its_data_phase_leaves_step_phase_stacks_and_rows_once_per_stall(tmp_path):
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, hang_after_s=1.0, hw_every_s=0, flush_every_steps=1000)
+    _steps(rec, 1, 5)
+    with rec.phase("data"):
+        wait_for(lambda: list(Path(rec.attempt_dir).glob("hang-*.json")), 10, "the stall's evidence")
+        time.sleep(2.5)  # still stalled: no second file (once per stall)
+    doc = json.loads((Path(rec.attempt_dir) / "hang-1.json").read_text())
+    assert [p.name for p in Path(rec.attempt_dir).glob("hang-*.json")] == ["hang-1.json"]
+    assert (doc["last_step"], doc["phase"], doc["open_phases"], doc["threshold_s"]) == (5, "data", ["data"], 1.0)
+    loop = next(t for t in doc["threads"] if t["id"] == doc["loop_thread"])
+    assert loop["frames"][-1][0] == __file__  # where the loop waits: in this test's wait_for
+    # the five ended steps were flushed at the stall (flush_every_steps=1000 would not have)
+    steps = sorted(s for p in Path(rec.attempt_dir).glob("part-*.parquet") for s in pq.read_table(p)["step"].to_pylist())
+    assert steps == [1, 2, 3, 4, 5]
+    _steps(rec, 6, 8)  # steps again, then a second stall: a second file
+    wait_for(lambda: (Path(rec.attempt_dir) / "hang-2.json").exists(), 10, "the second stall")
+    assert json.loads((Path(rec.attempt_dir) / "hang-2.json").read_text())["last_step"] == 8
+    # a stall that ended (steps went on) is no hang at ingest; neither is a clean close
+    _steps(rec, 9, 10)
+    rec.close()
+    assert not (Path(rec.attempt_dir) / "hang-stacks.txt").exists()  # faulthandler never fired: removed
+    assert hang_findings(tmp_path / "run") == []
+
+
+def test_a_long_checkpoint_under_the_threshold_leaves_nothing(tmp_path):
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, hang_after_s=2.5, hw_every_s=0)
+    _steps(rec, 1, 3)
+    with rec.phase("checkpoint"):
+        time.sleep(1.8)
+    _steps(rec, 4, 6)
+    time.sleep(1.5)
+    rec.close()
+    assert not [p.name for p in Path(rec.attempt_dir).iterdir() if p.name.startswith(("hang", "fr-hang"))]
+
+
+def test_the_watch_is_off_at_zero_and_its_threshold_is_validated(tmp_path):
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, hang_after_s=0, hw_every_s=0)
+    assert rec._hang is None
+    rec.close()
+    for bad in (-1, float("nan"), True, "5"):
+        with pytest.raises((ValueError, TypeError), match="hang_after_s"):
+            Recorder(tmp_path / "bad", rank=0, world_size=1, hang_after_s=bad)
+
+
+GIL_CHILD = textwrap.dedent("""
+    import ctypes, sys, time
+    from kforge_record import Recorder
+    rec = Recorder(sys.argv[1], rank=0, world_size=1, hang_after_s=1.0, hw_every_s=0)
+    for s in range(1, 200):  # 2 s of steps: the watch has armed faulthandler
+        with rec.phase("fwd_bwd"):
+            time.sleep(0.01)
+        rec.end_step(s, loss=1.0)
+    def held():
+        ctypes.PyDLL(None).sleep(60)  # a C call that never releases the GIL
+    with rec.phase("fwd_bwd"):
+        held()
+""")
+
+
+def test_a_rank_holding_the_gil_still_leaves_its_stacks(tmp_path):
+    child = tmp_path / "gil_child.py"
+    child.write_text(GIL_CHILD)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(child), str(tmp_path / "run")], env=env)
+    try:
+        stacks = wait_for(lambda: [p for p in (tmp_path / "run").glob("rank-*/*/hang-stacks.txt")
+                                   if "Timeout (" in p.read_text()], 30, "faulthandler's stacks")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not list(stacks[0].parent.glob("hang-*.json"))  # no Python ran: only the C watchdog wrote
+    (f,) = hang_findings(tmp_path / "run")
+    assert f["gil_held"] == [0] and f["stacks"] == [{"ranks": [0], "frame": f"{child}:10 in held"}]
+    assert f["first_step"] == 200 and f["phase"] is None and "holding the GIL" in f["message"]
+
+
+def test_a_job_killed_without_stall_evidence_is_no_hang(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(HERE / "kill_child.py"), str(run), "1796000000", "1", "30", "10", "1"],
+                          env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{HERE}"}, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    kinds = [f["kind"] for f in ingest_run(str(run)).summary["findings"]]
+    assert "unrecorded_steps" in kinds and "hang" not in kinds
+
+
+@pytest.mark.slow
+def test_torchrun_gloo_rank_stuck_in_compute_is_named_with_step_phase_line_and_collective(tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4",
+                             str(HERE / "hang_child.py"), str(run), "compute", "2", "30"],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: len(list(run.glob("rank-*/*/hang-1.json"))) == 4, 90, "every rank's evidence")
+        wait_for(lambda: len(list(run.glob("rank-*/*/fr-hang-1-rank-*.pkl"))) == 4, 10, "every rank's FR dump")
+        wait_for(lambda: len(list(run.glob("rank-*/*/part-*.parquet"))) == 4, 10, "every rank's rows")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the job is hung: killed as a user would
+        proc.wait()
+    summary = ingest_run(str(run)).summary
+    (f,) = [f for f in summary["findings"] if f["kind"] == "hang"]
+    child = str(HERE / "hang_child.py")
+    assert (f["ranks"], f["phase"], f["first_step"], f["severity"]) == ([2], "fwd_bwd", 30, "error")
+    assert f["stacks"] == [{"ranks": [0, 1, 3], "frame": f"{child}:40 in <module>"},  # loss.backward()
+                           {"ranks": [2], "frame": f"{child}:28 in stall"}]
+    assert f["collective"]["op"] == "all_reduce" and f["collective"]["waiting"] == [0, 1, 3]
+    assert f["hosts"] and f["waited_s"] >= 3.0
+    assert not [x for x in summary["findings"] if x["kind"] == "missing_ranks"]  # rank 2's 29 steps were flushed
