@@ -147,8 +147,50 @@ def test_torchrun_gloo_rank_stuck_in_compute_is_named_with_step_phase_line_and_c
     (f,) = [f for f in summary["findings"] if f["kind"] == "hang"]
     child = str(HERE / "hang_child.py")
     assert (f["ranks"], f["phase"], f["first_step"], f["severity"]) == ([2], "fwd_bwd", 30, "error")
-    assert f["stacks"] == [{"ranks": [0, 1, 3], "frame": f"{child}:40 in <module>"},  # loss.backward()
-                           {"ranks": [2], "frame": f"{child}:28 in stall"}]
+    assert f["stacks"] == [{"ranks": [0, 1, 3], "frame": f"{child}:39 in <module>"},  # loss.backward()
+                           {"ranks": [2], "frame": f"{child}:27 in stall"}]
     assert f["collective"]["op"] == "all_reduce" and f["collective"]["waiting"] == [0, 1, 3]
     assert f["hosts"] and f["waited_s"] >= 3.0
     assert not [x for x in summary["findings"] if x["kind"] == "missing_ranks"]  # rank 2's 29 steps were flushed
+
+
+STALL_CHILD = textwrap.dedent("""
+    import sys, time
+    from kforge_record import Recorder
+    rec = Recorder(sys.argv[1], rank=0, world_size=1, hang_after_s=1.5, hw_every_s=0, flush_every_steps=10)
+    for s in range(1, 40):
+        with rec.phase("fwd_bwd"):
+            time.sleep(0.01)
+        rec.end_step(s, loss=1.0)
+    with rec.phase("data"):
+        time.sleep(120)  # the stall
+""")
+
+
+def test_a_watch_started_on_an_empty_root_waits_and_sends_the_hang_while_the_job_is_hung(tmp_path):
+    root, calls = tmp_path / "runs", tmp_path / "calls.jsonl"
+    root.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = f"{sys.executable} {HERE / 'on_finding_cmd.py'} {calls} ok"
+    watcher = subprocess.Popen([sys.executable, "-m", "kforge_dash.cli.ingest", str(root), "--watch", "0.5", "--no-tensorboard",
+                                "--no-wandb", "--quiet", "--on-finding", cmd], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    child = tmp_path / "stall_child.py"
+    child.write_text(STALL_CHILD)
+    job = None
+    try:
+        time.sleep(1.5)  # a few passes over the empty root: the watcher waits, says nothing is wrong
+        assert watcher.poll() is None
+        job = subprocess.Popen([sys.executable, str(child), str(root / "job")], env=env)
+        wait_for(lambda: calls.exists() and "hang" in calls.read_text(), 60, "the hang sent")
+        assert job.poll() is None  # sent while the job is still hung
+    finally:
+        if job is not None:
+            job.kill()
+            job.wait()
+        watcher.send_signal(signal.SIGINT)
+        _, err = watcher.communicate(timeout=60)
+    assert "no kforge runs found" not in err and "error" not in err, err
+    (sent,) = [json.loads(line)["finding"] for line in calls.read_text().splitlines()
+               if json.loads(line)["finding"]["kind"] == "hang"]
+    assert (sent["first_step"], sent["phase"], sent["stacks"][0]["frame"]) == (40, "data", f"{child}:10 in <module>")

@@ -100,8 +100,8 @@ def _groups(stalls: dict[int, RankStall], key) -> list[dict]:
 def _hang(facts: RunFacts, launch, stalls: dict[int, RankStall], silent: list[int], verdict) -> Finding:
     named = tuple(r for r in (verdict.ranks if verdict is not None else ()) if r in launch.ranks)
     ranks, by = (named, "fr") if named else outliers(stalls)
-    behind = [stalls[r] for r in ranks if r in stalls]
-    last = min((s.last_step for s in (behind or stalls.values()) if s.last_step is not None), default=None)
+    behind = [stalls[r] for r in ranks if r in stalls] or list(stalls.values())  # alike: the phase they all stalled in
+    last = min((s.last_step for s in behind if s.last_step is not None), default=None)
     phases = {s.phase for s in behind}
     phase = phases.pop() if len(phases) == 1 else None
     others = [s for r, s in stalls.items() if r not in ranks]
