@@ -100,6 +100,10 @@ def _findings_lines(s: dict) -> list[str]:
         lines.append(f"    [{f.get('severity')}] {f.get('kind')}: {f.get('message')}")
         if f.get("cause"):  # a straggler's hardware cause (hw_throttle during its steps)
             lines.append(f"      cause: {f['cause']}")
+        if f.get("kind") == "hang":  # where each group of ranks stands, their lines, the collective
+            from kforge_dash.browse.hang import hang_lines
+
+            lines += [f"      {line}" for line in hang_lines(f)]
     if len(findings) > 10:
         lines.append(f"    ... and {len(findings) - 10} more in summary.json")
     return lines
