@@ -194,3 +194,32 @@ def test_a_watch_started_on_an_empty_root_waits_and_sends_the_hang_while_the_job
     (sent,) = [json.loads(line)["finding"] for line in calls.read_text().splitlines()
                if json.loads(line)["finding"]["kind"] == "hang"]
     assert (sent["first_step"], sent["phase"], sent["stacks"][0]["frame"]) == (40, "data", f"{child}:10 in <module>")
+
+
+def test_the_run_page_report_and_tensorboard_show_the_hang_first(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from dash_fixtures import detail_page
+
+    from kforge_dash.cli.report import main as report_main
+    from kforge_dash.export.tb_findings import findings_by_step
+
+    rec = Recorder(tmp_path / "runs" / "job", rank=0, world_size=1, hang_after_s=1.0, hw_every_s=0)
+    _steps(rec, 1, 5)
+    with rec.phase("**load** <b>x</b>"):  # a name from disk: shown as typed, never rendered
+        wait_for(lambda: list(Path(rec.attempt_dir).glob("hang-*.json")), 10, "the stall's evidence")
+    os.remove(Path(rec.attempt_dir) / "hang-stacks.txt")  # (close would, when empty)
+    summary = ingest_run(str(tmp_path / "runs" / "job")).summary
+    rec.close()  # after the ingest: a closed recorder's last stall is no hang
+    at = detail_page(tmp_path / "runs", monkeypatch, "job")
+    assert not at.exception
+    first = at.error[0].value
+    assert first.startswith(r"Hung\: Launch 0 hung after step 5\: rank 0 stalled, in phase")
+    assert r"\*\*load\*\* \<b\>x\</b\>" in first
+    assert at.dataframe[0].value["role"].tolist() == ["stalled"]
+    assert any(f"{__file__}:" in t.value and " in wait_for" in t.value for t in at.text)
+    (tb,) = findings_by_step(summary)[6]
+    assert tb[0] == "findings/hang" and "1 at " in tb[1]
+    r = CliRunner().invoke(report_main, [str(tmp_path / "runs"), "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "r.html").read_text()
+    assert '<div class="hang"><h4>Hung: Launch 0 hung after step 5' in page and "&lt;b&gt;x&lt;/b&gt;" in page

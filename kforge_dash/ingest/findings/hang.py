@@ -161,7 +161,8 @@ def _message(launch, stalls, ranks, by, phase, last, waited, silent, collective)
             text += f" {common}" + (f" for at least {waited:.0f} s" if waited is not None else "")
     else:
         s = next(iter(stalls.values()))
-        text += (f"all {len(stalls)} ranks with evidence stalled alike, {_where(s)} (no rank stands out: a network or "
+        text += (f"rank {s.rank} stalled, {_where(s)}" if len(stalls) == 1 else
+                 f"all {len(stalls)} ranks with evidence stalled alike, {_where(s)} (no rank stands out: a network or "
                  "communicator fault, or every rank stuck in one call)") + (f", for at least {waited:.0f} s" if waited else "")
     if collective:
         text += f"; they wait in {collective['op']} #{collective['seq']} of group {collective['group']}"
