@@ -215,6 +215,7 @@ def test_the_run_page_report_and_tensorboard_show_the_hang_first(tmp_path, monke
     first = at.error[0].value
     assert first.startswith(r"Hung\: Launch 0 hung after step 5\: rank 0 stalled, in phase")
     assert r"\*\*load\*\* \<b\>x\</b\>" in first
+    assert r"\*\*load\*\* \<b\>x\</b\>" in first
     assert at.dataframe[0].value["role"].tolist() == ["stalled"]
     assert any(f"{__file__}:" in t.value and " in wait_for" in t.value for t in at.text)
     (tb,) = findings_by_step(summary)[6]
