@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from kforge_dash.browse.hang import hang_lines
 from kforge_dash.ingest.run import ingest_run
 from kforge_record import Recorder
 
@@ -215,7 +216,6 @@ def test_the_run_page_report_and_tensorboard_show_the_hang_first(tmp_path, monke
     first = at.error[0].value
     assert first.startswith(r"Hung\: Launch 0 hung after step 5\: rank 0 stalled, in phase")
     assert r"\*\*load\*\* \<b\>x\</b\>" in first
-    assert r"\*\*load\*\* \<b\>x\</b\>" in first
     assert at.dataframe[0].value["role"].tolist() == ["stalled"]
     assert any(f"{__file__}:" in t.value and " in wait_for" in t.value for t in at.text)
     (tb,) = findings_by_step(summary)[6]
@@ -224,3 +224,49 @@ def test_the_run_page_report_and_tensorboard_show_the_hang_first(tmp_path, monke
     assert r.exit_code == 0, r.output
     page = (tmp_path / "r.html").read_text()
     assert '<div class="hang"><h4>Hung: Launch 0 hung after step 5' in page and "&lt;b&gt;x&lt;/b&gt;" in page
+
+
+def _three_ranks_stalled(tmp_path, *, behind: bool) -> dict:
+    """Ranks 0-2 of one launch (three Recorders here): rank 2 stalls in its data phase, the others
+    in fwd_bwd; ``behind``: rank 2 ended one step fewer. Returns rank -> Recorder, stalls written."""
+    recs = {r: Recorder(tmp_path / "run", rank=r, world_size=3, hang_after_s=1.0, hw_every_s=0) for r in range(3)}
+    for s in range(1, 6):
+        for r, rec in recs.items():
+            if not (behind and r == 2 and s == 5):
+                rec.end_step(s, loss=1.0)
+    phases = [recs[0].phase("fwd_bwd"), recs[1].phase("fwd_bwd"), recs[2].phase("data")]
+    for p in phases:
+        p.__enter__()
+    wait_for(lambda: len(list((tmp_path / "run").glob("rank-*/*/hang-1.json"))) == 3, 15, "three ranks' evidence")
+    for p in phases:
+        p.__exit__(None, None, None)
+    return recs
+
+
+def test_without_flight_recorder_the_rank_behind_is_named_with_its_phase(tmp_path):
+    recs = _three_ranks_stalled(tmp_path, behind=True)
+    (f,) = hang_findings(tmp_path / "run")
+    assert (f["ranks"], f["by"], f["first_step"], f["phase"], f["collective"]) == ([2], "step", 5, "data", None)
+    assert [(s["ranks"], s["last_step"], s["phase"], s["role"]) for s in f["states"]] == [
+        ([0, 1], 5, "fwd_bwd", "majority"), ([2], 4, "data", "outlier")]
+    assert "behind the others: rank 2" in f["message"] and "collective: unknown" in "\n".join(hang_lines(f))
+    for rec in recs.values():
+        rec._hang.close()  # (their stalls stand: no close() of the recorders, which would end them cleanly)
+
+
+def test_flight_recorder_dumps_name_the_rank_and_a_desync_is_its_own_finding(tmp_path):
+    import pickle
+
+    recs = _three_ranks_stalled(tmp_path, behind=False)
+    dumps = {r: pickle.loads((HERE / "data" / "fr_gloo" / "missing_world" / f"rank_{r}").read_bytes()) for r in range(3)}
+    e = dumps[1]["entries"][0]
+    e["input_dtypes"] = ["Int"]  # rank 1 issued its first collective with another dtype than rank 0 and 2
+    for r, rec in recs.items():  # what the watch writes when torch.distributed is up and the FR on
+        (Path(rec.attempt_dir) / f"fr-hang-1-rank-{r}.pkl").write_bytes(pickle.dumps(dumps[r]))
+    summary = ingest_run(str(tmp_path / "run")).summary
+    (f,) = [x for x in summary["findings"] if x["kind"] == "hang"]
+    assert (f["ranks"], f["by"], f["phase"], f["collective"]["op"]) == ([2], "fr", "data", "all_reduce")
+    (d,) = [x for x in summary["findings"] if x["kind"] == "desync"]
+    assert d["ranks"] == [1] and d["severity"] == "error" and d["desync"][0]["seq"] == e["collective_seq_id"]
+    for rec in recs.values():
+        rec._hang.close()
