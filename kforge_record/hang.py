@@ -84,6 +84,8 @@ class HangWatch:
         self._stacks = None
         self._stop = threading.Event()
         self._own_fh = False
+        self._fh_lock = threading.Lock()  # arm/cancel vs a fork (below)
+        self._fork_deadline = 0.0
         if not _faulthandler_owner:
             _faulthandler_owner.append(self)
             self._own_fh = self._open_stacks()
@@ -138,19 +140,45 @@ class HangWatch:
         return True
 
     def _arm(self, timeout: float, now: float) -> None:
-        try:
-            faulthandler.dump_traceback_later(timeout, repeat=False, file=self._stacks)
-            self._armed_until = now + timeout
-        except Exception as e:  # noqa: BLE001
-            self._own_fh = False
-            self._warn("hang-faulthandler", f"faulthandler could not be armed ({e!r}): a rank holding the GIL "
-                       "will leave no stacks")
+        with self._fh_lock:
+            if not self._own_fh:
+                return
+            try:
+                faulthandler.dump_traceback_later(timeout, repeat=False, file=self._stacks)
+                self._armed_until = now + timeout
+            except Exception as e:  # noqa: BLE001
+                self._own_fh = False
+                self._warn("hang-faulthandler", f"faulthandler could not be armed ({e!r}): a rank holding the GIL "
+                           "will leave no stacks")
 
     def _disarm(self) -> None:
+        with self._fh_lock:
+            if self._own_fh and self._armed_until:
+                with contextlib.suppress(Exception):
+                    faulthandler.cancel_dump_traceback_later()
+                self._armed_until = 0.0
+
+    # A forked child inherits faulthandler's armed state but not its C thread: at exit CPython then
+    # waits for that thread forever (3.11). So the timer is cancelled before every fork (a DataLoader's
+    # workers) and re-armed after it in the parent: ~0.1 ms a fork (bench_hang_watch.py's re-arm).
+    def before_fork(self) -> None:
+        self._fh_lock.acquire()
+        self._fork_deadline = self._armed_until
         if self._own_fh and self._armed_until:
             with contextlib.suppress(Exception):
                 faulthandler.cancel_dump_traceback_later()
             self._armed_until = 0.0
+
+    def after_fork_in_parent(self) -> None:
+        self._fh_lock.release()
+        if self._fork_deadline:
+            now = time.time()
+            self._arm(max(0.1, self._fork_deadline - now), now)
+
+    def after_fork_in_child(self) -> None:
+        self._fh_lock = threading.Lock()
+        self._own_fh = False
+        self._stop.set()
 
     def _open_stacks(self) -> bool:
         """Open hang-stacks.txt (appended to by faulthandler only) with a header naming the loop thread."""
@@ -233,9 +261,28 @@ class HangWatch:
             self._own_fh = False
 
     def forked(self) -> None:
-        """In a forked child: this thread is not there, and the timer is the parent's."""
+        """In a forked child (the recorder's at-fork hook): this thread is not there, nor the timer."""
         self._stop.set()
         self._own_fh = False
+
+
+def _before_fork() -> None:
+    for w in _faulthandler_owner:
+        w.before_fork()
+
+
+def _after_fork_in_parent() -> None:
+    for w in _faulthandler_owner:
+        w.after_fork_in_parent()
+
+
+def _after_fork_in_child() -> None:
+    for w in _faulthandler_owner:
+        w.after_fork_in_child()
+    _faulthandler_owner.clear()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def _threads() -> list[dict]:
