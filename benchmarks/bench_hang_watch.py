@@ -32,7 +32,7 @@ def main() -> None:
         look, arm = [], []
         for _ in range(REPEATS):
             t = time.perf_counter()
-            rec._hang.check(time.time())
+            rec._hang.check(time.monotonic())
             look.append(time.perf_counter() - t)
             t = time.perf_counter()
             faulthandler.dump_traceback_later(300, repeat=False, file=f)

@@ -73,14 +73,16 @@ class HangWatch:
         self._dir = rec.attempt_dir
         self._warn = rec._warn
         self._loop_thread = threading.get_ident()  # the thread that built the recorder: the training loop's
-        self._start = time.time()
+        self._start = time.monotonic()
+        self._seen_at = self._start  # when this watch last saw the heartbeat move (monotonic: a stall is
+        # measured by this clock, never against the loop's step times, so a clock jump is no stall)
         self._seen_t = 0.0  # the heartbeat time last seen
         self._seen_step: int | None = None
         self._intervals: list[float] = []  # sorted step times observed (seconds per step), at most 256
         self._recent: deque = deque(maxlen=256)
-        self._stalled_at = -1.0  # the heartbeat time whose stall was written (once per stall)
+        self._stalled_at = -1.0  # the _seen_at whose stall was written (once per stall)
         self._n = 0
-        self._armed_until = 0.0  # Unix time the faulthandler timer fires; 0: not armed
+        self._armed_until = 0.0  # when (monotonic) the faulthandler timer fires; 0: not armed
         self._stacks = None
         self._stop = threading.Event()
         self._own_fh = False
@@ -116,17 +118,18 @@ class HangWatch:
     def _run(self) -> None:
         while not self._stop.wait(TICK_S):
             try:
-                self.check(time.time())
+                self.check(time.monotonic())
             except Exception as e:  # noqa: BLE001 - the watch must never take anything down
                 self._warn(f"hang:{type(e).__name__}", f"the hang watch failed ({e!r}); it goes on")
 
     def check(self, now: float) -> bool:
-        """One look (the thread calls it every TICK_S): True when it wrote a stall's evidence."""
+        """One look at monotonic time ``now`` (the thread's, every TICK_S): True when it wrote a stall's evidence."""
         hb_step, hb_time = self._rec._hb_step, self._rec._hb_time
         t, step = hb_time[2], hb_step[1]
         if t and t != self._seen_t:
             self._note_step(t, step)
-        last = t or self._start  # no step yet: the first one counts from construction
+            self._seen_at = now
+        last = self._seen_at  # no step yet: the first one counts from construction
         deadline = last + self.threshold()
         if now < deadline:
             if self._own_fh and self._armed_until - now < REARM_MARGIN_S:
@@ -136,7 +139,7 @@ class HangWatch:
             return False  # written already for this stall: once per stall
         self._stalled_at = last
         self._disarm()
-        self._write(now, last if t else None, step if t else None)
+        self._write(now - last, t or None, step if t else None)
         return True
 
     def _arm(self, timeout: float, now: float) -> None:
@@ -172,7 +175,7 @@ class HangWatch:
     def after_fork_in_parent(self) -> None:
         self._fh_lock.release()
         if self._fork_deadline:
-            now = time.time()
+            now = time.monotonic()
             self._arm(max(0.1, self._fork_deadline - now), now)
 
     def after_fork_in_child(self) -> None:
@@ -192,14 +195,14 @@ class HangWatch:
             return False
 
     # -- the evidence -------------------------------------------------------------------------
-    def _write(self, now: float, last_t: float | None, step: int | None) -> None:
+    def _write(self, stalled_s: float, last_t: float | None, step: int | None) -> None:
         self._n += 1
         rec = self._rec
         phase, phase_s, open_phases = self._phase(time.perf_counter())
         doc = {
             "schema_version": SCHEMA_VERSION, "n": self._n, "rank": rec.rank, "pid": os.getpid(),
-            "host": rec._meta.get("host"), "written_at": now, "last_step": step, "last_step_time": last_t,
-            "stalled_s": now - (last_t or self._start), "threshold_s": self.threshold(),
+            "host": rec._meta.get("host"), "written_at": time.time(), "last_step": step, "last_step_time": last_t,
+            "stalled_s": round(stalled_s, 3), "threshold_s": self.threshold(),
             "adaptive": self._fixed is None, "phase": phase, "phase_s": phase_s, "open_phases": open_phases,
             "loop_thread": self._loop_thread, "threads": _threads(),
         }

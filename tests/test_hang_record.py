@@ -208,7 +208,7 @@ def test_the_run_page_report_and_tensorboard_show_the_hang_first(tmp_path, monke
     _steps(rec, 1, 5)
     with rec.phase("**load** <b>x</b>"):  # a name from disk: shown as typed, never rendered
         wait_for(lambda: list(Path(rec.attempt_dir).glob("hang-*.json")), 10, "the stall's evidence")
-    os.remove(Path(rec.attempt_dir) / "hang-stacks.txt")  # (close would, when empty)
+    (Path(rec.attempt_dir) / "hang-stacks.txt").unlink(missing_ok=True)  # (close would, when empty)
     summary = ingest_run(str(tmp_path / "runs" / "job")).summary
     rec.close()  # after the ingest: a closed recorder's last stall is no hang
     at = detail_page(tmp_path / "runs", monkeypatch, "job")
@@ -270,3 +270,14 @@ def test_flight_recorder_dumps_name_the_rank_and_a_desync_is_its_own_finding(tmp
     assert d["ranks"] == [1] and d["severity"] == "error" and d["desync"][0]["seq"] == e["collective_seq_id"]
     for rec in recs.values():
         rec._hang.close()
+
+
+def test_a_hang_whose_ranks_fill_in_over_two_passes_is_sent_once(tmp_path):
+    from kforge_dash.cli.on_finding import new_findings
+
+    partial = {"kind": "hang", "severity": "error", "first_step": 30, "last_step": 30, "ranks": [], "phase": "fwd_bwd"}
+    full = {**partial, "ranks": [2], "phase": "data"}  # the next pass: the last rank's evidence arrived
+    assert new_findings(str(tmp_path), [partial], print) == [partial]
+    assert new_findings(str(tmp_path), [full], print) == []
+    later = {**full, "first_step": 90, "last_step": 90}  # a hang of a later launch is news
+    assert new_findings(str(tmp_path), [later], print) == [later]
