@@ -281,3 +281,21 @@ def test_a_hang_whose_ranks_fill_in_over_two_passes_is_sent_once(tmp_path):
     assert new_findings(str(tmp_path), [full], print) == []
     later = {**full, "first_step": 90, "last_step": 90}  # a hang of a later launch is news
     assert new_findings(str(tmp_path), [later], print) == [later]
+
+
+def test_pytorchs_own_watchdog_dumps_at_the_recorded_prefix_are_used(tmp_path, monkeypatch):
+    import shutil
+
+    prefix = tmp_path / "fr" / "nccl_trace_rank_"
+    prefix.parent.mkdir()
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(prefix))
+    recs = _three_ranks_stalled(tmp_path, behind=False)  # no torch.distributed here: the watch wrote no dump
+    meta = json.loads((Path(recs[0].attempt_dir) / "meta.json").read_text())
+    assert meta["fr"] == {"buffer_size": 2000, "dump_file": str(prefix)}
+    for r in range(3):  # what PyTorch's watchdog writes at its timeout: <prefix><rank>
+        shutil.copy(HERE / "data" / "fr_gloo" / "missing_world" / f"rank_{r}", f"{prefix}{r}")
+    (f,) = hang_findings(tmp_path / "run")
+    assert (f["ranks"], f["by"], f["collective"]["op"]) == ([2], "fr", "all_reduce")
+    for rec in recs.values():
+        rec._hang.close()
