@@ -28,7 +28,6 @@ import bisect
 import contextlib
 import faulthandler
 import os
-import re
 import sys
 import threading
 import time
@@ -36,24 +35,15 @@ import traceback
 from collections import deque
 
 from .atomic import atomic_write_bytes, write_json_atomic
-from .schema import SCHEMA_VERSION
+from .schema import SCHEMA_VERSION, STACKS_FILE
 
 FLOOR_S = 300.0  # the adaptive threshold's floor: slow first steps, evals and checkpoints stay under it
 STEP_FACTOR = 10.0  # ... or this many median steps, when steps are slower than 30 s
 TICK_S = 1.0  # how often the watch looks
 GRACE_S = 2.0  # faulthandler fires this long after the threshold: the Python watch writes first when it can
 REARM_MARGIN_S = 3.0  # re-arm faulthandler when its deadline comes this close
-STACKS_FILE = "hang-stacks.txt"
 MAX_FRAMES = 200  # per thread, innermost kept
 _faulthandler_owner: list = []  # the one HangWatch that arms faulthandler in this process
-
-
-_EVIDENCE = re.compile(r"^(hang-\d+\.json|fr-hang-\d+-rank-\d+\.pkl|hang-stacks\.txt)$")
-
-
-def is_evidence_name(name: str) -> bool:
-    """A file the hang watch writes (hang-N.json, fr-hang-N-rank-R.pkl, hang-stacks.txt)."""
-    return _EVIDENCE.match(name) is not None
 
 
 def evidence_name(n: int) -> str:

@@ -26,13 +26,13 @@ from kforge_dash.ingest.parquet_io import (
     step_facts,
 )
 from kforge_dash.ingest.second_writers import warn_second_writers
-from kforge_record.hang import is_evidence_name
 from kforge_record.heartbeat import HEARTBEAT_FILE, Heartbeat, read_heartbeat
 from kforge_record.schema import (
     END_FILE,
     META_FILE,
     SchemaError,
     check_schema_version,
+    is_evidence_name,
     is_part_file,
     live_parts,
     part_span,

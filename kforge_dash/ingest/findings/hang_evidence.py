@@ -16,7 +16,7 @@ import re
 import stat
 from dataclasses import dataclass
 
-from kforge_record.hang import STACKS_FILE
+from kforge_record.schema import STACKS_FILE
 
 MAX_BYTES = 64 * 1024 * 1024
 _LIBRARY = re.compile(r"(/site-packages/|/dist-packages/|/lib(64)?/python\d+(\.\d+)?/|/kforge_record/|^<)")
