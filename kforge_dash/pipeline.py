@@ -60,8 +60,15 @@ def runs_at(path) -> list[str]:
         raise IngestError(f"{path}: not a directory (give a runs root or one run directory)")
     runs = _shards.discover_runs(path)
     if not runs:
-        raise IngestError(f"{path}: no kforge runs found (a run directory holds rank-NNNNN/ folders)")
+        raise NoRunsYet(f"{path}: no kforge runs found (a run directory holds rank-NNNNN/ folders)")
     return runs
+
+
+class NoRunsYet(IngestError):
+    """An existing folder with no run in it (yet): --watch waits for one (``NO_RUNS_YET``)."""
+
+
+NO_RUNS_YET = "no kforge run yet: watching for one"
 
 
 def ingest_and_export(run: str, *, options: IngestOptions, exporters: Sequence[Exporter],
@@ -188,8 +195,9 @@ class _Tracking(NullProgress):
 
 
 def ingest_paths(paths: Sequence[str], *, options: IngestOptions, exporters: Sequence[Exporter], progress=None,
-                 changed: set[str] | None = None) -> IngestPass:
-    """One pass over ``paths``. ``changed`` receives every run re-ingested (or begun: a Ctrl-C may stop it)."""
+                 changed: set[str] | None = None, wait_for_runs: bool = False) -> IngestPass:
+    """One pass over ``paths``. ``changed`` receives every run re-ingested (or begun: a Ctrl-C may stop it).
+    ``wait_for_runs`` (--watch): a folder with no run yet is waiting (NO_RUNS_YET), not an error."""
     progress = progress if progress is not None else NullProgress()
     if changed is not None:
         progress = _Tracking(progress, changed)
@@ -197,6 +205,12 @@ def ingest_paths(paths: Sequence[str], *, options: IngestOptions, exporters: Seq
     for k, p in enumerate(paths):
         try:
             runs = runs_at(p)
+        except NoRunsYet as e:
+            if wait_for_runs:
+                out.waiting.append(IngestWaiting(os.path.abspath(p), NO_RUNS_YET))
+            else:
+                out.errors.append(str(e))
+            continue
         except IngestError as e:
             out.errors.append(str(e))
             continue
@@ -244,7 +258,8 @@ def watch(paths: Sequence[str], *, interval_s: float, options: IngestOptions, ex
     try:
         while True:
             time.sleep(interval_s)
-            report(ingest_paths(paths, options=options, exporters=live, progress=progress, changed=changed))
+            report(ingest_paths(paths, options=options, exporters=live, progress=progress, changed=changed,
+                                wait_for_runs=True))
     except KeyboardInterrupt:
         pass
     if not (deferred and changed):

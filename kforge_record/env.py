@@ -153,3 +153,17 @@ def versions() -> dict:
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+def flight_recorder_env() -> dict:
+    """PyTorch flight-recorder settings of this process (meta.json ``fr``): ``buffer_size`` (from
+    TORCH_FR_BUFFER_SIZE, else TORCH_NCCL_TRACE_BUFFER_SIZE; null: off) and ``dump_file`` (the
+    prefix PyTorch's watchdog writes ``<prefix><rank>`` to: TORCH_FR_DUMP_TEMP_FILE, else
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE, else its default), read by ingest's hang finding."""
+    size = os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+    try:
+        n = int(size) if size else None
+    except ValueError:
+        n = None
+    dump = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    return {"buffer_size": n, "dump_file": dump or ("/tmp/nccl_trace_rank_" if n else None)}

@@ -30,11 +30,12 @@ class RecorderOptions:
     close_timeout_s: float
     merge_parts: bool = True  # the writer merges its part files (compact.py); False: one file per flush
     hw_every_s: float = 5.0  # GPU telemetry every so many seconds on its own thread (hw.py); 0: off
+    hang_after_s: float | None = None  # the hang watch (hang.py): None adaptive, 0 off, else fixed seconds
 
     @classmethod
     def from_arguments(cls, *, model, hparams, tags, peak_tflops, counts_tokens, flush_every_steps,
                        flush_every_s, memory_every_steps, max_backlog_rows, close_timeout_s,
-                       merge_parts=True, hw_every_s=5.0) -> "RecorderOptions":
+                       merge_parts=True, hw_every_s=5.0, hang_after_s=None) -> "RecorderOptions":
         """The Recorder's keyword arguments as given (dicts, lists, ints where floats will do) to options."""
         model = _model(model)
         if hparams is not None and not isinstance(hparams, dict):
@@ -52,11 +53,14 @@ class RecorderOptions:
         check_positive("close_timeout_s", close_timeout_s, "a positive number of seconds", finite=False)
         if hw_every_s != 0:
             check_positive("hw_every_s", hw_every_s, "0 (off) or a positive finite number of seconds")
+        if isinstance(hang_after_s, bool) or (hang_after_s is not None and hang_after_s != 0):
+            check_positive("hang_after_s", hang_after_s, "None (adaptive), 0 (off) or a positive finite number of seconds")
         return cls(model=model, hparams=hparams or {}, tags=tuple(tags),
                    peak_tflops=None if peak_tflops is None else float(peak_tflops), counts_tokens=counts_tokens,
                    flush_every_steps=flush_every_steps, flush_every_s=float(flush_every_s),
                    memory_every_steps=memory_every_steps, max_backlog_rows=max_backlog_rows,
-                   close_timeout_s=close_timeout_s, merge_parts=merge_parts, hw_every_s=float(hw_every_s))
+                   close_timeout_s=close_timeout_s, merge_parts=merge_parts, hw_every_s=float(hw_every_s),
+                   hang_after_s=None if hang_after_s is None else float(hang_after_s))
 
     @property
     def lag_rows(self) -> int:

@@ -27,6 +27,7 @@ class Phase:
 
     def __exit__(self, et, ev, tb):
         self._pending.append((self._key, self._clock() - self._t0))
+        self._t0 = 0.0  # closed: the hang watch (hang.py) tells an open phase by a set _t0
         return False
 
 

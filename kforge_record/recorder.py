@@ -27,6 +27,7 @@ from time import perf_counter
 
 from . import env, heartbeat, lifecycle
 from .convert import capture, rows_to_table, safe_repr
+from .hang import HangWatch
 from .model import ModelSpec
 from .options import STEP_MAX, STEP_MIN, RecorderOptions, as_step, checked_run_dir, rank_and_world
 from .phase import NO_PHASE, Phase
@@ -91,6 +92,7 @@ class Recorder:
         install_sigterm_handler: bool = True,
         merge_parts: bool = True,
         hw_every_s: float = 5.0,
+        hang_after_s: float | None = None,
     ):
         self._pid = os.getpid()
         self._closed = True  # until construction succeeds, nothing to close
@@ -99,7 +101,7 @@ class Recorder:
             model=model, hparams=hparams, tags=tags, peak_tflops=peak_tflops, counts_tokens=counts_tokens,
             flush_every_steps=flush_every_steps, flush_every_s=flush_every_s, memory_every_steps=memory_every_steps,
             max_backlog_rows=max_backlog_rows, close_timeout_s=close_timeout_s, merge_parts=merge_parts,
-            hw_every_s=hw_every_s)
+            hw_every_s=hw_every_s, hang_after_s=hang_after_s)
         self.model = self._opts.model
         self.rank, self.world_size = rank_and_world(rank, world_size)
         if os.path.exists(self.run_dir) and not os.path.isdir(self.run_dir):
@@ -115,6 +117,7 @@ class Recorder:
         self._init_loop_state()
         self._hb_step, self._hb_time = heartbeat.open_heartbeat(self.attempt_dir, self._warn)
         self._start_writer()
+        self._hang = None if self._opts.hang_after_s == 0 else HangWatch(self, self._opts.hang_after_s)
         self._closed = False
         self._register(install_sigterm_handler)
 
@@ -144,6 +147,8 @@ class Recorder:
             "flush_every_s": o.flush_every_s,
             "memory_every_steps": o.memory_every_steps,
             "hw_every_s": o.hw_every_s,
+            "hang_after_s": o.hang_after_s,  # None: adaptive (hang.py), 0: off
+            "fr": env.flight_recorder_env(),  # where PyTorch's own dumps go (ingest reads them too)
         }
 
     def _init_loop_state(self) -> None:
@@ -362,6 +367,8 @@ class Recorder:
                 return
             self._closed = True
         try:
+            if self._hang is not None:
+                self._hang.close()
             self._finish(reason)
         finally:
             lifecycle.LIVE.discard(self)
@@ -387,6 +394,8 @@ class Recorder:
         self._rows = []
         del self._pending[:]  # the same list: the phase timers hold it
         self._hb_step, self._hb_time = heartbeat.detached()  # never the parent's heartbeat
+        if self._hang is not None:
+            self._hang.forked()
 
     def _close_at_exit(self) -> None:
         self.close(reason="exit")

@@ -16,6 +16,17 @@ PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
 RANK_PREFIX = "rank-"
 
+# A stalled rank's evidence (hang.py, docs/hangs.md): hang-N.json, fr-hang-N-rank-R.pkl, and the stacks
+# faulthandler writes without the GIL.
+STACKS_FILE = "hang-stacks.txt"
+_HANG_EVIDENCE = re.compile(r"^(hang-\d+\.json|fr-hang-\d+-rank-\d+\.pkl|hang-stacks\.txt)$")
+
+
+def is_evidence_name(name: str) -> bool:
+    """A file the hang watch writes (hang-N.json, fr-hang-N-rank-R.pkl, hang-stacks.txt)."""
+    return _HANG_EVIDENCE.match(name) is not None
+
+
 # Key of the JSON blob in every part file's Parquet key-value metadata.
 PARQUET_META_KEY = b"kforge"
 

@@ -26,6 +26,7 @@ from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
+from kforge_dash.browse.hang import hang_lines, hang_of
 from kforge_dash.contract import STEPS_FILE, SUMMARY_FILE
 from kforge_record.atomic import atomic_path
 
@@ -241,6 +242,10 @@ def _findings_html(s: dict) -> str:
             out.append(_table(["where the wall clock went", "time"], [
                 [str(k).replace("_", " "), units.duration(v) if isinstance(v, (int, float)) else json.dumps(v)]
                 for k, v in buckets.items()]))
+    hang = hang_of(s)
+    if hang is not None:  # first: what a person paged for a hung job reads first
+        out.append(f'<div class="hang"><h4>Hung: {_esc(hang.get("message"))}</h4><ul>'
+                   + "".join(f"<li>{_esc(line)}</li>" for line in hang_lines(hang)) + "</ul></div>")
     cards = prep_findings.finding_cards(s)
     if cards:
         rows = [[c.severity, c.kind, c.facts or units.MISSING, c.message] for c in cards]

@@ -120,6 +120,10 @@ def _findings_lines(s: dict) -> list[str]:
         lines.append(f"    [{f.get('severity')}] {f.get('kind')}: {f.get('message')}")
         if f.get("cause"):  # a straggler's hardware cause (hw_throttle during its steps)
             lines.append(f"      cause: {f['cause']}")
+        if f.get("kind") == "hang":  # where each group of ranks stands, their lines, the collective
+            from kforge_dash.browse.hang import hang_lines
+
+            lines += [f"      {line}" for line in hang_lines(f)]
     if len(findings) > 10:
         lines.append(f"    ... and {len(findings) - 10} more in summary.json")
     return lines
@@ -128,7 +132,7 @@ def _findings_lines(s: dict) -> list[str]:
 def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, json_lines: bool = False) -> None:
     """Print one pass: a screen per run (or JSON on stdout), errors on stderr."""
     from kforge_dash.ingest.hosts import host_lines, host_table
-    from kforge_dash.pipeline import failed_exports
+    from kforge_dash.pipeline import NO_RUNS_YET, failed_exports
 
     shown = [r for r in result.ok if not (only_changed and r.skipped)]
     hosts = host_table(r.summary for r in result.ok)  # unchanged runs too: from their summary.json
@@ -146,7 +150,7 @@ def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, j
         for r in shown:
             click.echo("\n".join(_screen(r)))
         for w in waiting:  # not an error: a job before its first flush
-            click.echo(f"{w.run_dir}  [waiting: no part file yet]")
+            click.echo(f"{w.run_dir}  [waiting: {'no part file yet' if w.reason != NO_RUNS_YET else w.reason}]")
         if len(result.ok) > 1 and shown:  # across runs: which hosts keep doing it
             click.echo("\n".join(host_lines(hosts)))
     for msg in [f.error for f in result.failed] + result.errors + failed_exports(shown):  # even with --quiet
@@ -252,7 +256,8 @@ def main(paths, *, watch, force, no_tensorboard, no_wandb, upload, wandb_project
         with warnings.catch_warnings(), progress_for(quiet=quiet or as_json) as progress:
             warnings.simplefilter("ignore", IngestWarning)  # they are in each run's summary, printed below
             try:
-                first = ingest_paths(paths, options=options, exporters=exporters, progress=progress)
+                first = ingest_paths(paths, options=options, exporters=exporters, progress=progress,
+                                     wait_for_runs=watch is not None)
             except IngestInterrupted as e:  # Ctrl-C: what finished, where it stopped; 130 as a shell's SIGINT
                 _report(e.done, as_json=as_json, quiet=quiet)
                 click.echo("\n".join(_interrupted_lines(e)), err=True)

@@ -62,6 +62,8 @@ class OnFinding:
 
 
 def _identity(f: dict) -> list:
+    if f.get("kind") == "hang":  # one per stall: ranks still writing their evidence change its ranks, not what it is
+        return ["hang"]
     return [f.get("kind"), f.get("metric"), f.get("phase"), sorted(f.get("ranks") or [])]
 
 

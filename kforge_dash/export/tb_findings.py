@@ -39,6 +39,10 @@ def finding_line(f: dict) -> str:
         parts.append(f"phase {_md(f['phase'])}")
     elif f.get("metric") is not None:
         parts.append(f"metric {_md(f['metric'])}")
+    if f.get("kind") == "hang":  # the lines the ranks stalled at, written once by each rank: stable
+        for g in f.get("stacks") or []:
+            if isinstance(g, dict):
+                parts.append(f"{len(g.get('ranks') or [])} at {_md(g.get('frame'))}")
     return " · ".join(parts)
 
 

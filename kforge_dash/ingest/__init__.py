@@ -26,6 +26,8 @@
     buffers.py    numpy work space reused window after window; the one column copier into it
     summary.py    summary.json
     temps.py      temp files a killed ingest or export left behind
+    flight_recorder.py  the ranks a hung job waits for, from PyTorch flight-recorder dumps (kforge-hang; the
+                  hang finding): fr_dumps.py reads the dumps into one shape, fr_waits.py follows who waits for whom
     findings/     findings and goodput: an analysis of the outputs above (steps.parquet, ranks.parquet)
     run.py        ingest_run: unchanged? -> plan -> rows -> derive -> write -> summarise -> findings
 

@@ -34,6 +34,7 @@ from kforge_record.schema import (
     META_FILE,
     SchemaError,
     check_schema_version,
+    is_evidence_name,
     is_part_file,
     live_parts,
     part_span,
@@ -54,6 +55,9 @@ class AttemptFiles:
     # Part files a merged part among ``parts`` replaces (full paths): left by a merge in progress or
     # killed; read only if that merged part turns out unreadable (read_attempt).
     shadowed: tuple[str, ...] = ()
+    # A stalled rank's evidence (kforge_record/hang.py: hang-N.json, hang-stacks.txt, FR dumps), full
+    # paths: in the fingerprint (a new stall is ingested again) and read by findings/hang.py.
+    evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class Attempt:
     end: dict | None
     parts: tuple[PartInfo, ...] = field(default=())
     heartbeat: Heartbeat | None = None  # the last step it ended, kept by a SIGKILL (kforge_record/heartbeat.py)
+    evidence: tuple[str, ...] = ()  # AttemptFiles.evidence
 
     @property
     def world_size(self) -> int | None:
@@ -146,7 +151,8 @@ def list_attempts(run_dir: str, warnings: list[str]) -> list[AttemptFiles]:
                 continue
             shadowed = sorted(n for n in set(listed).difference(names) if is_part_file(n))
             out.append(AttemptFiles(rank, att.name, att.path, tuple(os.path.join(att.path, n) for n in names),
-                                    tuple(os.path.join(att.path, n) for n in shadowed)))
+                                    tuple(os.path.join(att.path, n) for n in shadowed),
+                                    tuple(os.path.join(att.path, n) for n in sorted(listed) if is_evidence_name(n))))
     return warn_second_writers(out, warnings)
 
 
@@ -189,7 +195,7 @@ def stat_inputs(attempts: list[AttemptFiles]) -> dict[str, tuple[int, int] | Non
     stat'ed (absent). One stat per file, shared by input_digest and the footer cache."""
     out: dict[str, tuple[int, int] | None] = {}
     for a in attempts:
-        for p in (os.path.join(a.dir, META_FILE), os.path.join(a.dir, END_FILE), *a.parts):
+        for p in (os.path.join(a.dir, META_FILE), os.path.join(a.dir, END_FILE), *a.parts, *a.evidence):
             try:
                 st = os.stat(p)
                 out[p] = (st.st_size, st.st_mtime_ns)
@@ -326,7 +332,7 @@ def read_attempt(af: AttemptFiles, warnings: list[str], part_reader=None) -> Att
     end = read_end(af, warnings)
     hb = heartbeat_check.checked(_heartbeat(af, warnings), os.path.join(af.dir, HEARTBEAT_FILE), warnings,
                                  start_time=start, meta=meta, rows=heartbeat_check.rows_seen(parts, end))
-    return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, start, end, parts, hb)
+    return Attempt(af.rank, af.attempt_id, af.dir, meta, ok, start, end, parts, hb, af.evidence)
 
 
 def _heartbeat(af: AttemptFiles, warnings: list[str]) -> Heartbeat | None:

@@ -9,7 +9,7 @@ from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import findings_figures, units
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse.units import md_text
-from kforge_dash.browse.views import common
+from kforge_dash.browse.views import common, hang_card
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
 
 MAX_OPEN_FINDINGS = 6  # shown at once; the rest in an expander
@@ -64,6 +64,7 @@ if choice.run is None:
 name = st.selectbox("Run", list(runs), key="run", bind="query-params")
 run = runs[name]
 s = run.summary
+hang_card.render(s)  # a hung job: what the person paged reads first
 
 train_s, clock_s = units.wall_times(s)
 goodput = s.get("goodput") if isinstance(s.get("goodput"), dict) else {}

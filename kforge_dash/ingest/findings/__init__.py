@@ -6,6 +6,7 @@
     timeline.py    memory growth, data stalls, restarts
     episodes.py    slow episodes: the whole job's step time shifting up (and back), by change points
     kills.py       steps trained but not recorded (a kill), launches writing at the same time
+    hang.py        a hung launch: the ranks the others wait for, their step, phase, line, collective
     missing.py     steps that some ranks of their launch did not record (a skipped part, a kill)
     goodput.py     the wall clock cut into productive time and badput buckets
     perstep.py     per-step facts over ranks, one lazy pass over ranks.parquet
@@ -34,6 +35,7 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
     summary.json (the last two: the thresholds and the phase classes used, which the pages read). A detector that
     fails on odd input costs its own findings and one warning, never the ingest."""
     from kforge_dash.ingest.findings import episodes, goodput, kills, missing, nonfinite, perstep, spikes, stragglers, timeline
+    from kforge_dash.ingest.findings.hang import hang_findings
     from kforge_dash.ingest.findings.model import RunFacts, classify_phases, sort_key
 
     steps = _unknown_non_positive(steps, out_dir, warnings)
@@ -63,7 +65,8 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
                            ("restarts", timeline.restart_findings, (good,)),
                            ("unrecorded steps", kills.unrecorded_findings, ()),
                            ("overlapping launches", kills.overlap_findings, ()),
-                           ("missing ranks", missing.missing_rank_findings, ())):
+                           ("missing ranks", missing.missing_rank_findings, ()),
+                           ("hang", hang_findings, (warnings,))):
         found += attempt(name, fn, facts, *args) or []
     found += attempt("slow episodes", episodes.slow_episode_findings, facts,
                      [f for f in found if f.kind in ("straggler", "data_stall")]) or []  # their stretch is theirs
