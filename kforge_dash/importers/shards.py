@@ -114,7 +114,7 @@ def _write_tree(tmp: str, run: SourceRun, plan, rows) -> None:
     })
     _write_superseded(os.path.join(tmp, IMPORTED_DIR, SUPERSEDED_FILE), run)
     write_json_atomic(os.path.join(tmp, IMPORTED_DIR, SOURCE_FILE), {
-        "kind": run.kind, "source": os.path.abspath(run.source),
+        "kind": run.kind, "source": os.path.abspath(run.source), "about": run.about,
         "files": [{"path": os.path.abspath(f.path), "size": f.size} for f in run.files],
         "columns": {tag: col for tag, col in sorted(plan.columns.items())}, "left_out_tags": list(plan.left_out),
         "notes": list(plan.notes), "warnings": run.warnings, "errors": run.errors,

@@ -63,6 +63,7 @@ class SourceRun:
     hparams: dict = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
     host: str | None = None
+    about: dict = field(default_factory=dict)  # the tracker's own ids (W&B run id, project, entity)
     start_time: float | None = None  # the tracker's own run start (Unix s), else the first point's
     warnings: list[str] = field(default_factory=list)  # read on, nothing lost but what they say
     errors: list[str] = field(default_factory=list)  # corrupt data: points after it are lost
