@@ -19,6 +19,7 @@ class RunImport:
     outcome: WriteOutcome | None
     warnings: tuple[str, ...]
     errors: tuple[str, ...]  # corrupt data (points after it lost) or the reason nothing was written
+    skipped: str | None = None  # why a source with nothing to import was passed over (not an error)
 
 
 def _run_name(prefix: str, name: str) -> str:
@@ -61,8 +62,7 @@ def import_wandb(path: str, root: str, *, prefix: str = "") -> list[RunImport]:
 
 def _write(run: SourceRun, root: str) -> RunImport:
     if not any(s.steps for s in run.series.values()) and not run.superseded.steps:
-        why = f"{run.source}: no scalars; nothing imported"
-        return RunImport(run.name, run.source, None, tuple(run.warnings), (*run.errors, why) if run.errors else ())
+        return RunImport(run.name, run.source, None, tuple(run.warnings), tuple(run.errors), skipped="no scalars")
     try:
         os.makedirs(root, exist_ok=True)
         outcome = write_run(run, root)
