@@ -66,7 +66,7 @@ def read_kforge(folder: str) -> int:
     from kforge_dash.importers.tensorboard import read_run
 
     run = read_run(folder, "bench")
-    return sum(len(s.steps) for s in run.series.values())
+    return sum(len(s) for s in run.series.values())
 
 
 def side_by_side(tmp: str, steps: int, tags: int, repeats: int) -> None:

@@ -17,6 +17,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 NAN_STEP, INF_STEP, NEG_INF_STEP = 5, 6, 7
 PURGE_STEP = 15
+FIRST_LAST = 40  # the first session's last step
 
 
 def write_tb_restarted(logdir: str) -> None:
@@ -24,13 +25,13 @@ def write_tb_restarted(logdir: str) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
     w = SummaryWriter(os.path.join(logdir, "exp", "a"))
-    for s in range(1, 21):
+    for s in range(1, FIRST_LAST + 1):  # > 64 events a session: the bulk path is taken
         w.add_scalar("train/loss", math.nan if s == NAN_STEP else 1.0 / s + 1e-9 * s, s)
         w.add_scalar("lr", math.inf if s == INF_STEP else -math.inf if s == NEG_INF_STEP else 1e-3 * s, s)
         w.add_scalar("eval/acc", 0.1 * s, s)
     w.close()
     w = SummaryWriter(os.path.join(logdir, "exp", "a"), purge_step=PURGE_STEP)
-    for s in range(17, 26):
+    for s in range(17, 60):
         w.add_scalar("train/loss", 2.0 / s, s)
         w.add_scalar("time", 3.0 * s, s)  # a name kforge reserves
     w.close()

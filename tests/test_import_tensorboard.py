@@ -9,6 +9,7 @@ import os
 import pyarrow.parquet as pq
 from click.testing import CliRunner
 from import_fixtures import (
+    FIRST_LAST,
     INF_STEP,
     NAN_STEP,
     NEG_INF_STEP,
@@ -66,7 +67,7 @@ def test_values_restart_and_tags_match_event_accumulator_bit_for_bit(tmp_path):
     # the purged points are kept aside, none lost
     sup = pq.read_table(root / "exp__a" / "imported" / "superseded.parquet").to_pylist()
     assert {(r["tag"], r["step"]) for r in sup} == {(t, s) for t in ("train/loss", "lr", "eval/acc")
-                                                    for s in range(PURGE_STEP, 21)}
+                                                    for s in range(PURGE_STEP, FIRST_LAST + 1)}
     assert {r["reason"] for r in sup} == {"purge_step"} and {r["superseded_at_step"] for r in sup} == {PURGE_STEP}
 
     summary = json.loads((root / "exp__a" / "ingested" / "summary.json").read_text())
@@ -176,3 +177,37 @@ def test_a_folder_that_is_not_an_import_is_left_alone(tmp_path):
     code, out, err = _import("tensorboard", str(logdir), str(root))
     assert code == 1 and "is not an import" in err and "exp__a: new" in out
     assert os.listdir(root / "b") == ["mine.txt"]
+
+
+def test_the_bulk_decoder_agrees_with_the_protobuf_parser_or_leaves_the_record_to_it(tmp_path):
+    import random
+    import struct
+
+    from kforge_dash.importers import scalar_events
+    from kforge_dash.importers.tfrecord import read_records
+
+    rnd = random.Random(7)
+    events = []
+    for i in range(400):
+        step = rnd.choice([0, 1, 127, 128, 2**31, 2**62, -1, -(2**40), rnd.randrange(10**9)])
+        tag = rnd.choice(["a", "loss/é", "x" * 120, "y" * 200, "", "tag/" + str(i % 7)])
+        value = struct.unpack("<f", struct.pack("<I", rnd.getrandbits(32)))[0]  # every float32, NaNs included
+        e = scalar_event(step, tag, value, rnd.choice([0.0, 1.7e9 + i, -3.5]))
+        if i % 50 == 0:  # a second value in one summary: not plain
+            e.summary.value.add(tag="b", simple_value=1.0)
+        events.append(e)
+    path = tmp_path / "events.out.tfevents.1.host"
+    write_events(str(path), events)
+    recs = read_records(str(path))
+    got = scalar_events.decode(recs.buf, recs.starts, recs.lengths)
+    for k, e in enumerate(events):
+        parsed = event_pb2.Event.FromString(recs.data(k))
+        values = parsed.summary.value
+        simple = len(values) == 1 and parsed.wall_time != 0.0 and 0 < len(values[0].tag.encode()) < 120
+        if got.mask[k]:
+            v = parsed.summary.value[0]
+            assert (int(got.steps[k]), bits(float(got.walls[k])), got.tags[int(got.codes[k])], bits(float(got.values[k]))) == \
+                (parsed.step, bits(parsed.wall_time), v.tag, bits(v.simple_value)), k
+        else:
+            assert not simple, k  # only what the layout cannot hold is left to the parser
+    assert got.mask.sum() > 100  # and most are decoded in bulk

@@ -61,7 +61,7 @@ def import_wandb(path: str, root: str, *, prefix: str = "") -> list[RunImport]:
 
 
 def _write(run: SourceRun, root: str) -> RunImport:
-    if not any(s.steps for s in run.series.values()) and not run.superseded.steps:
+    if not any(len(s) for s in run.series.values()) and not len(run.superseded):
         return RunImport(run.name, run.source, None, tuple(run.warnings), tuple(run.errors), skipped="no scalars")
     try:
         os.makedirs(root, exist_ok=True)

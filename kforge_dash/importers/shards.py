@@ -22,8 +22,8 @@ import os
 import shutil
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
 from kforge_dash.importers.columns import plan_columns
@@ -74,7 +74,7 @@ def write_run(run: SourceRun, root: str) -> WriteOutcome:
         raise ImportError_(f"{run_dir}: could not be written: {e.strerror or e}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return WriteOutcome(run_dir, status, rows.table.num_rows, rows.points, len(run.superseded.steps))
+    return WriteOutcome(run_dir, status, rows.table.num_rows, rows.points, len(run.superseded))
 
 
 def _is_import(run_dir: str) -> bool:
@@ -104,8 +104,8 @@ def _write_tree(tmp: str, run: SourceRun, plan, rows) -> None:
         parts += 1
     last = table.column("step")[-1].as_py() if table.num_rows else None
     times = table.column("time")
-    end_time = max([*run.superseded.walls, *([pa.compute.max(times).as_py()] if table.num_rows else [])],
-                   default=run.start_time)
+    walls = np.concatenate([run.superseded.column("time"), times.to_numpy(zero_copy_only=False)])
+    end_time = float(np.nanmax(walls)) if len(walls) and not np.isnan(walls).all() else run.start_time
     write_json_atomic(os.path.join(attempt_dir, END_FILE), {
         "schema_version": SCHEMA_VERSION, "end_time": end_time, "reason": f"imported:{run.kind}",
         "rows_written": table.num_rows, "parts_written": parts, "dropped_rows_total": 0,
@@ -118,17 +118,15 @@ def _write_tree(tmp: str, run: SourceRun, plan, rows) -> None:
         "files": [{"path": os.path.abspath(f.path), "size": f.size} for f in run.files],
         "columns": {tag: col for tag, col in sorted(plan.columns.items())}, "left_out_tags": list(plan.left_out),
         "notes": list(plan.notes), "warnings": run.warnings, "errors": run.errors,
-        "steps": table.num_rows, "points": rows.points, "superseded_points": len(run.superseded.steps),
+        "steps": table.num_rows, "points": rows.points, "superseded_points": len(run.superseded),
     })
 
 
 def _write_superseded(path: str, run: SourceRun) -> None:
     s = run.superseded
-    table = pa.table({
-        "tag": pa.array(s.tags, type=pa.string()), "step": pa.array(s.steps, type=pa.int64()),
-        "time": pa.array(s.walls, type=pa.float64()), "value": pa.array(s.values, type=pa.float64()),
-        "reason": pa.array(s.reasons, type=pa.string()), "superseded_at_step": pa.array(s.by_steps, type=pa.int64()),
-    })
+    types = {"tag": pa.string(), "step": pa.int64(), "time": pa.float64(), "value": pa.float64(), "reason": pa.string(),
+             "superseded_at_step": pa.int64()}
+    table = pa.table({name: pa.array(s.column(name) if len(s) else [], type=t) for name, t in types.items()})
     pq.write_table(table, path, compression="zstd", use_dictionary=False)
 
 

@@ -36,19 +36,14 @@ def _last_per_step(steps: np.ndarray) -> np.ndarray:
 def build_rows(run: SourceRun, plan: ColumnPlan) -> Rows:
     per_tag = {}
     for tag, series in run.series.items():
-        if tag not in plan.columns or not series.steps:
+        if tag not in plan.columns or not len(series):
             continue
-        steps = np.asarray(series.steps, dtype=np.int64)
-        walls = np.asarray(series.walls, dtype=np.float64)
-        values = np.asarray(series.values, dtype=np.float64)
+        steps, walls, values = series.arrays()
         keep = _last_per_step(steps)
         if len(keep) < len(steps):
             dropped = np.ones(len(steps), dtype=bool)
             dropped[keep] = False
-            later = {int(s): int(i) for i, s in enumerate(steps)}  # step -> index of its last point
-            for i in np.flatnonzero(dropped):
-                run.superseded.add(tag, int(steps[i]), float(walls[i]), float(values[i]), REPEATED_STEP,
-                                   int(steps[later[int(steps[i])]]))
+            run.superseded.extend(tag, steps[dropped], walls[dropped], values[dropped], REPEATED_STEP, steps[dropped])
         per_tag[tag] = (steps[keep], walls[keep], values[keep])
     all_steps = np.unique(np.concatenate([s for s, _, _ in per_tag.values()])) if per_tag else np.zeros(0, np.int64)
     n = len(all_steps)

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2
 
+from kforge_dash.importers import scalar_events
 from kforge_dash.importers.source import OUT_OF_ORDER, PURGE_STEP, SourceFile, SourceRun
 from kforge_dash.importers.tfrecord import read_records
 
 _START = event_pb2.SessionLog.START
+_BULK_MIN = 64  # a shorter run of plain scalar events is taken event by event (numpy's per-call cost)
 
 
 def is_event_file(name: str) -> bool:
@@ -52,13 +55,7 @@ def read_run(folder: str, name: str) -> SourceRun:
         except OSError as e:
             run.errors.append(f"{path}: could not be read: {e.strerror or e}; skipped")
             continue
-        for i, data in enumerate(records.data):
-            try:
-                event = event_pb2.Event.FromString(data)
-            except DecodeError as e:
-                run.errors.append(f"{path}: record {i} is not an Event ({e}); skipped")
-                continue
-            acc.event(event)
+        acc.records(records)
         if records.stop is not None:
             stop = records.stop
             (run.warnings if stop.kind == "truncated" else run.errors).append(
@@ -75,7 +72,55 @@ class _Accumulator:
         self.most_recent_step = -1
         self.metadata_seen: set[str] = set()
         self.tensor_scalars: set[str] = set()
-        self.adders: dict[str, tuple] = {}
+
+    def records(self, records) -> None:
+        """Every record of one file, in order: runs of plain scalar events in bulk where nothing can
+        purge between them (file version 2: only a SessionLog.START event purges, and it is not plain)."""
+        plain = scalar_events.decode(records.buf, records.starts, records.lengths)
+        n = len(records.starts)
+        i = 0
+        for j in [*np.flatnonzero(~plain.mask).tolist(), n]:
+            if j - i >= _BULK_MIN and self.file_version and self.file_version >= 2:
+                self._bulk(plain, i, j)
+            else:
+                for k in range(i, j):
+                    self._plain(plain, k)
+            if j < n:
+                self._parsed(records, j)
+            i = j + 1
+
+    def _bulk(self, plain, i: int, j: int) -> None:
+        if self.run.start_time is None:
+            self.run.start_time = float(plain.walls[i])
+        codes = plain.codes[i:j]
+        order = np.argsort(codes, kind="stable")
+        sorted_codes = codes[order]
+        cuts = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
+        for rows in np.split(order, cuts):
+            rows = rows + i
+            self.run.series_of(plain.tags[int(plain.codes[rows[0]])]).extend(
+                plain.steps[rows], plain.walls[rows], plain.values[rows])
+
+    def _plain(self, plain, k: int) -> None:
+        """One plain scalar event, as ``event`` would take it."""
+        step, wall, tag = int(plain.steps[k]), float(plain.walls[k]), plain.tags[int(plain.codes[k])]
+        if self.run.start_time is None:
+            self.run.start_time = wall
+        if not (self.file_version and self.file_version >= 2):
+            if step < self.most_recent_step:
+                self._purge(step, [tag], OUT_OF_ORDER)
+            else:
+                self.most_recent_step = step
+        self.run.series_of(tag).add(step, wall, float(plain.values[k]))
+
+    def _parsed(self, records, k: int) -> None:
+        try:
+            event = event_pb2.Event.FromString(records.data(k))
+        except DecodeError as e:
+            self.run.errors.append(f"{records.path}: the record at byte offset {int(records.starts[k]) - 12} "
+                                   f"is not an Event ({e}); skipped")
+            return
+        self.event(event)
 
     def event(self, event) -> None:
         what = event.WhichOneof("what")
@@ -98,19 +143,14 @@ class _Accumulator:
 
     def _purge(self, step: int, tags, reason: str) -> None:
         """Points at ``step`` or later (of ``tags``; None: of every tag) go to the superseded points."""
-        gone = self.run.superseded
         for tag in (self.run.series if tags is None else [t for t in dict.fromkeys(tags) if t in self.run.series]):
             s = self.run.series[tag]
-            if not s.steps or max(s.steps) < step:
+            steps, walls, values = s.arrays()
+            keep = steps < step
+            if keep.all():
                 continue
-            keep = [i for i, x in enumerate(s.steps) if x < step]
-            kept = set(keep)
-            for i, x in enumerate(s.steps):
-                if i not in kept:
-                    gone.add(tag, x, s.walls[i], s.values[i], reason, step)
-            s.steps[:] = [s.steps[i] for i in keep]
-            s.walls[:] = [s.walls[i] for i in keep]
-            s.values[:] = [s.values[i] for i in keep]
+            self.run.superseded.extend(tag, steps[~keep], walls[~keep], values[~keep], reason, step)
+            s.replace(steps[keep], walls[keep], values[keep])
 
     def _summary(self, event) -> None:
         step, wall = event.step, event.wall_time
@@ -127,13 +167,7 @@ class _Accumulator:
                     continue
             else:
                 continue
-            adders = self.adders.get(tag)
-            if adders is None:
-                s = self.run.series_of(tag)
-                adders = self.adders[tag] = (s.steps.append, s.walls.append, s.values.append)
-            adders[0](step)
-            adders[1](wall)
-            adders[2](value)
+            self.run.series_of(tag).add(step, wall, value)
 
     def _metadata(self, tag: str, metadata) -> None:
         """The first metadata of a tag only, as EventAccumulator keeps it."""

@@ -15,15 +15,15 @@ import struct
 from dataclasses import dataclass
 
 import google_crc32c
+import numpy as np
 
-_HEADER = struct.Struct("<QI")
+_LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
 
 
-def masked_crc32c(data: bytes | memoryview) -> int:
-    crc = google_crc32c.value(bytes(data))
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+def masked_crc32c(data: bytes) -> int:
+    return _masked(google_crc32c.value(data))
 
 
 @dataclass(frozen=True)
@@ -41,43 +41,78 @@ class RecordStop:
 
 @dataclass(frozen=True)
 class Records:
-    """The data of every whole record of one file, in order, and why the walk stopped (None: at the end)."""
+    """Where each whole record's data lies in the file's bytes, in order, and why the walk stopped
+    (None: at the end)."""
 
     path: str
-    data: list[bytes]
+    buf: bytes
+    starts: np.ndarray  # int64 byte offset of each record's data
+    lengths: np.ndarray  # int64 length of each record's data
     stop: RecordStop | None
+
+    def data(self, i: int) -> bytes:
+        start = int(self.starts[i])
+        return self.buf[start:start + int(self.lengths[i])]
 
 
 def read_records(path: str) -> Records:
-    """Every record's data in the TFRecord file ``path`` (an OSError is the caller's)."""
+    """Every whole record of the TFRecord file ``path`` (an OSError is the caller's)."""
     with open(path, "rb") as f:
         buf = f.read()
-    out: list[bytes] = []
-    append = out.append
+    starts: list[int] = []
+    length_crcs: list[int] = []
+    data_crcs: list[int] = []
+    add_start, add_lcrc, add_dcrc = starts.append, length_crcs.append, data_crcs.append
     value = google_crc32c.value
-    unpack_header = _HEADER.unpack_from
-    unpack_crc = _CRC.unpack_from
+    unpack = _LENGTH.unpack_from
     end = len(buf)
     off = 0
     stop = None
+    # The walk only computes the CRCs (one C call each); masking and comparing them with the stored
+    # ones is done for all records at once below: 1.2 -> 0.8 us a record
+    # (PYTHONPATH=$PWD python3 benchmarks/bench_import.py).
     while off < end:
         if end - off < 12:
             stop = RecordStop(path, off, "truncated", f"a {end - off}-byte tail, shorter than a record header")
             break
-        length, length_crc = unpack_header(buf, off)
-        crc = value(buf[off:off + 8])
-        if length_crc != ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF:
-            stop = RecordStop(path, off, "corrupt", "a record whose length fails its checksum")
-            break
+        length = unpack(buf, off)[0]
         start = off + 12
         if end - start < length + 4:
-            stop = RecordStop(path, off, "truncated", f"a record of {length} bytes cut short ({end - start} bytes there)")
+            if _masked(value(buf[off:off + 8])) != _CRC.unpack_from(buf, off + 8)[0]:
+                stop = RecordStop(path, off, "corrupt", "a record whose length fails its checksum")
+            else:
+                stop = RecordStop(path, off, "truncated", f"a record of {length} bytes cut short ({end - start} bytes there)")
             break
-        data = buf[start:start + length]
-        crc = value(data)
-        if unpack_crc(buf, start + length)[0] != ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF:
-            stop = RecordStop(path, off, "corrupt", "a record whose data fails its checksum")
-            break
-        append(data)
+        add_start(start)
+        add_lcrc(value(buf[off:start - 4]))
+        add_dcrc(value(buf[start:start + length]))
         off = start + length + 4
-    return Records(path, out, stop)
+    st = np.array(starts, dtype=np.int64)
+    lengths = np.frombuffer(buf, dtype="<u8", count=0) if not len(st) else _gather_u64(buf, st - 12).astype(np.int64)
+    bad = (_masked_np(np.array(length_crcs, dtype=np.uint64)) != _gather_u32(buf, st - 4)) | (
+        _masked_np(np.array(data_crcs, dtype=np.uint64)) != _gather_u32(buf, st + lengths))
+    if bad.any():
+        first = int(np.argmax(bad))
+        which = "length" if _masked(length_crcs[first]) != _CRC.unpack_from(buf, int(st[first]) - 4)[0] else "data"
+        stop = RecordStop(path, int(st[first]) - 12, "corrupt", f"a record whose {which} fails its checksum")
+        st, lengths = st[:first], lengths[:first]
+    return Records(path, buf, st, lengths, stop)
+
+
+def _masked(crc: int) -> int:
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _masked_np(crc: np.ndarray) -> np.ndarray:
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _gather_u32(buf: bytes, at: np.ndarray) -> np.ndarray:
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    b = raw[at[:, None] + np.arange(4)].astype(np.uint64)
+    return b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+
+
+def _gather_u64(buf: bytes, at: np.ndarray) -> np.ndarray:
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    return np.ascontiguousarray(raw[at[:, None] + np.arange(8)]).view("<u8").ravel()
