@@ -52,8 +52,25 @@ def _varint(raw: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.bitwise_or.reduce(parts, axis=1).view(np.int64), length
 
 
+_CHUNK = 1 << 20  # records decoded at a time: bounds the (records x 10) gathers to ~100 MB
+
+
 def decode(buf: bytes, starts: np.ndarray, lengths: np.ndarray) -> PlainScalars:
+    """Every record at ``starts``/``lengths`` in ``buf``, ``_CHUNK`` at a time."""
     raw = np.frombuffer(buf, dtype=np.uint8)
+    parts = [_decode(raw, starts[i:i + _CHUNK], lengths[i:i + _CHUNK]) for i in range(0, max(len(starts), 1), _CHUNK)]
+    if len(parts) == 1:
+        return parts[0]
+    tags: dict[str, int] = {}
+    codes = []
+    for p in parts:
+        remap = np.array([tags.setdefault(t, len(tags)) for t in p.tags] + [-1], dtype=np.int64)
+        codes.append(remap[p.codes])  # -1 indexes the trailing -1
+    return PlainScalars(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("mask", "steps", "walls", "values")),
+                        np.concatenate(codes), list(tags))
+
+
+def _decode(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> PlainScalars:
     n = len(starts)
     if n == 0 or len(raw) == 0:
         z = np.zeros(n, dtype=bool)

@@ -12,6 +12,7 @@ every record before them, as TensorBoard's own reader does, and name the file an
 from __future__ import annotations
 
 import struct
+from array import array
 from dataclasses import dataclass
 
 import google_crc32c
@@ -59,9 +60,7 @@ def read_records(path: str) -> Records:
     """Every whole record of the TFRecord file ``path`` (an OSError is the caller's)."""
     with open(path, "rb") as f:
         buf = f.read()
-    starts: list[int] = []
-    length_crcs: list[int] = []
-    data_crcs: list[int] = []
+    starts, length_crcs, data_crcs = array("q"), array("Q"), array("Q")  # 8 bytes a record each, not ~36
     add_start, add_lcrc, add_dcrc = starts.append, length_crcs.append, data_crcs.append
     value = google_crc32c.value
     unpack = _LENGTH.unpack_from
@@ -87,10 +86,10 @@ def read_records(path: str) -> Records:
         add_lcrc(value(buf[off:start - 4]))
         add_dcrc(value(buf[start:start + length]))
         off = start + length + 4
-    st = np.array(starts, dtype=np.int64)
+    st = np.frombuffer(starts, dtype=np.int64)
     lengths = np.frombuffer(buf, dtype="<u8", count=0) if not len(st) else _gather_u64(buf, st - 12).astype(np.int64)
-    bad = (_masked_np(np.array(length_crcs, dtype=np.uint64)) != _gather_u32(buf, st - 4)) | (
-        _masked_np(np.array(data_crcs, dtype=np.uint64)) != _gather_u32(buf, st + lengths))
+    bad = (_masked_np(np.frombuffer(length_crcs, dtype=np.uint64)) != _gather_u32(buf, st - 4)) | (
+        _masked_np(np.frombuffer(data_crcs, dtype=np.uint64)) != _gather_u32(buf, st + lengths))
     if bad.any():
         first = int(np.argmax(bad))
         which = "length" if _masked(length_crcs[first]) != _CRC.unpack_from(buf, int(st[first]) - 4)[0] else "data"
