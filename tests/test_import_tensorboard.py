@@ -211,3 +211,16 @@ def test_the_bulk_decoder_agrees_with_the_protobuf_parser_or_leaves_the_record_t
         else:
             assert not simple, k  # only what the layout cannot hold is left to the parser
     assert got.mask.sum() > 100  # and most are decoded in bulk
+
+
+def test_the_dashboard_shows_an_imported_run_like_a_recorded_one(tmp_path, monkeypatch):
+    from dash_fixtures import detail_page
+
+    logdir, root = tmp_path / "logs", tmp_path / "root"
+    write_tb_restarted(str(logdir))
+    assert _import("tensorboard", str(logdir), str(root))[0] == 0
+    _ingest(root)
+    at = detail_page(root, monkeypatch, "exp__a")
+    assert not at.exception, at.exception
+    text = " ".join(m.value for m in at.markdown)
+    assert f"loss first went NaN at step {NAN_STEP}" in text  # its findings, from its imported values
