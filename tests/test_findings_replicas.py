@@ -40,6 +40,11 @@ def test_a_rank_whose_grad_norm_leaves_the_majority_is_named_from_that_step(tmp_
     assert (f["ranks"], f["first_step"], f["last_step"], f["metric"], f["severity"]) == ([2], 37, 60, "grad_norm", "error")
     assert "rank 2 from step 37" in f["message"] and "1.0e-06" in f["message"]
     assert f["hosts"] and f["score"] == 24
+    from kforge_dash.ingest.hosts import host_lines, host_table
+
+    [entry] = host_table([s])  # the hosts table counts the run against the minority's host
+    assert (entry["host"], entry["divergence_runs"]) == (f["hosts"][0], 1)
+    assert "replicas diverged in 1" in host_lines([entry])[1]
 
 
 def test_agreeing_replicas_give_no_finding_and_a_rank_local_value_turns_the_check_off_with_one_warning(
