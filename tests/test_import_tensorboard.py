@@ -224,3 +224,21 @@ def test_the_dashboard_shows_an_imported_run_like_a_recorded_one(tmp_path, monke
     assert not at.exception, at.exception
     text = " ".join(m.value for m in at.markdown)
     assert f"loss first went NaN at step {NAN_STEP}" in text  # its findings, from its imported values
+
+
+def test_tensor_scalars_of_the_scalars_plugin_match_event_accumulators_tensors(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+    from torch.utils.tensorboard import SummaryWriter
+
+    logdir, root = tmp_path / "logs", tmp_path / "root"
+    w = SummaryWriter(str(logdir / "tf2"))
+    for s in range(100):
+        w.add_scalar("eval/x", float("nan") if s == 9 else 0.1 * s, s, new_style=True)  # a 0-d tensor, not simple_value
+    w.close()
+    assert _import("tensorboard", str(logdir), str(root))[0] == 0
+    _ingest(root)
+    ea = EventAccumulator(str(logdir / "tf2"), size_guidance={"tensors": 0})
+    ea.Reload()
+    want = [(e.step, bits(tensor_util.make_ndarray(e.tensor_proto).item())) for e in ea.Tensors("eval/x")]
+    assert column_points(steps_columns(str(root / "tf2")), "eval/x") == want and len(want) == 100
