@@ -17,6 +17,11 @@ changes it. It is computed on the parameters' device, with no host synchronisati
 copies the 0-d tensor at its next flush, off the loop. The cost is one read of every parameter and
 one integer reduction each, memory-bound: about a parameter-bytes / memory-bandwidth. A 7B bf16 model
 is ~14 GB, which is a few ms on an H100. Record it every N steps, not every step.
+
+Under tensor or pipeline parallelism, the replicas of a shard are the ranks of its data-parallel
+group. Each rank records the checksum of its own shard under ``group_checksum_name(GROUP)``, with a
+GROUP naming its model-parallel coordinates (``tp0-pp1``). Ingest compares each such name among the
+ranks that record it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,12 @@ from __future__ import annotations
 PARAM_CHECKSUM = "param_checksum"  # the scalar name ingest's replica check reads
 _MOD = (1 << 52) - 1
 _INT_OF_SIZE = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def group_checksum_name(group: str) -> str:
+    """The scalar name for the checksum of one data-parallel group's parameters under model parallelism
+    (``param_checksum/tp0-pp1``): ingest compares it only among the ranks that record it, the group."""
+    return f"{PARAM_CHECKSUM}/{group}"
 
 
 def param_checksum(params):

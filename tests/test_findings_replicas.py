@@ -65,6 +65,21 @@ def test_two_ranks_have_no_majority_to_name(tmp_path, monkeypatch):
     assert _replica(s) == []
 
 
+def test_each_model_parallel_group_checksum_is_compared_among_its_own_ranks(tmp_path, monkeypatch):
+    from kforge_record.replica import group_checksum_name
+
+    def values(rank, step):
+        group = "tp0" if rank < 3 else "tp1"  # two shards, each replicated on three ranks
+        base = 1000.0 * (1 + rank // 3) + step
+        return {"loss": 1.0, "tokens": 1, group_checksum_name(group): base + (1 if rank == 4 and step >= 20 else 0)}
+
+    s = _record(tmp_path, monkeypatch, values, world=6, steps=30)
+    [f] = _replica(s)
+    assert (f["metric"], f["ranks"], f["first_step"]) == ("param_checksum/tp1", [4], 20)
+    assert "parameter checksum of tp1" in f["message"]
+    assert not [w for w in s["warnings"] if w.startswith("replica check")]
+
+
 FLIP_STEP, FLIP_RANK, STEPS = 25, 2, 40
 
 

@@ -8,6 +8,10 @@ values are checked:
   rank's parameters changes from that step on, while the reduced gradient norm stays equal on
   every rank.
 
+The data-parallel layout is every rank of a launch. Under model parallelism, each data-parallel group
+records its own checksum as ``param_checksum/GROUP`` (``replica.group_checksum_name``): each such
+column is compared among the ranks that recorded it, so a group is checked on its own.
+
 A step is checked where at least 3 ranks of a launch report the value and a strict majority of them
 agree on it, bit for bit (NaN/inf are the ``nonfinite`` finding's). The ranks with another value are
 the minority. One ``replica_divergence`` finding (error) per metric and launch names:
@@ -17,7 +21,7 @@ the minority. One ``replica_divergence`` finding (error) per metric and launch n
 
 The check is off for a metric of a launch whose ranks agree at fewer than half of its steps of 2 or
 more ranks: a rank-local value, such as a pre-reduce local norm. It is off with one warning, and
-never a finding. The data-parallel layout is every rank of a launch.
+never a finding.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
 from kforge_record.replica import PARAM_CHECKSUM
 
 METRICS = ("grad_norm", PARAM_CHECKSUM)
+GROUP_PREFIX = f"{PARAM_CHECKSUM}/"  # param_checksum/GROUP: compared among the ranks that record it (one group)
 MIN_RANKS = 3  # a majority needs at least two ranks agreeing against one
 MIN_AGREEING_SHARE = 0.5  # below this share of steps with a majority, the value is not replica-identical
 
@@ -36,9 +41,7 @@ def replica_divergence_findings(facts: RunFacts, warnings: list[str]) -> list[Fi
     lf = pl.scan_parquet(facts.ranks_path, glob=False)
     schema = lf.collect_schema()
     out = []
-    for metric in METRICS:
-        if metric not in schema:
-            continue
+    for metric in [c for c in schema if c in METRICS or c.startswith(GROUP_PREFIX)]:
         out += _metric_findings(facts, lf, metric, warnings)
     return out
 
@@ -87,10 +90,11 @@ def _finding(facts: RunFacts, metric: str, attempt: int, g: pl.DataFrame) -> Fin
     ranks = tuple(sorted(per_rank["rank"].to_list()))
     parts = []
     for r in per_rank.iter_rows(named=True):
-        how = "" if metric == PARAM_CHECKSUM or r["rel"] is None else f", by up to {_rel(r['rel'])}"
+        how = "" if metric.startswith(PARAM_CHECKSUM) or r["rel"] is None else f", by up to {_rel(r['rel'])}"
         parts.append(f"rank {r['rank']} from step {r['first']} ({r['n']} step{'s' if r['n'] != 1 else ''}{how})")
     first, last = int(g["step"].min()), int(g["step"].max())
-    what = "parameter checksum" if metric == PARAM_CHECKSUM else metric
+    what = "parameter checksum" if metric == PARAM_CHECKSUM else \
+        f"parameter checksum of {metric[len(GROUP_PREFIX):]}" if metric.startswith(GROUP_PREFIX) else metric
     return Finding(
         kind="replica_divergence", metric=metric, severity="error", first_step=first, last_step=last, ranks=ranks,
         hosts=facts.hosts_of(ranks, {attempt}), score=float(len(g)),
