@@ -75,3 +75,18 @@ def test_a_corrupt_wandb_record_is_an_error_naming_the_offset(tmp_path, clean_wa
     code, out, err = _import("wandb", wfile, str(tmp_path / "root"))
     assert code == 1 and wfile in err and "corrupt record at byte offset" in err
     assert ": new," in out  # the records before it are imported
+
+
+def test_a_run_still_being_written_is_imported_up_to_its_last_whole_record_with_a_warning(tmp_path, clean_wandb_env):
+    run = write_wandb_run(str(tmp_path / "w"), n=30)
+    [wfile] = glob.glob(os.path.join(run, "*.wandb"))
+    whole = wandb_history(wfile)
+    data = open(wfile, "rb").read()
+    open(wfile, "wb").write(data[:-60])  # the tail of a live (or killed) run: its last record half written
+    code, out, err = _import("wandb", wfile, str(tmp_path / "root"))
+    assert code == 0 and "at byte offset" in err and "stopped there" in err
+    ingest_path(str(tmp_path / "root"), tensorboard=False, wandb=False)
+    [name] = os.listdir(tmp_path / "root")
+    cols = steps_columns(str(tmp_path / "root" / name))
+    assert 0 < len(cols["step"]) <= len(whole)
+    assert column_points(cols, "loss") == _expected(whole[:len(cols["step"])], "loss")
