@@ -68,7 +68,7 @@ def read_records(path: str) -> Records:
     off = 0
     stop = None
     # The walk only computes the CRCs (one C call each); masking and comparing them with the stored
-    # ones is done for all records at once below: 1.2 -> 0.8 us a record
+    # ones is done for all records at once below: 1.19 -> 0.73-1.0 us a record, on a loaded machine
     # (PYTHONPATH=$PWD python3 benchmarks/bench_import.py).
     while off < end:
         if end - off < 12:
