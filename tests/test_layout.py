@@ -16,6 +16,7 @@ LAYERS = {  # module prefix -> layer; a module may import only from its own laye
     "kforge_record": 0,
     "kforge_dash.contract": 1, "kforge_dash.optional": 1, "kforge_dash.progress": 1,
     "kforge_dash.ingest": 2,  # the row pass and ingest's interface types
+    "kforge_dash.importers": 2,  # other trackers' logs -> kforge shards: reads TensorBoard/W&B, writes as the recorder
     "kforge_dash.ingest.findings": 3,  # findings read what the row pass wrote
     "kforge_dash.ingest.run": 4,  # ingest_run: the row pass, then the findings
     "kforge_dash.export": 5, "kforge_dash.browse": 5,

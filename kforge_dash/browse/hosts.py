@@ -12,7 +12,7 @@ from kforge_dash.browse.runs import RunInfo
 from kforge_dash.ingest.hosts import host_table
 
 HOSTS_SCHEMA = {"host": pl.String, "runs": pl.Int64, "straggler_runs": pl.Int64, "throttle_runs": pl.Int64,
-                "cost_s": pl.Float64, "cost_runs": pl.Int64}
+                "divergence_runs": pl.Int64, "cost_s": pl.Float64, "cost_runs": pl.Int64}
 COST_FORMAT = "%.1f"  # cost (s) as the CLI screen prints it (host_lines: 38.4 s), not 38.3795
 
 

@@ -1,9 +1,10 @@
 """Across runs: the hosts that keep doing it (straggling, throttling, costing time), from summary.json alone.
 
 One entry per host seen in the runs' summaries (``host_ranks``, the hosts named by findings and by
-``what_if.by_rank``): ``{host, runs, straggler_runs, throttle_runs, cost_s, cost_runs}``.
+``what_if.by_rank``): ``{host, runs, straggler_runs, throttle_runs, divergence_runs, cost_s, cost_runs}``.
 
-- ``straggler_runs`` / ``throttle_runs``: runs with a ``straggler`` / ``hw_throttle`` finding naming it.
+- ``straggler_runs`` / ``throttle_runs`` / ``divergence_runs``: runs with a ``straggler`` / ``hw_throttle`` /
+  ``replica_divergence`` finding naming it.
 - ``cost_s``: the what-if seconds attributed to its ranks (``what_if.by_rank[].cost_s``), summed
   over the runs where that is known; ``cost_runs`` says over how many runs. Only the costs a straggler
   finding supports count (``straggler_costs.costly_ranks``); a clean rank's noise counts
@@ -23,6 +24,7 @@ from kforge_dash.ingest.straggler_costs import costly_ranks
 
 STRAGGLER_KIND = "straggler"
 THROTTLE_KIND = "hw_throttle"
+DIVERGENCE_KIND = "replica_divergence"  # findings/replicas.py
 
 
 def _hosts_named(items) -> set[str]:
@@ -72,12 +74,14 @@ def host_table(summaries: Iterable[dict]) -> list[dict]:
         if not isinstance(s, dict):
             continue
         stragglers, throttles, costs = _named_by(s, STRAGGLER_KIND), _named_by(s, THROTTLE_KIND), _costs(s)
+        diverged = _named_by(s, DIVERGENCE_KIND)
         for h in run_hosts(s):
-            e = acc.setdefault(h, {"host": h, "runs": 0, "straggler_runs": 0, "throttle_runs": 0, "cost_s": None,
-                                   "cost_runs": 0})
+            e = acc.setdefault(h, {"host": h, "runs": 0, "straggler_runs": 0, "throttle_runs": 0, "divergence_runs": 0,
+                                   "cost_s": None, "cost_runs": 0})
             e["runs"] += 1
             e["straggler_runs"] += h in stragglers
             e["throttle_runs"] += h in throttles
+            e["divergence_runs"] += h in diverged
             if h in costs:
                 e["cost_s"] = (e["cost_s"] or 0.0) + costs[h]
                 e["cost_runs"] += 1
@@ -94,8 +98,9 @@ def host_lines(hosts: list[dict], top: int = 5) -> list[str]:
         runs = f"{e['runs']} run" + ("" if e["runs"] == 1 else "s")
         cost = ("cost unknown" if e["cost_s"] is None
                 else f"cost {e['cost_s']:,.1f} s (known in {e['cost_runs']} of its {runs})")
+        diverged = f", replicas diverged in {e['divergence_runs']}" if e.get("divergence_runs") else ""
         lines.append(f"  {e['host']}: in {runs}, straggling in {e['straggler_runs']}, "
-                     f"throttled in {e['throttle_runs']}, {cost}")
+                     f"throttled in {e['throttle_runs']}{diverged}, {cost}")
     if len(hosts) > top:
         lines.append(f"  ... and {len(hosts) - top} more (--json)")
     return lines

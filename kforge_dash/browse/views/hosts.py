@@ -36,6 +36,7 @@ cost = cfg.NumberColumn("cost (s)", format=prep_hosts.COST_FORMAT) if shown["cos
 st.dataframe(
     shown, hide_index=True, key="hosts", on_select=_pick_row, selection_mode="single-row",
     column_config={"straggler_runs": cfg.Column("straggling in (runs)"), "throttle_runs": cfg.Column("throttled in (runs)"),
+                   "divergence_runs": cfg.Column("replicas diverged in (runs)"),
                    "cost_s": cost, "cost_runs": cfg.Column("cost known in (runs)")},
 )
 host = st.selectbox("Findings of host", hosts, index=None, key="host", bind="query-params", placeholder="pick a host")

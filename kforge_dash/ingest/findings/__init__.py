@@ -68,6 +68,9 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
                            ("missing ranks", missing.missing_rank_findings, ()),
                            ("hang", hang_findings, (warnings,))):
         found += attempt(name, fn, facts, *args) or []
+    from kforge_dash.ingest.findings.replicas import replica_divergence_findings  # replicas.py: issue 31 §3
+
+    found += attempt("replica divergence", replica_divergence_findings, facts, warnings) or []
     found += attempt("slow episodes", episodes.slow_episode_findings, facts,
                      [f for f in found if f.kind in ("straggler", "data_stall")]) or []  # their stretch is theirs
     from kforge_dash.ingest.findings import hardware, mfu, whatif

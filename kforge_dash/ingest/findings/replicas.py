@@ -1,0 +1,108 @@
+"""Replicas that disagree: a minority of ranks whose replica-identical value differs from the majority's.
+
+Data-parallel replicas compute some values from the same bytes, so they agree to the bit. Two such
+values are checked:
+
+- the gradient norm after the all-reduce;
+- the parameter checksum (``kforge_record.replica.param_checksum``), which a bit flipped in one
+  rank's parameters changes from that step on, while the reduced gradient norm stays equal on
+  every rank.
+
+The data-parallel layout is every rank of a launch. Under model parallelism, each data-parallel group
+records its own checksum as ``param_checksum/GROUP`` (``replica.group_checksum_name``): each such
+column is compared among the ranks that recorded it, so a group is checked on its own.
+
+A step is checked where at least 3 ranks of a launch report the value and a strict majority of them
+agree on it, bit for bit (NaN/inf are the ``nonfinite`` finding's). The ranks with another value are
+the minority. One ``replica_divergence`` finding (error) per metric and launch names:
+
+- the minority's ranks and hosts;
+- each rank's first diverging step, and by how much it differs.
+
+The check is off for a metric of a launch whose ranks agree at fewer than half of its steps of 2 or
+more ranks: a rank-local value, such as a pre-reduce local norm. It is off with one warning, and
+never a finding.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
+from kforge_record.replica import PARAM_CHECKSUM
+
+METRICS = ("grad_norm", PARAM_CHECKSUM)
+GROUP_PREFIX = f"{PARAM_CHECKSUM}/"  # param_checksum/GROUP: compared among the ranks that record it (one group)
+MIN_RANKS = 3  # a majority needs at least two ranks agreeing against one
+MIN_AGREEING_SHARE = 0.5  # below this share of steps with a majority, the value is not replica-identical
+
+
+def replica_divergence_findings(facts: RunFacts, warnings: list[str]) -> list[Finding]:
+    lf = pl.scan_parquet(facts.ranks_path, glob=False)
+    schema = lf.collect_schema()
+    out = []
+    for metric in [c for c in schema if c in METRICS or c.startswith(GROUP_PREFIX)]:
+        out += _metric_findings(facts, lf, metric, warnings)
+    return out
+
+
+def _metric_findings(facts: RunFacts, lf: pl.LazyFrame, metric: str, warnings: list[str]) -> list[Finding]:
+    vals = (lf.select("attempt", "step", "rank", pl.col(metric).alias("v"))
+            .filter(pl.col("v").is_not_null() & pl.col("v").is_finite()))
+    mode = (vals.group_by("attempt", "step", "v").agg(pl.len().alias("n_v"))
+            .sort("n_v", "v", descending=[True, False])
+            .group_by("attempt", "step", maintain_order=True).first())
+    per_step = vals.group_by("attempt", "step").agg(pl.len().alias("n"))
+    steps = (per_step.join(mode, on=["attempt", "step"]).filter(pl.col("n") >= 2)
+             .with_columns(majority=pl.col("n_v") * 2 > pl.col("n")))
+    shares = (steps.group_by("attempt").agg(pl.col("majority").mean().alias("share"), pl.len().alias("steps"))
+              .sort("attempt").collect())
+    checked = []
+    for row in shares.iter_rows(named=True):
+        if row["share"] < MIN_AGREEING_SHARE:
+            warnings.append(f"replica check: {metric} differs between ranks at {1 - row['share']:.0%} of attempt "
+                            f"{row['attempt']}'s {row['steps']} steps: a rank-local value, not one replicas share; "
+                            "not checked for it")
+        else:
+            checked.append(row["attempt"])
+    if not checked:
+        return []
+    rows = _diverging(vals, steps, checked).collect()
+    out = []
+    for (attempt,), g in rows.group_by(["attempt"], maintain_order=True):
+        out.append(_finding(facts, metric, int(attempt), g))
+    return out
+
+
+def _diverging(vals: pl.LazyFrame, steps: pl.LazyFrame, attempts: list[int]) -> pl.LazyFrame:
+    """(attempt, step, rank, v, mode) of each rank whose value differs from its step's majority."""
+    majority = (steps.filter(pl.col("majority") & (pl.col("n") >= MIN_RANKS))
+                .select("attempt", "step", pl.col("v").alias("mode")))
+    return (vals.filter(pl.col("attempt").is_in(attempts)).join(majority, on=["attempt", "step"])
+            .filter(pl.col("v") != pl.col("mode")).sort("attempt", "step", "rank"))
+
+
+def _finding(facts: RunFacts, metric: str, attempt: int, g: pl.DataFrame) -> Finding:
+    per_rank = (g.group_by("rank").agg(pl.col("step").min().alias("first"), pl.col("step").max().alias("last"),
+                                      pl.len().alias("n"), ((pl.col("v") - pl.col("mode")).abs()
+                                                            / pl.col("mode").abs()).max().alias("rel"))
+                .sort("first", "rank"))
+    ranks = tuple(sorted(per_rank["rank"].to_list()))
+    parts = []
+    for r in per_rank.iter_rows(named=True):
+        how = "" if metric.startswith(PARAM_CHECKSUM) or r["rel"] is None else f", by up to {_rel(r['rel'])}"
+        parts.append(f"rank {r['rank']} from step {r['first']} ({r['n']} step{'s' if r['n'] != 1 else ''}{how})")
+    first, last = int(g["step"].min()), int(g["step"].max())
+    what = "parameter checksum" if metric == PARAM_CHECKSUM else \
+        f"parameter checksum of {metric[len(GROUP_PREFIX):]}" if metric.startswith(GROUP_PREFIX) else metric
+    return Finding(
+        kind="replica_divergence", metric=metric, severity="error", first_step=first, last_step=last, ranks=ranks,
+        hosts=facts.hosts_of(ranks, {attempt}), score=float(len(g)),
+        message=(f"{what} differs from the other replicas' on {'; '.join(parts)} over {steps_range(first, last)}: "
+                 "a silent data corruption on those ranks' GPUs or hosts, or replicas that were never in step; "
+                 "check them before trusting the run."),
+    )
+
+
+def _rel(x: float) -> str:
+    return "an infinite factor" if x != x or x == float("inf") else f"{x:.2%}" if x >= 1e-4 else f"{x:.1e} (relative)"
