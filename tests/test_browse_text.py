@@ -8,19 +8,19 @@ import json
 import polars as pl
 from dash_fixtures import write_run
 
+from kforge_dash import text
 from kforge_dash.browse import series as prep_series
-from kforge_dash.browse import units
 
 
 def test_mfu_inputs_say_unknown_rather_than_a_dash():
-    line = units.flops_origin({"flops_per_token": None, "peak_tflops": None})
+    line = text.flops_origin({"flops_per_token": None, "peak_tflops": None})
     assert line == "FLOPs/token unknown; peak TFLOPS unknown"
-    line = units.flops_origin({"flops_per_token": 7.4e8, "flops_source": None, "peak_tflops": 989.0, "peak_source": None})
+    line = text.flops_origin({"flops_per_token": 7.4e8, "flops_source": None, "peak_tflops": 989.0, "peak_source": None})
     assert line == "7.4e+08 FLOPs/token; peak 989 TFLOPS/GPU"
 
 
 def test_counts_of_one_are_singular():
-    assert [units.counted(n, "run") for n in (0, 1, 2)] == ["0 runs", "1 run", "2 runs"]
+    assert [text.counted(n, "run") for n in (0, 1, 2)] == ["0 runs", "1 run", "2 runs"]
 
 
 def test_a_single_nan_marker_does_not_say_1_such_steps(tmp_path):

@@ -18,7 +18,7 @@ from kforge_dash.browse.groups import GroupData
 from kforge_dash.browse.overlap import identical_runs
 from kforge_dash.browse.ranks import Heatmap
 from kforge_dash.browse.series import X_LABELS, CompareData
-from kforge_dash.browse.units import counted
+from kforge_dash.text import counted
 
 _MARKER_SYMBOL = {"nan": "x", "inf": "triangle-up", "-inf": "triangle-down", "restart": "diamond", "spike": "star"}
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, hovermode="closest",

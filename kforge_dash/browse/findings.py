@@ -89,7 +89,7 @@ class Waterfall:
 
 
 def goodput_waterfall(summary: dict | None) -> Waterfall | None:
-    """The job's wall clock (units.JOB_WALL_CLOCK), minus each non-empty badput bucket (largest
+    """The job's wall clock (text.JOB_WALL_CLOCK), minus each non-empty badput bucket (largest
     first), down to productive."""
     g = (summary or {}).get("goodput")
     if not isinstance(g, dict) or not isinstance(g.get("total_s"), (int, float)):

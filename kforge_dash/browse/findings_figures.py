@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kforge_dash.browse import units
+from kforge_dash import text
 from kforge_dash.browse.figures import text as plotly_text
 from kforge_dash.browse.findings import Waterfall
 
@@ -18,7 +18,7 @@ def waterfall_figure(w: Waterfall) -> go.Figure:
     frac = "" if w.fraction is None else f": {100 * w.fraction:.1f}% goodput"
     fig = go.Figure(go.Waterfall(
         x=w.labels, y=w.values, measure=w.measures, textposition="outside",
-        text=[units.duration(abs(v)) for v in w.values],
+        text=[text.duration(abs(v)) for v in w.values],
         hovertemplate="%{x}: %{text}<extra></extra>",
         decreasing=dict(marker=dict(color="#d62728")), totals=dict(marker=dict(color="#2ca02c")),
         increasing=dict(marker=dict(color="#7f7f7f")),

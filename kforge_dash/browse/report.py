@@ -17,11 +17,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kforge_dash import text
 from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
-from kforge_dash.browse import findings_figures, units
+from kforge_dash.browse import findings_figures, tables
 from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse import runs as prep_runs
@@ -110,13 +111,13 @@ def runs_table_html(runs: list[prep_runs.RunInfo]) -> str:
     rows = []
     for r in runs:
         s = r.summary or {}
-        train_s, clock_s = units.wall_times(s)
-        rows.append([r.name, units.number(s.get("steps"), "{:,}"), units.number(s.get("tokens"), "{:,}"),
-                     units.duration(train_s), units.duration(clock_s), units.number(s.get("final_loss"), "{:.4f}"),
-                     units.number(s.get("best_loss"), "{:.4f}"), units.percent(s.get("mean_mfu")),
-                     units.gib(s.get("peak_mem_bytes")), units.device_label(s), str(len(s.get("restarts") or [])),
-                     str(len(s.get("warnings") or [])), ", ".join(r.tags) or units.MISSING])
-    return _table(["run", "steps", "tokens", units.TRAINING_TIME, units.JOB_WALL_CLOCK, "final loss",
+        train_s, clock_s = text.wall_times(s)
+        rows.append([r.name, text.number(s.get("steps"), "{:,}"), text.number(s.get("tokens"), "{:,}"),
+                     text.duration(train_s), text.duration(clock_s), text.number(s.get("final_loss"), "{:.4f}"),
+                     text.number(s.get("best_loss"), "{:.4f}"), text.percent(s.get("mean_mfu")),
+                     text.gib(s.get("peak_mem_bytes")), text.device_label(s), str(len(s.get("restarts") or [])),
+                     str(len(s.get("warnings") or [])), ", ".join(r.tags) or text.MISSING])
+    return _table(["run", "steps", "tokens", text.TRAINING_TIME, text.JOB_WALL_CLOCK, "final loss",
                    "best loss", "mean MFU", "peak mem", "hardware", "restarts", "warnings", "tags"], rows, cls="runs")
 
 
@@ -126,9 +127,9 @@ def config_diff_html(runs: list[prep_runs.RunInfo]) -> str:
     diff = prep_runs.config_diff(runs)
     if diff.is_empty():
         return "<p>These runs have the same configuration.</p>"
-    text = units.config_diff_text(diff)
-    return (_table(text.columns, [list(row) for row in text.iter_rows()], cls="diff")
-            + f"<p>Values as JSON; {_esc(units.NOT_SET)}: the run has no such key.</p>")
+    shown = tables.config_diff_text(diff)
+    return (_table(shown.columns, [list(row) for row in shown.iter_rows()], cls="diff")
+            + f"<p>Values as JSON; {_esc(text.NOT_SET)}: the run has no such key.</p>")
 
 
 def _script_json(obj) -> str:
@@ -234,16 +235,16 @@ def _findings_html(s: dict) -> str:
     out = []
     goodput = s.get("goodput")
     if isinstance(goodput, dict):
-        out.append(f"<p><b>Goodput</b>: {_esc(units.percent(goodput.get('fraction')))} of the job's wall clock "
-                   f"({_esc(units.duration(goodput.get('total_s')))})</p>")
+        out.append(f"<p><b>Goodput</b>: {_esc(text.percent(goodput.get('fraction')))} of the job's wall clock "
+                   f"({_esc(text.duration(goodput.get('total_s')))})</p>")
         buckets = goodput.get("buckets")
         if isinstance(buckets, dict) and buckets:
             out.append(_table(["where the wall clock went", "time"], [
-                [str(k).replace("_", " "), units.duration(v) if isinstance(v, (int, float)) else json.dumps(v)]
+                [str(k).replace("_", " "), text.duration(v) if isinstance(v, (int, float)) else json.dumps(v)]
                 for k, v in buckets.items()]))
     cards = prep_findings.finding_cards(s)
     if cards:
-        rows = [[c.severity, c.kind, c.facts or units.MISSING, c.message] for c in cards]
+        rows = [[c.severity, c.kind, c.facts or text.MISSING, c.message] for c in cards]
         out.append(f"<h4>Findings ({len(rows)})</h4>" + _table(["severity", "finding", "where", "message"], rows,
                                                                cls="findings"))
     return "".join(out)
@@ -273,7 +274,7 @@ def _restarts_html(s: dict) -> str:
     if not restarts:
         return "<p>No restarts.</p>"
     keys = ["attempt", "resumed_at_step", "previous_last_step", "superseded_steps"]
-    rows = [[units.MISSING if r.get(k) is None else r.get(k) for k in keys] for r in restarts]
+    rows = [[text.MISSING if r.get(k) is None else r.get(k) for k in keys] for r in restarts]
     return f"<h4>Restarts ({len(rows)})</h4>" + _table(["attempt", "resumed at step", "previous last step",
                                                         "steps recomputed"], rows)
 
@@ -296,10 +297,10 @@ def run_section_html(r: prep_runs.RunInfo) -> str:
     s = r.summary or {}
     warnings = s.get("warnings") or []
     warn = "".join(f"<li>{_esc(w)}</li>" for w in warnings)
-    train_s, clock_s = units.wall_times(s)
+    train_s, clock_s = text.wall_times(s)
     return (f'<section class="run"><h3>{_esc(r.name)}</h3>'
-            f"<p>{_esc(units.device_label(s))} · {units.TRAINING_TIME} {_esc(units.duration(train_s))} · "
-            f"{units.JOB_WALL_CLOCK} {_esc(units.duration(clock_s))} · MFU inputs: {_esc(units.flops_origin(s))}</p>"
+            f"<p>{_esc(text.device_label(s))} · {text.TRAINING_TIME} {_esc(text.duration(train_s))} · "
+            f"{text.JOB_WALL_CLOCK} {_esc(text.duration(clock_s))} · MFU inputs: {_esc(text.flops_origin(s))}</p>"
             + _findings_html(s) + _diagnosis_html(s) + _restarts_html(s) + _nonfinite_html(r)
             + (f"<h4>Ingest warnings ({len(warnings)})</h4><ul>{warn}</ul>" if warnings else "")
             + "</section>")
@@ -331,7 +332,7 @@ def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = Non
     notes += chart_notes
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = (
-        f"<h1>{_esc(options.title)}</h1><p>{units.counted(len(chosen), 'run')}, generated {when}. Charts: up to "
+        f"<h1>{_esc(options.title)}</h1><p>{text.counted(len(chosen), 'run')}, generated {when}. Charts: up to "
         f"{options.max_points:,} points per line (MinMaxLTTB keeps every local extreme); drag to zoom, "
         "double-click to reset; the camera button saves a chart as PNG; a run's button above the charts hides or "
         "shows it on every chart. Key: ◆ restart · × NaN · ▲/▼ ±inf · "

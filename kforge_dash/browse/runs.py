@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from kforge_dash.browse import units
+from kforge_dash import text
 from kforge_dash.contract import INGESTED_DIR, STEPS_FILE, SUMMARY_FILE, read_summary_file
 from kforge_record.schema import RANK_PREFIX
 
@@ -172,7 +172,7 @@ def no_runs_message(root: str | os.PathLike, runs: list[RunInfo]) -> str:
     run at all, how to record one and ingest it; with runs waiting, that they need an ingest."""
     if runs:
         waits = "waits" if len(runs) == 1 else "wait"
-        return (f"No ingested runs under {root} yet: {units.counted(len(runs), 'run')} recorded there {waits} for an ingest. "
+        return (f"No ingested runs under {root} yet: {text.counted(len(runs), 'run')} recorded there {waits} for an ingest. "
                 f"Press the Ingest button above, or run: kforge-ingest {root}")
     return (f"No runs under {root} yet. Record one from your training loop: "
             f"rec = kforge_record.Recorder('{root}/my-run'); each step rec.start_step() ... "

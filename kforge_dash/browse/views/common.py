@@ -1,7 +1,7 @@
 """Streamlit glue shared by the pages: the runs root, cached prep calls, the ingest panel, live refresh.
 
 Caching uses st.cache_resource (objects kept in memory as they are), never st.cache_data,
-which pickles and unpickles its values. Every name from disk goes through units.md_text before
+which pickles and unpickles its values. Every name from disk goes through text.md_text before
 it reaches Markdown (alerts and captions render Markdown).
 """
 
@@ -13,14 +13,14 @@ import time
 import plotly.graph_objects as go
 import streamlit as st
 
+from kforge_dash import text
 from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import groups as prep_groups
 from kforge_dash.browse import live as prep_live
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
-from kforge_dash.browse import units
 from kforge_dash.browse.runs import NOT_INGESTED, STALE, RunInfo, RunPathError
-from kforge_dash.browse.units import md_text
+from kforge_dash.text import md_text
 
 # A run whose recorder ended a step this recently (its heartbeat.bin; browse/live.is_live) is being
 # written: its pages go live.
@@ -223,7 +223,7 @@ def ingest_panel(root, runs: list[RunInfo], *, followed: set[str] = frozenset())
     listing = ", ".join(f"{md_text(r.name)} ({r.status})" for r in todo)
     with st.container(border=True):
         st.warning(f"Not shown or out of date until ingested: {listing}")
-        st.button(f"Ingest {units.counted(len(todo), 'run')}", key="ingest", on_click=_ingest,
+        st.button(f"Ingest {text.counted(len(todo), 'run')}", key="ingest", on_click=_ingest,
                   args=(root, [r.name for r in todo]))
 
 

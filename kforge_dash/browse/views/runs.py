@@ -3,10 +3,11 @@
 import pandas as pd
 import streamlit as st
 
+from kforge_dash import text
 from kforge_dash.browse import runs as prep_runs
-from kforge_dash.browse import units
-from kforge_dash.browse.units import md_text
+from kforge_dash.browse import tables
 from kforge_dash.browse.views import common
+from kforge_dash.text import md_text
 
 st.title("Runs")
 root = common.runs_root()
@@ -18,10 +19,10 @@ if not runs:
 
 cfg = st.column_config
 FORMATS = {
-    "wall_time_h": lambda h: units.duration(h * 3600), "final_loss": "{:.4f}".format, "best_loss": "{:.4f}".format,
-    "mean_mfu": units.percent, "peak_mem_gib": "{:.2f} GiB".format, "tokens": "{:,.0f}".format,
+    "wall_time_h": lambda h: text.duration(h * 3600), "final_loss": "{:.4f}".format, "best_loss": "{:.4f}".format,
+    "mean_mfu": text.percent, "peak_mem_gib": "{:.2f} GiB".format, "tokens": "{:,.0f}".format,
     "steps": "{:,.0f}".format, "gpus": "{:.0f}".format, "restarts": "{:.0f}".format, "warnings": "{:.0f}".format,
-    "goodput": units.percent, "findings": "{:.0f}".format,
+    "goodput": text.percent, "findings": "{:.0f}".format,
 }
 # Columns without a gap stay numbers (they sort as numbers; the Styler only says how they read);
 # a column with a gap is shown as text with "—" (Streamlit would print "None").
@@ -31,19 +32,19 @@ st.html("<style>.stMainBlockContainer { padding-left: 1.5rem; padding-right: 1.5
 data = prep_runs.runs_table(runs)
 if (note := prep_runs.runs_table_note(data)) is not None:
     st.caption(md_text(note))
-rows = units.with_missing_as_dash(data.to_dicts(), FORMATS)
+rows = tables.with_missing_as_dash(data.to_dicts(), FORMATS)
 table = pd.DataFrame(rows, columns=data.columns)
 numeric = {c: f for c, f in FORMATS.items() if c in table and pd.api.types.is_numeric_dtype(table[c])}
-shown = table.style.format(numeric, na_rep=units.MISSING)
+shown = table.style.format(numeric, na_rep=text.MISSING)
 st.dataframe(
     # every run on the page up to 30 (Streamlit's default shows 10 and scrolls inside the table), then a tall table
     shown, hide_index=True, key="runs_table", column_order=prep_runs.table_columns(data),
     height="content" if len(table) <= 30 else 1000,
     column_config={
-        "wall_time_h": cfg.Column(units.TRAINING_TIME, help=units.WALL_TIMES_HELP), "final_loss": cfg.Column("final loss"),
+        "wall_time_h": cfg.Column(text.TRAINING_TIME, help=text.WALL_TIMES_HELP), "final_loss": cfg.Column("final loss"),
         "best_loss": cfg.Column("best loss"), "mean_mfu": cfg.Column("mean MFU"),
         "peak_mem_gib": cfg.Column("peak mem"), "gpus": cfg.Column("ranks"),
-        "goodput": cfg.Column("goodput", help=f"productive share of the {units.JOB_WALL_CLOCK} (Run detail shows both times)"),
+        "goodput": cfg.Column("goodput", help=f"productive share of the {text.JOB_WALL_CLOCK} (Run detail shows both times)"),
         "findings": cfg.Column("findings", help="spikes, NaNs, stragglers ... (Run detail lists them)"),
     },
 )
@@ -63,6 +64,6 @@ if diff.is_empty():
     st.success("These runs have the same configuration.")
 else:
     differ = "differs" if len(diff) == 1 else "differ"
-    st.caption(f"{units.counted(len(diff), 'key')} {differ}; keys with the same value everywhere are hidden. "
-               f"Values as JSON; {units.NOT_SET}: the run has no such key.")
-    st.dataframe(units.config_diff_text(diff), hide_index=True, key="config_diff")
+    st.caption(f"{text.counted(len(diff), 'key')} {differ}; keys with the same value everywhere are hidden. "
+               f"Values as JSON; {text.NOT_SET}: the run has no such key.")
+    st.dataframe(tables.config_diff_text(diff), hide_index=True, key="config_diff")
