@@ -75,8 +75,8 @@ def number(v, fmt: str = "{:,.6g}") -> str:
 
 
 def count(n) -> str:
-    """1234 -> "1,234"; None -> "—"."""
-    return number(n, "{:,}")
+    """1234 -> "1,234" (1234.0 too: a count in a float column); None -> "—"."""
+    return number(int(n) if isinstance(n, float) and n.is_integer() else n, "{:,}")
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
+from kforge_dash import text
 from kforge_dash.browse.ranks import _reading
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -65,11 +66,9 @@ def finding_cards(summary: dict | None) -> list[FindingCard]:
         first, last = f.get("first_step"), f.get("last_step")
         first = first if isinstance(first, int) else None
         last = last if isinstance(last, int) else first
-        steps = None if first is None else (f"step {first}" if first == last else f"steps {first}–{last}")
-        ranks = [str(r) for r in f.get("ranks") or []]
+        steps = text.step_range(first, last)
         hosts = [str(h) for h in f.get("hosts") or []]
-        facts = [steps,
-                 (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}" if ranks else None),
+        facts = [steps, text.rank_list(f.get("ranks")),
                  (f"on {', '.join(hosts)}" if hosts else None),
                  (f"phase {f['phase']}" if f.get("phase") is not None else None)]
         cards.append(FindingCard(

@@ -101,8 +101,10 @@ def find_runs(paths: list[str | os.PathLike], names: list[str] | None = None) ->
     return FoundRuns([found[n] for n in dict.fromkeys(names) if n in found], notes, list(listed.values()))
 
 
-def _table(header: list[str], rows: list[list[str]], *, cls: str = "") -> str:
-    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+def _table(header: list[str], rows: list[list[str]], *, cls: str = "", titles: dict[str, str] | None = None) -> str:
+    """A table; ``titles``: a column's tooltip (what its number is), by its header."""
+    head = "".join(f'<th title="{_esc(titles[h])}">{_esc(h)}</th>' if titles and h in titles else f"<th>{_esc(h)}</th>"
+                   for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
@@ -111,14 +113,16 @@ def runs_table_html(runs: list[prep_runs.RunInfo]) -> str:
     rows = []
     for r in runs:
         s = r.summary or {}
-        train_s, clock_s = text.wall_times(s)
-        rows.append([r.name, text.number(s.get("steps"), "{:,}"), text.number(s.get("tokens"), "{:,}"),
-                     text.duration(train_s), text.duration(clock_s), text.number(s.get("final_loss"), "{:.4f}"),
-                     text.number(s.get("best_loss"), "{:.4f}"), text.percent(s.get("mean_mfu")),
-                     text.gib(s.get("peak_mem_bytes")), text.device_label(s), str(len(s.get("restarts") or [])),
-                     str(len(s.get("warnings") or [])), ", ".join(r.tags) or text.MISSING])
-    return _table(["run", "steps", "tokens", text.TRAINING_TIME, text.JOB_WALL_CLOCK, "final loss",
-                   "best loss", "mean MFU", "peak mem", "hardware", "restarts", "warnings", "tags"], rows, cls="runs")
+        h = text.headline(s)  # the same text as the CLI screen and the run page
+        rows.append([r.name, h["steps"], h["tokens"], h[text.TRAINING_TIME], h[text.JOB_WALL_CLOCK], h[text.FINAL_LOSS],
+                     h[text.BEST_LOSS], h[text.MEAN_MFU], h[text.ACHIEVED_MFU], h["goodput"], text.gib(s.get("peak_mem_bytes")),
+                     text.device_label(s), str(len(s.get("restarts") or [])), str(len(s.get("warnings") or [])),
+                     ", ".join(r.tags) or text.MISSING])
+    header = ["run", "steps", "tokens", text.TRAINING_TIME, text.JOB_WALL_CLOCK, f"{text.FINAL_LOSS} (mean of ranks)",
+              text.BEST_LOSS, text.MEAN_MFU, text.ACHIEVED_MFU, "goodput", "peak mem", "hardware", "restarts", "warnings", "tags"]
+    helps = {text.MEAN_MFU: text.MFU_HELP, text.ACHIEVED_MFU: text.ACHIEVED_HELP, text.TRAINING_TIME: text.WALL_TIMES_HELP,
+             text.JOB_WALL_CLOCK: text.WALL_TIMES_HELP, header[5]: text.LOSS_HELP}
+    return _table(header, rows, cls="runs", titles=helps)
 
 
 def config_diff_html(runs: list[prep_runs.RunInfo]) -> str:

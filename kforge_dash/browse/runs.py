@@ -171,8 +171,8 @@ def no_runs_message(root: str | os.PathLike, runs: list[RunInfo]) -> str:
     """What a page says when the root has nothing to show (plain text; the page escapes it): with no
     run at all, how to record one and ingest it; with runs waiting, that they need an ingest."""
     if runs:
-        waits = "waits" if len(runs) == 1 else "wait"
-        return (f"No ingested runs under {root} yet: {text.counted(len(runs), 'run')} recorded there {waits} for an ingest. "
+        return (f"No ingested runs under {root} yet: {text.counted(len(runs), 'run')} recorded there "
+                f"{text.agrees(len(runs), 'waits', 'wait')} for an ingest. "
                 f"Press the Ingest button above, or run: kforge-ingest {root}")
     return (f"No runs under {root} yet. Record one from your training loop: "
             f"rec = kforge_record.Recorder('{root}/my-run'); each step rec.start_step() ... "

@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 from tsdownsample import MinMaxLTTBDownsampler
 
+from kforge_dash import text
 from kforge_dash.browse.findings import spike_spans
 from kforge_dash.browse.smoothing import MIN_SMOOTH_POINTS, series_weight, smooth_columns  # noqa: F401 (re-exported)
 from kforge_dash.contract import EMA_COLUMNS
@@ -257,7 +258,7 @@ def _nonfinite_markers(run: str, metric: str, x, y, step, finite) -> list[Marker
             if count > MAX_MARKERS:  # a diverged run: evenly spaced markers, the count stays exact
                 pick = np.linspace(0, count - 1, MAX_MARKERS).round().astype(np.int64)
                 idx, h = idx[pick], h[pick]
-            more = f" ({count} such steps)" if count > 1 else ""
+            more = f" ({text.counted(count, 'such step')})" if count > 1 else ""
             out.append(Marker(run, metric, kind, x[idx], h, step[idx],
                               [f"{metric} = {kind} at step {s}{more}" for s in step[idx]], count))
     return out
@@ -272,12 +273,16 @@ def _restart_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker
         return None
     pos = np.clip(np.searchsorted(step, at), 0, len(step) - 1)
     height = _finite_neighbour(y, np.isfinite(y), pos)
-    text = [
+    hover = [
         f"restart: attempt {r.get('attempt')} resumed at step {r.get('resumed_at_step')}"
-        f" (previous attempt reached {r.get('previous_last_step')}, {r.get('superseded_steps')} steps superseded)"
+        f" (previous attempt reached {r.get('previous_last_step')}, {_superseded(r.get('superseded_steps'))})"
         for r in restarts if r.get("resumed_at_step") is not None
     ]
-    return Marker(run, metric, "restart", x[pos], height, step[pos], text)
+    return Marker(run, metric, "restart", x[pos], height, step[pos], hover)
+
+
+def _superseded(n) -> str:
+    return f"{text.counted(n, 'step')} superseded" if isinstance(n, int) else f"{text.MISSING} steps superseded"
 
 
 def _spike_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker | None:

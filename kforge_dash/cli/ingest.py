@@ -92,9 +92,7 @@ def _findings_lines(s: dict) -> list[str]:
     findings = s.get("findings") or []
     lines.append(f"  findings ({len(findings)}):" if findings else "  findings: none")
     for f in findings[:10]:
-        where = " · ".join(x for x in (text.step_range(f.get("first_step"), f.get("last_step")),
-                                       text.rank_list(f.get("ranks"))) if x)
-        lines.append(f"    [{f.get('severity')}] {f.get('kind')}{f' ({where})' if where else ''}: {f.get('message')}")
+        lines.append(f"    [{f.get('severity')}] {f.get('kind')}: {f.get('message')}")
         if f.get("cause"):  # a straggler's hardware cause (hw_throttle during its steps)
             lines.append(f"      cause: {f['cause']}")
     if len(findings) > 10:

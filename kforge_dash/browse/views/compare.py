@@ -62,8 +62,8 @@ with st.sidebar:
     selected = st.multiselect("Runs", options, default=recent, key="runs", bind="query-params",
                               placeholder="Pick runs to compare")
 if not selected:
-    matches = "matches" if len(matching) == 1 else "match"
-    st.info(f"{text.counted(len(matching), 'run')} {matches}. Pick runs to compare in the sidebar.")
+    st.info(f"{text.counted(len(matching), 'run')} {text.agrees(len(matching), 'matches', 'match')}. "
+            "Pick runs to compare in the sidebar.")
     st.stop()
 
 sources = common.sources(ingested, selected)

@@ -68,14 +68,15 @@ s = run.summary
 train_s, clock_s = text.wall_times(s)
 goodput = s.get("goodput") if isinstance(s.get("goodput"), dict) else {}
 c = st.columns(4)
-c[0].metric("steps", text.number(s.get("steps"), "{:,}"))
-c[1].metric("ranks", text.number(s.get("world_size"), "{:,}"))
-c[2].metric("mean MFU", text.percent(s.get("mean_mfu")), help=text.MFU_HELP)
-c[3].metric("final loss", text.number(s.get("final_loss"), "{:.5g}"), help=f"final loss {s.get('final_loss')!r}")
+c[0].metric("steps", text.count(s.get("steps")))
+c[1].metric("ranks", text.count(s.get("world_size")))
+head = text.headline(s)  # the same text as the CLI screen and kforge-report
+c[2].metric(text.MEAN_MFU, head[text.MEAN_MFU], help=text.MFU_HELP)
+c[3].metric(f"{text.FINAL_LOSS} (mean of ranks)", head[text.FINAL_LOSS], help=f"{text.LOSS_HELP}; here {s.get('final_loss')!r}")
 c = st.columns(4)
 c[0].metric(text.TRAINING_TIME, text.duration(train_s), help=text.WALL_TIMES_HELP)
 c[1].metric(text.JOB_WALL_CLOCK, text.duration(clock_s), help=text.WALL_TIMES_HELP)
-c[2].metric("goodput", text.percent(goodput.get("fraction")))
+c[2].metric("goodput", head["goodput"])
 c[3].metric("restarts", len(s.get("restarts") or []))
 # Where MFU's two inputs came from: a wrong one makes every MFU figure quietly wrong.
 # Hardware here, not as a metric: "NVIDIA H100 80GB HBM3 ×8" does not fit a metric's quarter of the page.

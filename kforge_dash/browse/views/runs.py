@@ -19,10 +19,10 @@ if not runs:
 
 cfg = st.column_config
 FORMATS = {
-    "wall_time_h": lambda h: text.duration(h * 3600), "final_loss": "{:.4f}".format, "best_loss": "{:.4f}".format,
-    "mean_mfu": text.percent, "peak_mem_gib": "{:.2f} GiB".format, "tokens": "{:,.0f}".format,
-    "steps": "{:,.0f}".format, "gpus": "{:.0f}".format, "restarts": "{:.0f}".format, "warnings": "{:.0f}".format,
-    "goodput": text.percent, "findings": "{:.0f}".format,
+    "wall_time_h": lambda h: text.duration(h * 3600), "final_loss": text.loss, "best_loss": text.loss,
+    "mean_mfu": text.percent, "peak_mem_gib": lambda g: text.gib(g * text.GIB), "tokens": text.count,
+    "steps": text.count, "gpus": text.count, "restarts": text.count, "warnings": text.count,
+    "goodput": text.percent, "findings": text.count,
 }
 # Columns without a gap stay numbers (they sort as numbers; the Styler only says how they read);
 # a column with a gap is shown as text with "—" (Streamlit would print "None").
@@ -41,9 +41,11 @@ st.dataframe(
     shown, hide_index=True, key="runs_table", column_order=prep_runs.table_columns(data),
     height="content" if len(table) <= 30 else 1000,
     column_config={
-        "wall_time_h": cfg.Column(text.TRAINING_TIME, help=text.WALL_TIMES_HELP), "final_loss": cfg.Column("final loss"),
-        "best_loss": cfg.Column("best loss"), "mean_mfu": cfg.Column("mean MFU"),
-        "peak_mem_gib": cfg.Column("peak mem"), "gpus": cfg.Column("ranks"),
+        "wall_time_h": cfg.Column(text.TRAINING_TIME, help=text.WALL_TIMES_HELP),
+        "final_loss": cfg.Column(text.FINAL_LOSS, help=text.LOSS_HELP),
+        "best_loss": cfg.Column(text.BEST_LOSS, help=text.LOSS_HELP),
+        "mean_mfu": cfg.Column(text.MEAN_MFU, help=text.MFU_HELP),
+        "peak_mem_gib": cfg.Column("peak mem"), "gpus": cfg.Column("ranks"), "device": cfg.Column("hardware"),
         "goodput": cfg.Column("goodput", help=f"productive share of the {text.JOB_WALL_CLOCK} (Run detail shows both times)"),
         "findings": cfg.Column("findings", help="spikes, NaNs, stragglers ... (Run detail lists them)"),
     },
@@ -63,7 +65,7 @@ diff = prep_runs.config_diff([r for r in ingested if r.name in names])
 if diff.is_empty():
     st.success("These runs have the same configuration.")
 else:
-    differ = "differs" if len(diff) == 1 else "differ"
-    st.caption(f"{text.counted(len(diff), 'key')} {differ}; keys with the same value everywhere are hidden. "
+    st.caption(f"{text.counted(len(diff), 'key')} {text.agrees(len(diff), 'differs', 'differ')}; "
+               "keys with the same value everywhere are hidden. "
                f"Values as JSON; {text.NOT_SET}: the run has no such key.")
     st.dataframe(tables.config_diff_text(diff), hide_index=True, key="config_diff")
