@@ -32,11 +32,11 @@ def _decimals(v: float, *, at_least: int, sig: int = 2, most: int = 8) -> int:
 
 
 def fixed(v, digits: int = 1) -> str:
-    """``v`` to ``digits`` decimals, but to two significant digits when that would show it as 0
-    (0.0049 -> "0.0049", not "0.0"); MISSING when unknown."""
+    """``v`` to ``digits`` decimals; under 1, to at least two significant digits (0.0049 -> "0.0049",
+    not "0.0"; 0.49 -> "0.49"); MISSING when unknown."""
     if not known(v):
         return MISSING
-    d = digits if v == 0 or abs(v) >= 10.0 ** -digits or abs(v) >= 1 else _decimals(v, at_least=digits)
+    d = digits if v == 0 or abs(v) >= 1 else _decimals(v, at_least=digits)
     return f"{v:,.{d}f}"
 
 

@@ -31,3 +31,33 @@ def test_a_single_nan_marker_does_not_say_1_such_steps(tmp_path):
     (nan,) = [m for m in data.markers if m.kind == "nan"]
     assert nan.text == ["loss = nan at step 20"]
     assert pl.Series(nan.step).to_list() == [20]
+
+
+def test_small_percents_keep_two_significant_digits():
+    """MFU 0.0049 % read "0.0 %" (issue 27, point 5)."""
+    assert [text.percent(f) for f in (4.9e-5, 0.0049, 0.1234, 0.0, 1.0, None)] == [
+        "0.0049 %", "0.49 %", "12.3 %", "0.0 %", "100.0 %", text.MISSING]
+
+
+def test_durations_have_one_format_small_ones_included():
+    assert [text.duration(s) for s in (0.042, 0.5, 44.24, 99.9, 3725.0, None)] == [
+        "0.042 s", "0.50 s", "44.2 s", "99.9 s", "1:02:05", text.MISSING]
+
+
+def test_rank_lists_and_step_ranges():
+    assert text.rank_list([1]) == "rank 1"
+    assert text.rank_list([3, 1]) == "ranks 1, 3"
+    assert text.rank_list([0, 1, 2, 3, 7, 8]) == "ranks 0–3, 7, 8"
+    assert text.rank_list([]) is None
+    assert (text.step_range(5), text.step_range(151, 400), text.step_range(None)) == ("step 5", "steps 151–400", None)
+    assert text.counted(1024, "rank") == "1,024 ranks" and text.count(1234.0) == "1,234"
+
+
+def test_the_mean_mfu_help_says_what_the_contract_says():
+    """The tooltip called the mean MFU a mean of the steps' MFU (unweighted); docs/CONTRACT.md: time-weighted."""
+    from pathlib import Path
+
+    contract = (Path(__file__).resolve().parent.parent / "docs" / "CONTRACT.md").read_text()
+    assert "`mean_mfu` is time-weighted" in contract
+    assert text.MFU_HELP.startswith("mean MFU: time-weighted") and "achieved MFU" in text.MFU_HELP
+    assert "mean over the ranks" in text.LOSS_HELP
