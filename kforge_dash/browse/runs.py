@@ -21,6 +21,8 @@ from kforge_dash.contract import INGESTED_DIR, STEPS_FILE, SUMMARY_FILE, read_su
 from kforge_record.schema import RANK_PREFIX
 
 ROOT_ENV = "KFORGE_DASH_ROOT"  # how kforge-dash hands the runs root to the Streamlit script
+# `kforge-dash RUN_DIR` (one run folder): the root is its parent, and only this run is listed
+ONLY_RUN_ENV = "KFORGE_DASH_RUN"
 
 INGESTED = "ingested"
 STALE = "stale"  # shards newer than the last ingest
@@ -40,6 +42,17 @@ def default_runs_root() -> Path:
 
 def runs_root_from_env() -> Path:
     return Path(os.environ.get(ROOT_ENV) or default_runs_root()).resolve()
+
+
+def only_run_from_env() -> str | None:
+    """The one run `kforge-dash RUN_DIR` shows, or None (every run under the root)."""
+    return os.environ.get(ONLY_RUN_ENV) or None
+
+
+def is_run_folder(path: str | os.PathLike) -> bool:
+    """A run directory itself (ingested, or with rank shards), not a root holding runs."""
+    p = Path(path)
+    return p.is_dir() and ((p / INGESTED_DIR / SUMMARY_FILE).is_file() or _has_shards(p))
 
 
 def run_dir(root: str | os.PathLike, name: str) -> Path:
@@ -133,14 +146,14 @@ def _has_shards(path: Path) -> bool:
         return any(e.name.startswith(RANK_PREFIX) and e.is_dir() for e in entries)
 
 
-def list_runs(root: str | os.PathLike) -> list[RunInfo]:
-    """Every run directory directly under `root` (sorted by name) with its ingest status."""
+def list_runs(root: str | os.PathLike, *, only: str | None = None) -> list[RunInfo]:
+    """Every run directory directly under `root` (sorted by name) with its ingest status; `only`: that run alone."""
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"{root}: runs root is not a directory")
     runs = []
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.name.startswith(".") or not entry.is_dir():
+        if entry.name.startswith(".") or not entry.is_dir() or (only is not None and entry.name != only):
             continue
         try:
             path = run_dir(root, entry.name)

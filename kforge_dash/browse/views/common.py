@@ -106,8 +106,8 @@ def tag_rules(styles: list[prep_runs.RunStyle], tags_key: str) -> list[str]:
 
 
 def runs_root():
-    root = prep_runs.runs_root_from_env()
-    st.sidebar.caption(f"Runs root: {md_text(root)}")
+    root, only = prep_runs.runs_root_from_env(), prep_runs.only_run_from_env()
+    st.sidebar.caption(f"Run: {md_text(root / only)}" if only else f"Runs root: {md_text(root)}")
     if not root.is_dir():
         st.error(f"Runs root {md_text(root)} is not a directory. Start the app with kforge\\-dash RUNS\\_ROOT.")
         st.stop()
@@ -115,12 +115,12 @@ def runs_root():
 
 
 @st.cache_resource(ttl=10, show_spinner=False)
-def _list_runs(root: str) -> list[RunInfo]:
-    return prep_runs.list_runs(root)
+def _list_runs(root: str, only: str | None) -> list[RunInfo]:
+    return prep_runs.list_runs(root, only=only)
 
 
 def load_runs(root) -> list[RunInfo]:
-    return _list_runs(str(root))
+    return _list_runs(str(root), prep_runs.only_run_from_env())
 
 
 def clear_listing() -> None:
