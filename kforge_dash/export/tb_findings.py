@@ -3,7 +3,7 @@
 ``findings/<kind>``: a text summary (TensorBoard's text plugin: its TEXT tab, not a scalar card) in
 the Event of each finding's first step, one line per finding of that kind starting there. Text,
 not scalars, so they stay off TensorBoard's first screen: scalar cards ``findings/*`` would sort
-before ``train/``.
+before ``1_train/``.
 
 What a line says is stable while the finding stands: severity, kind, first step, ranks, hosts,
 phase, metric. Not its message, last step or score: those grow with each ingest of a running job,
