@@ -23,6 +23,7 @@ from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import findings_figures, tables
+from kforge_dash.browse import overlap as prep_overlap
 from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse import runs as prep_runs
@@ -33,6 +34,7 @@ from kforge_record.atomic import atomic_path
 MAX_NONFINITE_ROWS = 50  # per run; the count in the heading is exact
 # The report zooms in the browser only, at the resolution written (no re-query): twice the dashboard's.
 REPORT_POINTS = 2000
+REPORT_TEMPLATE = "plotly_white"  # the dashboard's white (module _figure_spec)
 
 
 @dataclass(frozen=True)
@@ -126,12 +128,13 @@ def runs_table_html(runs: list[prep_runs.RunInfo]) -> str:
 
 
 def config_diff_html(runs: list[prep_runs.RunInfo]) -> str:
-    if len(runs) < 2:
-        return "<p>One run: nothing to compare.</p>"
+    changes = prep_runs.launch_changes(runs)
+    if len(runs) < 2 and not changes:
+        return "<p>One run, launched with one configuration: nothing to compare.</p>"
     diff = prep_runs.config_diff(runs)
     if diff.is_empty():
         return "<p>These runs have the same configuration.</p>"
-    shown = tables.config_diff_text(diff)
+    shown = tables.config_diff_text(diff, changes)
     return (_table(shown.columns, [list(row) for row in shown.iter_rows()], cls="diff")
             + f"<p>Values as JSON; {_esc(text.NOT_SET)}: the run has no such key.</p>")
 
@@ -144,8 +147,6 @@ def _script_json(obj) -> str:
 def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions,
                 styles: dict[str, prep_runs.RunStyle]) -> tuple[str, list[str], list[str]]:
     """(the run list, divs and scripts of the charts; metrics drawn; notes). `styles`: each run's colour and dash."""
-    import plotly.io
-
     sources = [r.source() for r in runs]
     schemas = [prep_series.steps_schema(s.steps_path) for s in sources]
     have = prep_series.available_metrics(schemas)
@@ -160,13 +161,26 @@ def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions,
     dashes = {r.name: styles[r.name].dash for r in runs}
     specs = []
     for metric in data.drawn_metrics():  # no legend per chart: the run list above them is the page's one legend
-        fig = prep_figures.metric_figure(data, metric, colours, dashes=dashes, legend=False)
-        spec = json.loads(plotly.io.to_json(fig, validate=False))
-        specs.append({"data": spec["data"], "layout": spec["layout"],
-                      "config": {**prep_figures.chart_config(metric), "responsive": True}})
+        specs.append(_figure_spec(prep_figures.metric_figure(data, metric, colours, dashes=dashes, legend=False), metric))
     cells = "".join(f'<div class="chart" id="chart-{i}"></div>' for i in range(len(specs)))
     return (run_list_html(runs, styles) + f'<div class="charts">{cells}</div><script type="application/json" id="chart-specs">'
-            f"{_script_json(specs)}</script>"), data.drawn_metrics(), data.notes
+            f"{_script_json(specs)}</script>"), data.drawn_metrics(), prep_overlap.chart_notes([data])
+
+
+def _figure_spec(fig, name: str) -> dict:
+    """A figure as plotly.js draws it in the report: on the dashboard's white (Streamlit's theme draws
+    its charts on white with light grid lines; plotly's default template is grey)."""
+    import plotly.io
+
+    fig.update_layout(template=REPORT_TEMPLATE)
+    spec = json.loads(plotly.io.to_json(fig, validate=False))
+    return {"data": spec["data"], "layout": spec["layout"], "config": {**prep_figures.chart_config(name), "responsive": True}}
+
+
+def _run_figure_html(fig, name: str) -> str:
+    """A run section's figure: its spec in a JSON script right after its cell; _DRAW_RUN_FIGURES draws it there."""
+    return (f'<div class="run-figure"></div><script type="application/json" class="run-figure-spec">'
+            f"{_script_json(_figure_spec(fig, name))}</script>")
 
 
 def run_list_html(runs: list[prep_runs.RunInfo], styles: dict[str, prep_runs.RunStyle]) -> str:
@@ -241,11 +255,9 @@ def _findings_html(s: dict) -> str:
     if isinstance(goodput, dict):
         out.append(f"<p><b>Goodput</b>: {_esc(text.percent(goodput.get('fraction')))} of the job's wall clock "
                    f"({_esc(text.duration(goodput.get('total_s')))})</p>")
-        buckets = goodput.get("buckets")
-        if isinstance(buckets, dict) and buckets:
-            out.append(_table(["where the wall clock went", "time"], [
-                [str(k).replace("_", " "), text.duration(v) if isinstance(v, (int, float)) else json.dumps(v)]
-                for k, v in buckets.items()]))
+        fall = prep_findings.goodput_waterfall(s)  # as the run page draws it: largest bucket first, none of 0 s
+        if fall is not None:
+            out.append(_run_figure_html(findings_figures.waterfall_figure(fall), "goodput_waterfall"))
     cards = prep_findings.finding_cards(s)
     if cards:
         rows = [[c.severity, c.kind, c.facts or text.MISSING, c.message] for c in cards]
@@ -257,19 +269,13 @@ def _findings_html(s: dict) -> str:
 def _diagnosis_html(s: dict) -> str:
     """The what-if sentence and the MFU waterfall, prepared as the run page prepares them (browse/diagnosis.py).
     The figure's spec sits in a JSON script right after its cell; _DRAW_RUN_FIGURES draws it there."""
-    import plotly.io
-
     out = []
     what_if = prep_diagnosis.what_if_text(s)
     if what_if:
         out.append(f'<p class="what-if">{_esc(what_if)}</p>')
     fall = prep_diagnosis.mfu_waterfall(s)
     if fall is not None:
-        spec = json.loads(plotly.io.to_json(findings_figures.mfu_waterfall_figure(fall), validate=False))
-        spec = {"data": spec["data"], "layout": spec["layout"],
-                "config": {**prep_figures.chart_config("mfu_waterfall"), "responsive": True}}
-        out.append(f'<div class="run-figure"></div><script type="application/json" class="run-figure-spec">'
-                   f"{_script_json(spec)}</script>")
+        out.append(_run_figure_html(findings_figures.mfu_waterfall_figure(fall), "mfu_waterfall"))
     return "".join(out)
 
 

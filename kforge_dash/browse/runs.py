@@ -364,20 +364,34 @@ def run_config(summary: dict) -> dict[str, object]:
     return cfg
 
 
+def launch_changes(runs: list[RunInfo]) -> dict[str, dict[str, list]]:
+    """{run: {config key: [its JSON value in each launch]}} for the hparams a resume changed (summary.json
+    hparams_changed; a summary from before it: none)."""
+    out = {}
+    for r in runs:
+        changed = (r.summary or {}).get("hparams_changed")
+        if isinstance(changed, dict) and changed:
+            out[r.name] = {f"hparams.{k}": [json.dumps(v, sort_keys=True) for v in vals]
+                           for k, vals in changed.items() if isinstance(vals, list)}
+    return out
+
+
 def config_diff(runs: list[RunInfo]) -> pl.DataFrame:
-    """Keys whose value differs between the runs: a `key` column, then one column per run.
+    """Keys whose value differs between the runs, or between the launches of one (a resume that changed
+    it, launch_changes): a `key` column, then one column per run.
 
     Values are shown as JSON text (so 3e-4 and "3e-4" stay distinguishable); a key a run lacks
     is null in that run's column.
     """
     cfgs = {r.name: run_config(r.summary or {}) for r in runs}
     keys = sorted({k for c in cfgs.values() for k in c})
+    resumed = {k for ch in launch_changes(runs).values() for k in ch}
     missing = object()  # distinguishes an absent key from a present null
     rows = []
     for k in keys:
         vals = [c.get(k, missing) for c in cfgs.values()]
         texts = [json.dumps(v, sort_keys=True) for v in vals if v is not missing]
-        if len(texts) == len(vals) and len(set(texts)) <= 1:
+        if len(texts) == len(vals) and len(set(texts)) <= 1 and k not in resumed:
             continue  # same everywhere
         rows.append({"key": k, **{n: (None if v is missing else json.dumps(v, sort_keys=True))
                                   for n, v in zip(cfgs, vals)}})

@@ -45,17 +45,26 @@ def _short_json(text: str | None) -> str | None:
     return f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else text
 
 
-def config_diff_text(diff):
+def config_diff_text(diff, changes: dict[str, dict[str, list]] | None = None):
     """browse.runs.config_diff for display: a key a run lacks (null there) reads "(not set)", so the
     table never mixes Python's None with JSON's null (a key set to null); floats read to 6
-    significant digits, unless that would make two differing values of a key look the same."""
+    significant digits, unless that would make two differing values of a key look the same.
+    ``changes`` (runs.launch_changes): a value a resume changed says so, "0.001 (changed between
+    launches: 0.003 → 0.001)"."""
     import polars as pl
 
     if diff.width <= 1:
         return diff
+    changes = changes or {}
+    runs = diff.columns[1:]
     rows = []
     for key, *vals in diff.iter_rows():
         short = [_short_json(v) for v in vals]
         shown = short if len(set(short)) == len(set(vals)) else vals
-        rows.append([key, *(NOT_SET if v is None else v for v in shown)])
+        cells = [NOT_SET if v is None else v for v in shown]
+        for i, run in enumerate(runs):
+            per_launch = changes.get(run, {}).get(key)
+            if per_launch:
+                cells[i] += f" (changed between launches: {' → '.join(_short_json(v) or 'null' for v in per_launch)})"
+        rows.append([key, *cells])
     return pl.DataFrame(rows, schema={c: pl.String for c in diff.columns}, orient="row")

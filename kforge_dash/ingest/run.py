@@ -54,7 +54,8 @@ from kforge_dash.progress import NullProgress  # noqa: E402
 __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce_steps", "WindowTask"]
 
 # Bump when the outputs' meaning changes: a new version re-ingests unchanged shards.
-INGEST_VERSION = "7"  # 7: a missing_ranks finding; 6: steps.parquet hw/throttle_reasons an int64 OR over ranks (was a float mean)
+# 8: summary.json hparams_changed (the hparams a resume changed, per launch)
+INGEST_VERSION = "8"  # 7: a missing_ranks finding; 6: steps.parquet hw/throttle_reasons an int64 OR over ranks (was a float mean)
 
 
 def ingest_run(run_dir, options: IngestOptions | None = None, *, progress=None, windows=None) -> IngestResult:

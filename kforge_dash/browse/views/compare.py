@@ -241,7 +241,7 @@ def _notes(parts) -> None:
         groups = {b.group for p in parts for b in p.bands}
         st.caption(f"{len(groups)} group(s): mean line, {md_text(band)} band over the group's runs at each step.")
         return
-    notes = [n for p in parts for n in p.notes + prep_overlap.identical_notes(p)]
+    notes = prep_overlap.chart_notes(parts)
     if notes:
         st.caption(" · ".join(md_text(n) for n in notes))
     st.caption(f"Drawing {sum(p.points() for p in parts):,} of {sum(p.points_total() for p in parts):,} points "

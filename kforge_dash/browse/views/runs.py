@@ -68,4 +68,5 @@ else:
     st.caption(f"{text.counted(len(diff), 'key')} {text.agrees(len(diff), 'differs', 'differ')}; "
                "keys with the same value everywhere are hidden. "
                f"Values as JSON; {text.NOT_SET}: the run has no such key.")
-    st.dataframe(tables.config_diff_text(diff), hide_index=True, key="config_diff")
+    st.dataframe(tables.config_diff_text(diff, prep_runs.launch_changes([r for r in ingested if r.name in names])),
+                 hide_index=True, key="config_diff")
