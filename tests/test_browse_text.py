@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import polars as pl
 from dash_fixtures import write_run
 
@@ -61,3 +62,25 @@ def test_the_mean_mfu_help_says_what_the_contract_says():
     assert "`mean_mfu` is time-weighted" in contract
     assert text.MFU_HELP.startswith("mean MFU: time-weighted") and "achieved MFU" in text.MFU_HELP
     assert "mean over the ranks" in text.LOSS_HELP
+
+
+def test_the_unified_hover_has_one_row_per_run_with_raw_beside_smoothed(tmp_path):
+    """8 smoothed runs gave 16 hover rows (each run's raw and smoothed line)."""
+    from kforge_dash.browse import figures as prep_figures
+
+    sources = []
+    for i in range(8):
+        run = write_run(tmp_path, f"r{i}", n=200, seed=i)
+        sources.append(prep_series.RunSource(f"r{i}", run / "ingested" / "steps.parquet",
+                                             json.loads((run / "ingested" / "summary.json").read_text())))
+    for x_axis in ("step", "tokens"):
+        data = prep_series.prepare_compare(sources, ["loss"], smoothing=0.9, x_axis=x_axis)
+        fig = prep_figures.metric_figure(data, "loss", {s.name: "#000000" for s in sources})
+        assert fig.layout.hovermode == "x unified"
+        rows = [t for t in fig.data if t.mode == "lines" and t.hoverinfo != "skip"]
+        assert len(rows) == 8 and all("(smoothed; raw %{customdata" in t.hovertemplate for t in rows)
+        for t, s in zip(rows, [s for s in data.series if s.kind == "smoothed"]):
+            raw = np.asarray(t.customdata)[:, -1]
+            full = pl.read_parquet(sources[int(s.run[1:])].steps_path)
+            want = dict(zip(full["step"].to_list(), full["loss"].to_list()))
+            assert raw.tolist() == [want[int(st)] for st in s.step]  # the raw value at that very step

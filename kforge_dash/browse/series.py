@@ -134,6 +134,7 @@ class Series:
     y: np.ndarray
     step: np.ndarray
     n_total: int  # points before downsampling (finite ones)
+    raw: np.ndarray | None = None  # a smoothed line's raw value at each of its points (one hover row shows both)
 
 
 @dataclass
@@ -275,14 +276,12 @@ def _restart_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker
     height = _finite_neighbour(y, np.isfinite(y), pos)
     hover = [
         f"restart: attempt {r.get('attempt')} resumed at step {r.get('resumed_at_step')}"
-        f" (previous attempt reached {r.get('previous_last_step')}, {_superseded(r.get('superseded_steps'))})"
+        f" (previous attempt reached {r.get('previous_last_step')}"
+        + (f", {text.counted(r['superseded_steps'], 'step')} superseded)" if isinstance(r.get("superseded_steps"), int) else ")")
         for r in restarts if r.get("resumed_at_step") is not None
     ]
     return Marker(run, metric, "restart", x[pos], height, step[pos], hover)
 
-
-def _superseded(n) -> str:
-    return f"{text.counted(n, 'step')} superseded" if isinstance(n, int) else f"{text.MISSING} steps superseded"
 
 
 def _spike_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker | None:
@@ -309,7 +308,7 @@ def _break_at_restarts(s: Series, restarts: np.ndarray) -> Series:
     if len(pos) == 0:
         return s
     return Series(s.run, s.metric, s.kind, np.insert(s.x, pos, s.x[pos]), np.insert(s.y, pos, np.nan),
-                  np.insert(s.step, pos, s.step[pos]), s.n_total)
+                  np.insert(s.step, pos, s.step[pos]), s.n_total, None if s.raw is None else np.insert(s.raw, pos, np.nan))
 
 
 def _restart_steps(summary: dict) -> np.ndarray:
@@ -330,7 +329,8 @@ def _metric_lines(data: CompareData, f: RunFrame, m: str, keep, x_all, step_all,
         values = values if keep is None else values[keep]
         finite = np.isfinite(values)
         idx = downsample_indices(values, max_points, finite=finite)
-        s = Series(f.src.name, m, kind, x[idx], values[idx], step[idx], int(np.count_nonzero(finite)))
+        s = Series(f.src.name, m, kind, x[idx], values[idx], step[idx], int(np.count_nonzero(finite)),
+                   None if raw is None else raw[idx])  # (raw comes first: set for the smoothed line)
         data.series.append(s if restarts is None or len(restarts) == 0 else _break_at_restarts(s, restarts))
         if kind == "raw":
             raw = values
