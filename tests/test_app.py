@@ -43,7 +43,8 @@ def steps(root, name):
 def decode(v):
     """Plotly's JSON holds arrays either as lists or as typed base64 ({'dtype', 'bdata'})."""
     if isinstance(v, dict) and "bdata" in v:
-        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return a.reshape([int(n) for n in str(v["shape"]).split(",")]) if "shape" in v else a  # shape "n, 2"
     return np.asarray(v)
 
 
@@ -109,7 +110,7 @@ def test_compare_smoothing_matches_ingest_ema_and_log_y_and_tokens_axis(app, roo
     smooth = next(t for t in loss["data"] if t["mode"] == "lines" and t["opacity"] == 1)
     s = steps(root, a)
     by_step = dict(zip(s["step"], s["loss_ema"]))  # ingest's own EMA
-    drawn = decode(smooth["customdata"]).tolist()
+    drawn = decode(smooth["customdata"])[:, 0].astype(np.int64).tolist()  # (step, raw value beside it)
     np.testing.assert_allclose(decode(smooth["y"]), [by_step[st] for st in drawn], rtol=1e-9)
     assert loss["layout"]["yaxis"]["type"] == "log"
     cum = dict(zip(s["step"], np.cumsum(s["tokens"]).tolist()))
