@@ -193,7 +193,9 @@ def test_run_detail_page(app, root):
     counts = np.bincount([r for _, r in best.values()])
     assert dict(zip(decode(slow["data"][0]["x"]).tolist(), decode(slow["data"][0]["y"]).tolist())) == {
         r: int(c) for r, c in enumerate(counts) if c}
-    assert len(frame_with(at, "attempt_ids")) == len(s["attempts"])
+    assert len(frame_with(at, "superseded_steps")) == len(s["attempts"])
+    (ids,) = [c.value for c in at.caption if c.value.startswith("Attempt ids")]  # as text: a cell cut them
+    assert all(shown(a["attempt_ids"][0]) in shown(ids) for a in s["attempts"])
     warnings = [shown(w.value) for w in at.warning]
     assert all(w in warnings for w in s["warnings"])
     nonfinite = sum(1 for v in st["loss"] if v is not None and not np.isfinite(v))

@@ -36,7 +36,7 @@ def mfu_waterfall_figure(w: Waterfall) -> go.Figure:
         decreasing=dict(marker=dict(color="#d62728")), totals=dict(marker=dict(color="#2ca02c")),
         increasing=dict(marker=dict(color="#7f7f7f")),
     ))
-    title = f"where the MFU went: {text.ACHIEVED_MFU} {text.percent(w.fraction)} (over the job wall clock)"
+    title = f"where the MFU went: {text.ACHIEVED_MFU} {text.percent(w.fraction)}"  # (over the job wall clock)
     fig.update_layout(title=dict(text=title, x=0),
                       yaxis=dict(title="share of peak", tickformat=".0%"), showlegend=False, **_LAYOUT)
     return fig

@@ -316,11 +316,15 @@ TABLE_ORDER = ("run", "status", "findings", "warnings", "goodput", "restarts", "
 
 # Columns that, holding one value on every row, are said once above the table instead (runs_table_note).
 SAID_ONCE = ("status", "device", "tags")
+# ... and those said once when missing on every row (peak mem on CPU runs: a column of dashes pushed the
+# tags past the table's right edge at 1280 px)
+SAID_ONCE_MISSING = ("peak_mem_gib",)
 
 
 def _same_everywhere(table: pl.DataFrame) -> dict[str, str | None]:
     """Of SAID_ONCE, the columns with one value (null included) on every row, with that value."""
-    return {c: table[c][0] for c in SAID_ONCE if len(table) and table[c].n_unique() == 1}
+    same = {c: table[c][0] for c in SAID_ONCE if len(table) and table[c].n_unique() == 1}
+    return same | {c: None for c in SAID_ONCE_MISSING if len(table) and table[c].null_count() == len(table)}
 
 
 def table_columns(table: pl.DataFrame) -> list[str]:
@@ -334,7 +338,8 @@ def runs_table_note(table: pl.DataFrame) -> str | None:
     """What every run shares of the columns table_columns leaves out, as plain text ("Every run:
     ingested · device CPU · no tags"); None when there is none."""
     same = _same_everywhere(table)
-    parts = [("no " + c if v is None else f"{c} {v}") if c != "status" else str(v) for c, v in same.items()]
+    names = {"peak_mem_gib": "peak mem"}
+    parts = [str(v) if c == "status" else "no " + names.get(c, c) if v is None else f"{c} {v}" for c, v in same.items()]
     return ("Every run: " + " · ".join(parts)) if parts else None
 
 

@@ -17,7 +17,7 @@ MAX_OPEN_FINDINGS = 6  # shown at once; the rest in an expander
 MAX_FINDINGS = 100  # a diverged run can have hundreds: the page shows this many (most severe first)
 TIMELINE_LABELS = {"attempt": "attempt", "first_step": "first step", "last_step": "last step", "start_time": "started",
                    "world_size": "ranks", "resumed_at_step": "resumed at step", "previous_last_step": "previous last step",
-                   "superseded_steps": "steps run again", "attempt_ids": "attempt ids"}
+                   "superseded_steps": "steps run again"}  # the attempt ids: a caption below
 
 
 def _go_to_run():
@@ -95,12 +95,11 @@ for i, card in enumerate(cards[:MAX_FINDINGS]):
         if i == MAX_OPEN_FINDINGS:
             more = st.expander(f"{text.counted(len(cards) - MAX_OPEN_FINDINGS, 'more finding', 'more findings')}")
         box = more.container(border=True)
-    body, button = box.columns([5, 1], vertical_alignment="center")
     badge = prep_findings.SEVERITY_BADGE.get(card.severity) or md_text(card.severity)
-    body.markdown(f"{badge} **{md_text(card.kind)}** · {md_text(card.facts)}")
-    body.markdown(md_text(card.message))  # in full, wrapped: never cut at a table's width
-    if card.focus is not None:
-        button.button(f"Open {card.steps}", key=f"open_{i}", on_click=_open_focus, args=(card.focus,),
+    box.markdown(f"{badge} **{md_text(card.kind)}** · {md_text(card.facts)}")
+    box.markdown(md_text(card.message))  # in full, wrapped: never cut at a table's width
+    if card.focus is not None:  # under the message, its own width: a sixth of the card cut "Open steps 10…"
+        box.button(f"Open {card.steps}", key=f"open_{i}", on_click=_open_focus, args=(card.focus,),
                       help="Loss, grad norm and step time around these steps, below")
 if len(cards) > MAX_FINDINGS:
     more.caption(f"{len(cards) - MAX_FINDINGS:,} more, the least severe: every finding is in "
@@ -189,9 +188,12 @@ else:
 st.subheader("Restarts")
 st.plotly_chart(prep_figures.timeline_figure(d.timeline), key="timeline")
 # A column with a gap is text there ("—" for none): its numbers still right-aligned, as in the columns without.
-st.dataframe(tables.frame_missing_as_dash(d.timeline, str), hide_index=True, key="restarts", column_config={
+shown_timeline = d.timeline.drop("attempt_ids")  # the ids below, as wrapped text: a table cell cut them at every width
+st.dataframe(tables.frame_missing_as_dash(shown_timeline, str), hide_index=True, key="restarts", column_config={
     c: st.column_config.Column(label, alignment="right" if d.timeline[c].dtype.is_numeric() else None)
     for c, label in TIMELINE_LABELS.items()})
+st.caption("Attempt ids (the launches' folders): " + " · ".join(
+    f"attempt {a}: {md_text(ids)}" for a, ids in zip(d.timeline["attempt"], d.timeline["attempt_ids"]) if ids))
 
 st.subheader("Non-finite steps")
 if d.nonfinite.is_empty():

@@ -28,7 +28,9 @@ FORMATS = {
 # a column with a gap is shown as text with "—" (Streamlit would print "None").
 # The table fits a 1400 px window: the page's side margins narrowed, columns that say the same on every
 # row said once above it (runs.table_columns), findings and warnings next to the names.
-st.html("<style>.stMainBlockContainer { padding-left: 1.5rem; padding-right: 1.5rem; }</style>")
+# The sidebar holds only the page links here: narrower, so the table's last column (tags) fits 1280 px too.
+st.html("<style>.stMainBlockContainer { padding-left: 1.5rem; padding-right: 1.5rem; }\n"
+        "section[data-testid='stSidebar'] { width: 240px !important; min-width: 240px !important; }</style>")
 data = prep_runs.runs_table(runs)
 if (note := prep_runs.runs_table_note(data)) is not None:
     st.caption(md_text(note))
