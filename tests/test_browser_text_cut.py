@@ -44,12 +44,12 @@ def test_every_selected_run_in_the_sidebar_is_whole(browser, served):
     settled(page)
     tags = page.locator(".st-key-runs [data-tag-index]")
     assert tags.count() == len(names)
-    cut = []
-    for i in range(tags.count()):
-        tags.nth(i).scroll_into_view_if_needed()
-        if not tags.nth(i).evaluate(WHOLE):
-            cut.append(tags.nth(i).get_attribute("aria-label"))
-    assert cut == [], cut  # the fifth pill was cut in half by the multiselect's own scroll box
+    # Streamlit caps the multiselect at ~4 rows of tags and scrolls inside it: the fifth was cut in half
+    scrolled = page.locator(".st-key-runs").evaluate(
+        "s => [...s.querySelectorAll('div')].filter(e => e.scrollHeight > e.clientHeight + 1).length")
+    assert scrolled == 0
+    cut = [tags.nth(i).get_attribute("aria-label") for i in range(tags.count()) if not tags.nth(i).evaluate(WHOLE)]
+    assert cut == [], cut
     assert left == []
 
 

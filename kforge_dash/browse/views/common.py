@@ -102,7 +102,7 @@ def legend_css(styles: list[prep_runs.RunStyle], *, pills_key: str, tags_key: st
 def tag_rules(styles: list[prep_runs.RunStyle], tags_key: str) -> list[str]:
     """CSS rules that colour the i-th tag of the multiselect keyed `tags_key` with styles[i]'s colour; the
     multiselect grows with its tags (Streamlit caps it at ~4 rows and scrolls: the fifth run was cut in half)."""
-    return [f".st-key-{tags_key} [data-baseweb='select'] div {{ max-height: none !important; }}"] + [
+    return [f".st-key-{tags_key} div {{ max-height: none !important; }}"] + [
         f".st-key-{tags_key} [data-tag-index='{i}'] {{ background-color: {st_.colour} !important; "
         f"color: {_ink(st_.colour)} !important; }}" for i, st_ in enumerate(styles)]
 
