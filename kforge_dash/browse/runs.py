@@ -21,8 +21,7 @@ from kforge_dash.contract import INGESTED_DIR, STEPS_FILE, SUMMARY_FILE, read_su
 from kforge_record.schema import RANK_PREFIX
 
 ROOT_ENV = "KFORGE_DASH_ROOT"  # how kforge-dash hands the runs root to the Streamlit script
-# `kforge-dash RUN_DIR` (one run folder): the root is its parent, and only this run is listed
-ONLY_RUN_ENV = "KFORGE_DASH_RUN"
+ONLY_RUN_ENV = "KFORGE_DASH_RUN"  # `kforge-dash RUN_DIR`: the root is its parent, only this run listed
 
 INGESTED = "ingested"
 STALE = "stale"  # shards newer than the last ingest
@@ -316,9 +315,7 @@ TABLE_ORDER = ("run", "status", "findings", "warnings", "goodput", "restarts", "
 
 # Columns that, holding one value on every row, are said once above the table instead (runs_table_note).
 SAID_ONCE = ("status", "device", "tags")
-# ... and those said once when missing on every row (peak mem on CPU runs: a column of dashes pushed the
-# tags past the table's right edge at 1280 px)
-SAID_ONCE_MISSING = ("peak_mem_gib",)
+SAID_ONCE_MISSING = ("peak_mem_gib",)  # ... when null on every row (CPU runs: it pushed tags off at 1280 px)
 
 
 def _same_everywhere(table: pl.DataFrame) -> dict[str, str | None]:
@@ -338,8 +335,8 @@ def runs_table_note(table: pl.DataFrame) -> str | None:
     """What every run shares of the columns table_columns leaves out, as plain text ("Every run:
     ingested · device CPU · no tags"); None when there is none."""
     same = _same_everywhere(table)
-    names = {"peak_mem_gib": "peak mem"}
-    parts = [str(v) if c == "status" else "no " + names.get(c, c) if v is None else f"{c} {v}" for c, v in same.items()]
+    parts = [str(v) if c == "status" else "no " + {"peak_mem_gib": "peak mem"}.get(c, c) if v is None else f"{c} {v}"
+             for c, v in same.items()]
     return ("Every run: " + " · ".join(parts)) if parts else None
 
 
@@ -370,8 +367,7 @@ def run_config(summary: dict) -> dict[str, object]:
 
 
 def launch_changes(runs: list[RunInfo]) -> dict[str, dict[str, list]]:
-    """{run: {config key: [its JSON value in each launch]}} for the hparams a resume changed (summary.json
-    hparams_changed; a summary from before it: none)."""
+    """{run: {config key: [its JSON value per launch]}} of summary.json hparams_changed (a resume's changes)."""
     out = {}
     for r in runs:
         changed = (r.summary or {}).get("hparams_changed")
