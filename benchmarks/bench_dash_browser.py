@@ -238,7 +238,7 @@ def wait_ready(procs: dict, *, tb_runs: dict[str, int], tb_timeout: float) -> No
     wait_http(turl + "/data/plugin/scalars/tags", proc, timeout=tb_timeout,
               check=lambda b: len(json.loads(b)) >= len(tb_runs))
     for run, last in tb_runs.items():
-        wait_http(turl + f"/data/plugin/scalars/scalars?run={urllib.parse.quote(run)}&tag=train/loss", proc,
+        wait_http(turl + f"/data/plugin/scalars/scalars?run={urllib.parse.quote(run)}&tag=1_train/loss", proc,
                   timeout=tb_timeout, check=lambda b, last=last: bool(json.loads(b)) and json.loads(b)[-1][1] >= last)
 
 

@@ -155,7 +155,7 @@ def copy_and_ingest_sample_runs(dst: Path) -> Path:
 
 
 def shown(markdown: str) -> str:
-    """The text a Markdown body shows: the page escapes names from disk with backslashes (units.md_text)."""
+    """The text a Markdown body shows: the page escapes names from disk with backslashes (text.md_text)."""
     import re
 
     return re.sub(r"\\(.)", r"\1", markdown)

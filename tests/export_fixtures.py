@@ -117,10 +117,10 @@ def _table(rows: list[dict], ints: set) -> pa.Table:
 # -- what the TensorBoard / W&B exports of such a run must hold ---------------------------------------
 
 TAGS = {
-    "loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr", "tokens": "train/tokens",
-    "tokens_per_sec": "train/tokens_per_sec", "mfu": "train/mfu", "step_time_s": "train/step_time_s",
-    "step_work_s": "train/step_work_s", "step_work_min_s": "train/step_work_min_s",
-    "step_work_median_s": "train/step_work_median_s",
+    "loss": "1_train/loss", "grad_norm": "1_train/grad_norm", "lr": "1_train/lr", "tokens": "1_train/tokens",
+    "tokens_per_sec": "1_train/tokens_per_sec", "mfu": "1_train/mfu", "step_time_s": "1_train/step_time_s",
+    "step_work_s": "1_train/step_work_s", "step_work_min_s": "1_train/step_work_min_s",
+    "step_work_median_s": "1_train/step_work_median_s",
     "loss_ema": "smoothed/loss_ema", "tokens_per_sec_ema": "smoothed/tokens_per_sec_ema",
     "mfu_ema": "smoothed/mfu_ema", "step_time_s_ema": "smoothed/step_time_s_ema",
     "mem_allocated_bytes": "gpu/mem_allocated_gib", "mem_peak_bytes": "gpu/mem_peak_gib",

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, ingest_sample_run, sample_run_names, shown
+from click.testing import CliRunner
+from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, ingest_sample_run, sample_run_names, shown, write_run
 from streamlit.testing.v1 import AppTest
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
@@ -42,7 +43,8 @@ def steps(root, name):
 def decode(v):
     """Plotly's JSON holds arrays either as lists or as typed base64 ({'dtype', 'bdata'})."""
     if isinstance(v, dict) and "bdata" in v:
-        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return a.reshape([int(n) for n in str(v["shape"]).split(",")]) if "shape" in v else a  # shape "n, 2"
     return np.asarray(v)
 
 
@@ -108,7 +110,7 @@ def test_compare_smoothing_matches_ingest_ema_and_log_y_and_tokens_axis(app, roo
     smooth = next(t for t in loss["data"] if t["mode"] == "lines" and t["opacity"] == 1)
     s = steps(root, a)
     by_step = dict(zip(s["step"], s["loss_ema"]))  # ingest's own EMA
-    drawn = decode(smooth["customdata"]).tolist()
+    drawn = decode(smooth["customdata"])[:, 0].astype(np.int64).tolist()  # (step, raw value beside it)
     np.testing.assert_allclose(decode(smooth["y"]), [by_step[st] for st in drawn], rtol=1e-9)
     assert loss["layout"]["yaxis"]["type"] == "log"
     cum = dict(zip(s["step"], np.cumsum(s["tokens"]).tolist()))
@@ -191,7 +193,9 @@ def test_run_detail_page(app, root):
     counts = np.bincount([r for _, r in best.values()])
     assert dict(zip(decode(slow["data"][0]["x"]).tolist(), decode(slow["data"][0]["y"]).tolist())) == {
         r: int(c) for r, c in enumerate(counts) if c}
-    assert len(frame_with(at, "attempt_ids")) == len(s["attempts"])
+    assert len(frame_with(at, "superseded_steps")) == len(s["attempts"])
+    (ids,) = [c.value for c in at.caption if c.value.startswith("Attempt ids")]  # as text: a cell cut them
+    assert all(shown(a["attempt_ids"][0]) in shown(ids) for a in s["attempts"])
     warnings = [shown(w.value) for w in at.warning]
     assert all(w in warnings for w in s["warnings"])
     nonfinite = sum(1 for v in st["loss"] if v is not None and not np.isfinite(v))
@@ -307,3 +311,50 @@ def test_compare_view_settings_come_from_the_url(app, root):
     assert at.selectbox(key="x_axis").value == "tokens"
     assert at.slider(key="smoothing").value == 0.9 and at.toggle(key="log_y").value is True
     assert set(charts(at)) == {"loss"} and charts(at)["loss"]["layout"]["yaxis"]["type"] == "log"
+
+
+def test_cli_takes_a_run_folder_as_a_root_holding_that_one_run(tmp_path, monkeypatch):
+    """`kforge-dash RUN_DIR` said "No runs under RUN_DIR yet. Record one ... Recorder('RUN_DIR/my-run')"."""
+    from kforge_dash.browse import runs as prep_runs
+    from kforge_dash.cli import dash as cli_dash
+
+    write_run(tmp_path, "a", n=30)
+    write_run(tmp_path, "b", n=30)
+    started = []
+    monkeypatch.setattr("streamlit.web.cli.main", lambda **kw: started.append(kw))
+    monkeypatch.setenv(prep_runs.ROOT_ENV, "")  # the CLI sets both: restored after the test
+    monkeypatch.setenv(prep_runs.ONLY_RUN_ENV, "")
+    result = CliRunner().invoke(cli_dash.main, [str(tmp_path / "a"), "--port", str(_free_port())])
+    assert result.exit_code == 0 and started, result.output
+    assert os.environ[prep_runs.ROOT_ENV] == str(tmp_path.resolve()) and os.environ[prep_runs.ONLY_RUN_ENV] == "a"
+    assert f"run {tmp_path.resolve() / 'a'}, serving on" in result.output
+    at = AppTest.from_file(str(APP), default_timeout=120).run()  # the landing page: that run alone
+    assert not at.exception
+    assert [r.name for r in prep_runs.list_runs(tmp_path, only=prep_runs.only_run_from_env())] == ["a"]
+    assert "No runs under" not in " ".join(e.value for e in at.info)
+    assert at.multiselect(key="runs").options == ["a"]
+
+
+def test_cli_says_a_port_is_taken_before_saying_it_serves_there(tmp_path, monkeypatch):
+    """With 8501 taken, kforge-dash printed "serving on ...:8501" and then Streamlit's "Port 8501 is not available"."""
+    import socket
+
+    from kforge_dash.cli import dash as cli_dash
+
+    started = []
+    monkeypatch.setattr("streamlit.web.cli.main", lambda **kw: started.append(kw))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli_dash.main, [str(tmp_path), "--port", str(port)])
+    assert result.exit_code == 2 and not started
+    assert f"port {port} on 127.0.0.1 is not available" in result.output and "serving on" not in result.output
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

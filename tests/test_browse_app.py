@@ -11,7 +11,7 @@ from dash_fixtures import shown, write_run, write_shards_only
 from streamlit.testing.v1 import AppTest
 
 
-def md_text(s):  # what units.md_text gives, written out: "\\" before each character Markdown acts on
+def md_text(s):  # what text.md_text gives, written out: "\\" before each character Markdown acts on
     return re.sub(r"([\\`*_\[\]<>#!$~|{}&:@])", r"\\\1", s)
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"

@@ -11,10 +11,11 @@ import pytest
 from dash_fixtures import write_run
 from reference_math import ema_loop
 
+from kforge_dash import text
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import groups as prep_groups
 from kforge_dash.browse import runs as prep_runs
-from kforge_dash.browse import units, zoom
+from kforge_dash.browse import tables, zoom
 from kforge_dash.browse.series import RunSource, StepRange, prepare_compare
 
 
@@ -148,14 +149,14 @@ def test_landing_selection_is_the_most_recent_runs(tmp_path):
 
 
 def test_units_a_person_reads():
-    assert units.hms(3 * 3600 + 25 * 60 + 46.4) == "3:25:46" and units.hms(None) == "—"
-    assert units.percent(0.4123) == "41.2 %" and units.percent(float("nan")) == "—"
-    assert units.gib(3 * 2**30) == "3.00 GiB" and units.number(None) == "—"
-    assert units.device_label({"device": {"type": "cpu", "name": "x86_64"}, "world_size": 2}) == "CPU ×2"
-    assert units.device_label({"device": {"type": "cuda", "name": "NVIDIA H100"}, "world_size": 8}) == "NVIDIA H100 ×8"
+    assert text.hms(3 * 3600 + 25 * 60 + 46.4) == "3:25:46" and text.hms(None) == "—"
+    assert text.percent(0.4123) == "41.2 %" and text.percent(float("nan")) == "—"
+    assert text.gib(3 * 2**30) == "3.00 GiB" and text.number(None) == "—"
+    assert text.device_label({"device": {"type": "cpu", "name": "x86_64"}, "world_size": 2}) == "CPU ×2"
+    assert text.device_label({"device": {"type": "cuda", "name": "NVIDIA H100"}, "world_size": 8}) == "NVIDIA H100 ×8"
     s = {"flops_per_token": 7.4e8, "flops_source": "6*n_params+12*L*D*S", "peak_tflops": 989.0,
          "peak_source": "table: NVIDIA H100 80GB HBM3 (https://x)"}
-    assert units.flops_origin(s) == ("7.4e+08 FLOPs/token from 6*n_params+12*L*D*S; "
+    assert text.flops_origin(s) == ("7.4e+08 FLOPs/token from 6*n_params+12*L*D*S; "
                                      "peak 989 TFLOPS/GPU from table: NVIDIA H100 80GB HBM3 (https://x)")
     spec = json.loads(plotly.io.to_json(prep_figures.metric_figure(
         prepare_compare([], []), "mfu", {})))
@@ -165,7 +166,7 @@ def test_units_a_person_reads():
 @pytest.mark.parametrize("name", ["![pix](https:evil.invalid)", "**bold** _x_", "<img src=x onerror=1>",
                                   "$x^2$ :red[r]", "a\n# heading", "`code`", "user@host https://e.invalid"])
 def test_md_text_escapes_everything_markdown_acts_on(name):
-    out = units.md_text(name)
+    out = text.md_text(name)
     # Nothing Markdown acts on is left bare: each such character is preceded by a backslash.
     bare = [c for i, c in enumerate(out) if c in "![]()*_<>$`#:@" and (i == 0 or out[i - 1] != "\\")
             and c not in "()"]
@@ -197,8 +198,8 @@ def test_gelu_mlp_counts_two_matrices_and_a_bad_kind_is_refused():
 
 def test_missing_cells_read_as_a_dash_and_still_sort_as_numbers():
     rows = [{"run": "a", "mem": 2.5, "steps": 10}, {"run": "b", "mem": None, "steps": 9}, {"run": "c", "mem": 12.25, "steps": 8}]
-    out = units.with_missing_as_dash(rows, {"mem": "{:.2f} GiB".format, "steps": "{:,}".format})
+    out = tables.with_missing_as_dash(rows, {"mem": "{:.2f} GiB".format, "steps": "{:,}".format})
     assert [r["mem"] for r in out] == [" 2.50 GiB", "—", "12.25 GiB"] and [r["steps"] for r in out] == [10, 9, 8]
     assert sorted(r["mem"] for r in out if r["mem"] != "—") == [" 2.50 GiB", "12.25 GiB"]  # as 2.5 < 12.25
-    frame = units.frame_missing_as_dash(pl.DataFrame({"rank": [0, 1], "t": [0.5, None]}))
+    frame = tables.frame_missing_as_dash(pl.DataFrame({"rank": [0, 1], "t": [0.5, None]}))
     assert frame["t"].to_list() == ["0.5", "—"] and frame["rank"].dtype == pl.Int64

@@ -10,7 +10,7 @@ import pytest
 from dash_fixtures import SAMPLE_RUNS, detail_page, shown, write_run
 from streamlit.testing.v1 import AppTest
 
-from kforge_dash.browse import units
+from kforge_dash import text
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
 
@@ -58,7 +58,7 @@ def test_text_is_whole_and_human(root, monkeypatch):
     for df in at.dataframe:
         assert not any(str(c).startswith("time/") for c in df.value.columns), df.value.columns
     s = json.loads((root / "preempted" / "ingested" / "summary.json").read_text())
-    final = next(m.value for m in at.metric if m.label == "final loss")
+    final = next(m.value for m in at.metric if m.label == "final loss (mean of ranks)")
     assert len(final) <= 7 and float(final) == pytest.approx(s["final_loss"], rel=1e-4)
 
 
@@ -71,7 +71,7 @@ def test_config_diff_says_not_set_instead_of_none(tmp_path, monkeypatch):
     at.switch_page("views/runs.py").run()
     assert not at.exception
     diff = next(d.value for d in at.dataframe if "key" in d.value.columns).set_index("key")
-    assert diff.loc["hparams.nan_step", "a"] == "null" and diff.loc["hparams.nan_step", "b"] == units.NOT_SET
+    assert diff.loc["hparams.nan_step", "a"] == "null" and diff.loc["hparams.nan_step", "b"] == text.NOT_SET
     assert not diff.isna().any().any()
     assert diff.loc["hparams.peak"].tolist() == ["0.108828", "0.111697"]  # read as a person reads them
     assert diff.loc["hparams.eps"].tolist() == ["1.0000001", "1.0000002"]  # but never two differing values alike

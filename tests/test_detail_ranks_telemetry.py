@@ -39,3 +39,16 @@ def test_a_run_with_only_a_throttle_finding_opens_on_the_clock():
     assert prep_findings.default_rank_metric(summary, ["step_time_s", "hw/sm_clock_mhz"]) == "hw/sm_clock_mhz"
     summary["findings"].append({"kind": "straggler", "metric": "time/data_s", "severity": "warning"})
     assert prep_findings.default_rank_metric(summary, ["step_time_s", "time/data_s", "hw/sm_clock_mhz"]) == "time/data_s"
+
+
+def test_a_straggler_caused_by_a_throttled_gpu_opens_on_the_clock():
+    """The throttled sample (its straggler's cause is the throttle: same rank, same steps) opened on the
+    optimizer phase, not the SM clock its finding is about (issue 27, point 5)."""
+    throttle = {"kind": "hw_throttle", "metric": "hw/sm_clock_mhz", "severity": "warning", "ranks": [1],
+                "first_step": 100, "last_step": 175}
+    straggler = {"kind": "straggler", "metric": "time/optimizer_s", "severity": "warning", "ranks": [1],
+                 "first_step": 100, "last_step": 179}
+    metrics = ["step_time_s", "time/optimizer_s", "hw/sm_clock_mhz"]
+    assert prep_findings.default_rank_metric({"findings": [throttle, straggler]}, metrics) == "hw/sm_clock_mhz"
+    elsewhere = {**straggler, "ranks": [3]}  # a straggler the throttle does not explain: its own phase
+    assert prep_findings.default_rank_metric({"findings": [throttle, elsewhere]}, metrics) == "time/optimizer_s"

@@ -144,7 +144,7 @@ def test_the_screen_says_what_the_stragglers_cost(tmp_path, monkeypatch):
     assert out.exit_code == 0, out.output
     line = next(ln for ln in out.output.splitlines() if "what-if" in ln)
     assert "Without its stragglers this run would have taken" in line and "; rank 5 (" in line
-    # the run page header's format (units.duration): 1 decimal under 100 s, h:mm:ss above; not rounded to "50 s"
+    # the run page header's format (text.duration): 1 decimal under 100 s, h:mm:ss above; not rounded to "50 s"
     assert re.search(r"alone cost (4[5-9]|5[0-5])\.\d s$", line), line
     assert re.search(r"instead of \d+:\d\d:\d\d;", line), line
 

@@ -29,16 +29,16 @@ def test_every_point_every_tag_matches_steps_parquet(tmp_path):
         assert same(got[tag], want[tag]), tag
     assert res.tensorboard.points == sum(len(v) for v in want.values())
     # What the fixture put in on purpose survives: NaN loss shown, inf grad norm, nulls absent.
-    loss = dict((s, v) for s, _, v in got["train/loss"])
+    loss = dict((s, v) for s, _, v in got["1_train/loss"])
     assert math.isnan(loss[NAN_LOSS_STEP])
-    assert dict((s, v) for s, _, v in got["train/grad_norm"])[INF_GRAD_STEP] == math.inf
+    assert dict((s, v) for s, _, v in got["1_train/grad_norm"])[INF_GRAD_STEP] == math.inf
     assert [s for s, _, _ in got["gpu/mem_peak_gib"]] == [1, 11, 21, 31]
     assert [s for s, _, _ in got["eval/loss"]] == [25]
     step, rank = MISSING_RANK
     assert step not in [s for s, _, _ in got[f"ranks/step_time_s/{rank:05d}"]]
     assert "smoothed/mfu_ema" not in got  # an all-null column makes no tag at all
     # One monotonic history across the restart.
-    steps = [s for s, _, _ in got["train/step_time_s"]]
+    steps = [s for s, _, _ in got["1_train/step_time_s"]]
     assert steps == sorted(set(steps)) == list(range(1, 41))
     assert {v for _, _, v in got["run/attempt"]} == {0.0, 1.0}
 
@@ -61,7 +61,7 @@ def test_reexport_replaces_the_event_file_never_duplicates(tmp_path):
                                                                       os.path.basename(grown.path)]
     got, want = read_back(logdir), expected_points(run)
     assert set(got) == set(want) and all(same(got[t], want[t]) for t in want)
-    assert len(got["train/loss"]) == 30
+    assert len(got["1_train/loss"]) == 30
     # Same input, same bytes (under a later name: a rewrite that a running TensorBoard reads next).
     make_ingested_run(tmp_path, n_steps=20)
     again = export_run(run, wandb=False).tensorboard.path
@@ -171,14 +171,14 @@ def test_user_scalar_named_like_a_kforge_tag_is_exported_under_user(tmp_path):
     run = make_ingested_run(tmp_path, n_steps=20, world_size=2)
     path = os.path.join(run, "ingested", "steps.parquet")
     steps = pl.read_parquet(path)
-    steps.with_columns((pl.col("step") * 10.0).alias("train/loss")).write_parquet(path)
+    steps.with_columns((pl.col("step") * 10.0).alias("1_train/loss")).write_parquet(path)
     with pytest.warns(RuntimeWarning, match="named like a kforge tag"):
         res = export_run(run, wandb=False)
     assert res.tensorboard.ok, res.tensorboard.error
     got = read_back(res.tensorboard.path)
-    assert [v for _, _, v in got["user/train/loss"]] == [float(s * 10) for s in steps["step"].to_list()]
+    assert [v for _, _, v in got["user/1_train/loss"]] == [float(s * 10) for s in steps["step"].to_list()]
     expected_loss = [float(np.float32(v)) for v in steps["loss"].to_list() if v is not None]
-    assert [v for _, _, v in got["train/loss"] if not math.isnan(v)] == [v for v in expected_loss if not math.isnan(v)]
+    assert [v for _, _, v in got["1_train/loss"] if not math.isnan(v)] == [v for v in expected_loss if not math.isnan(v)]
 
 
 def test_no_tensorboard_says_an_earlier_event_file_was_left_in_place(tmp_path, monkeypatch):
@@ -199,3 +199,55 @@ def test_no_tensorboard_says_an_earlier_event_file_was_left_in_place(tmp_path, m
     assert r.exit_code == 0, r.output
     assert f"kforge-ingest: note: {old}: TensorBoard export switched off (--no-tensorboard)" in r.stderr
     assert "left as it is" in r.stderr and kforge_event_files(run) == [old]
+
+
+def _tensorboard_order(a: str, b: str) -> int:
+    """TensorBoard's own tag comparison (its frontend's compareTagNames, webfiles.zip index.js): runs of
+    digits compare as numbers, a digit or "/" sorts before any other character, the rest by code."""
+    i = j = 0
+    while True:
+        if i == len(a):
+            return 0 if j == len(b) else -1
+        if j == len(b):
+            return 1
+        if a[i].isdigit() and b[j].isdigit():
+            i2, j2 = i, j
+            while i2 < len(a) and a[i2].isdigit():
+                i2 += 1
+            while j2 < len(b) and b[j2].isdigit():
+                j2 += 1
+            x, y = int(a[i:i2]), int(b[j:j2])
+            if x != y:
+                return -1 if x < y else 1
+            i, j = i2, j2
+            continue
+        first_a, first_b = a[i] == "/" or a[i].isdigit(), b[j] == "/" or b[j].isdigit()
+        if first_a != first_b:
+            return -1 if first_a else 1
+        if not first_a and a[i] != b[j]:  # a digit against "/": no order between them, as there
+            return -1 if a[i] < b[j] else 1
+        i, j = i + 1, j + 1
+
+
+def test_the_first_group_tensorboard_shows_is_the_training_metrics(tmp_path):
+    """TensorBoard groups scalars by the tag's first path part, sorted by its compareTagNames, and opens
+    the first two groups: they were eval, hw (and ranks, run, smoothed, time before train)."""
+    import functools
+    import shutil
+
+    from click.testing import CliRunner
+    from dash_fixtures import SAMPLE_RUNS
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from kforge_dash.cli.ingest import main
+
+    run = tmp_path / "throttled"
+    shutil.copytree(SAMPLE_RUNS / "throttled", run, ignore=shutil.ignore_patterns("ingested", "events.out.*"))
+    assert CliRunner().invoke(main, [str(run), "--no-wandb", "-q"]).exit_code == 0
+    ea = EventAccumulator(kforge_event_files(str(run))[-1], size_guidance={"scalars": 0})
+    ea.Reload()
+    tags = sorted(ea.Tags()["scalars"], key=functools.cmp_to_key(_tensorboard_order))
+    groups = list(dict.fromkeys(t.split("/", 1)[0] for t in tags))
+    assert {"eval", "hw", "ranks", "run", "smoothed", "time"} <= set(groups)  # the groups that came first
+    assert groups[0] == "1_train", groups
+    assert {"1_train/loss", "1_train/mfu", "1_train/tokens_per_sec", "1_train/step_time_s"} <= set(tags)

@@ -66,7 +66,7 @@ def test_a_running_tensorboard_follows_appends_and_rewrites(tmp_path, monkeypatc
                            "--port", str(port), "--reload_interval", "1", "--load_fast", load_fast],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(port, "live", "train/loss", _want(run, "loss"))
+        _wait_for(port, "live", "1_train/loss", _want(run, "loss"))
         assert list(_get(port, "/data/runs")) == ["live"]  # the run's own name
 
         # The job goes on: new part files, an appending ingest, the same event file grows.
@@ -74,7 +74,7 @@ def test_a_running_tensorboard_follows_appends_and_rewrites(tmp_path, monkeypatc
         assert ingest_run(run).appended
         grown = export_run(run, wandb=False).tensorboard
         assert grown.path == first.path
-        _wait_for(port, "live", "train/loss", _want(run, "loss"))
+        _wait_for(port, "live", "1_train/loss", _want(run, "loss"))
         _wait_for(port, "live", "smoothed/loss_ema", _want(run, "loss_ema"))
 
         # A rewrite: every EMA value changes (another alpha): a new file, read after the old one,
@@ -83,7 +83,7 @@ def test_a_running_tensorboard_follows_appends_and_rewrites(tmp_path, monkeypatc
         rewritten = export_run(run, wandb=False).tensorboard
         assert rewritten.path > first.path and kforge_event_files(run) == [first.path, rewritten.path]
         _wait_for(port, "live", "smoothed/loss_ema", _want(run, "loss_ema"))
-        _wait_for(port, "live", "train/loss", _want(run, "loss"))
+        _wait_for(port, "live", "1_train/loss", _want(run, "loss"))
         assert list(_get(port, "/data/runs")) == ["live"]
     finally:
         stop(tb)
@@ -109,9 +109,9 @@ def test_findings_are_in_tensorboards_text_tab_not_among_its_scalar_cards(tmp_pa
                            "--port", str(port), "--reload_interval", "1", "--load_fast", "false"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(port, "straggler", "train/loss", _want(str(run), "loss"))
+        _wait_for(port, "straggler", "1_train/loss", _want(str(run), "loss"))
         scalars = _get(port, "/data/plugin/scalars/tags")["straggler"]
-        assert "train/loss" in scalars and not [t for t in scalars if t.startswith("findings/")]
+        assert "1_train/loss" in scalars and not [t for t in scalars if t.startswith("findings/")]
         assert _get(port, "/data/plugin/text/tags") == {"straggler": ["findings/straggler"]}
         (entry,) = _get(port, "/data/plugin/text/text", run="straggler", tag="findings/straggler")
         assert entry["step"] == 1 and "straggler" in entry["text"] and "rank 1" in entry["text"]

@@ -86,9 +86,9 @@ def test_history_config_summary_and_run_id(tmp_path, clean_wandb_env):
     got = read_wandb(one_offline_run(run))
     check_history(got, run)
     assert res.wandb.points == 30 and got["exit"]["exit_code"] == 0  # its runtime: the export's own (module doc)
-    loss = dict((s, i["train/loss"]) for s, i in got["history"])
+    loss = dict((s, i["1_train/loss"]) for s, i in got["history"])
     assert math.isnan(loss[NAN_LOSS_STEP])  # NaN is carried as it is ...
-    assert dict((s, i["train/grad_norm"]) for s, i in got["history"])[INF_GRAD_STEP] == math.inf
+    assert dict((s, i["1_train/grad_norm"]) for s, i in got["history"])[INF_GRAD_STEP] == math.inf
 
     summary = json.load(open(os.path.join(run, "ingested", "summary.json")))
     r = got["run"]
@@ -114,7 +114,7 @@ def test_history_config_summary_and_run_id(tmp_path, clean_wandb_env):
     for col in ("loss", "grad_norm"):
         n = sum(1 for row in rows if row[col] is not None and not math.isfinite(row[col]))
         assert n >= 1 and s[f"nonfinite/{TAGS[col]}"] == n
-    assert not [k for k in s if k.startswith("nonfinite/") and k not in ("nonfinite/train/loss", "nonfinite/train/grad_norm")]
+    assert not [k for k in s if k.startswith("nonfinite/") and k not in ("nonfinite/1_train/loss", "nonfinite/1_train/grad_norm")]
 
 
 def test_reexport_twice_one_run_same_id_no_duplicate(tmp_path, clean_wandb_env):
@@ -278,8 +278,8 @@ def test_recorder_to_ingest_to_export(tmp_path, clean_wandb_env):
     ea.Reload()
     assert "findings/nonfinite" in ea.Tags()["tensors"]
     assert set(got) == set(want) and all(same(got[t], want[t]) for t in want)
-    assert {"train/loss", "time/fwd_bwd_s", "acc", "eval/loss", "ranks/step_time_s/00001"} <= set(got)
-    assert math.isnan(dict((s, v) for s, _, v in got["train/loss"])[13])
+    assert {"1_train/loss", "time/fwd_bwd_s", "acc", "eval/loss", "ranks/step_time_s/00001"} <= set(got)
+    assert math.isnan(dict((s, v) for s, _, v in got["1_train/loss"])[13])
     # W&B: every row equals steps.parquet.
     wb = read_wandb(one_offline_run(run))
     check_history(wb, run)

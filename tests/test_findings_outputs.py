@@ -66,7 +66,7 @@ def test_kforge_ingest_prints_findings_and_goodput(ingested):
     root, _ = ingested
     r = CliRunner().invoke(main, [str(root / "straggler"), "--no-wandb", "--no-tensorboard"])
     assert r.exit_code == 0, r.output
-    assert "goodput " in r.output and "% (" in r.output and "straggler_wait" in r.output
+    assert "goodput " in r.output and " % (" in r.output and "lost: straggler wait " in r.output
     assert "findings (1):" in r.output and "[warning] straggler: Rank 1" in r.output
     r = CliRunner().invoke(main, [str(root / "baseline-lr3e-3"), "--no-wandb", "--no-tensorboard"])
     assert "findings: none" in r.output
@@ -78,7 +78,7 @@ def _texts(ea, tag):
 
 
 def test_tensorboard_carries_findings_as_text_not_scalar_cards(ingested):
-    """Findings are text summaries (the TEXT tab), not 1-point scalar cards sorting before train/
+    """Findings are text summaries (the TEXT tab), not 1-point scalar cards sorting before 1_train/
     on TensorBoard's first screen (issue 21, item 10)."""
     root, runs = ingested
     (path,) = glob.glob(str(root / "spike-nan" / "events.out.tfevents.*"))
@@ -101,7 +101,7 @@ def test_tensorboard_carries_findings_as_text_not_scalar_cards(ingested):
     ea = EventAccumulator(clean)
     ea.Reload()
     assert not [t for kind in ("scalars", "tensors") for t in ea.Tags()[kind] if t.startswith("findings/")]
-    assert "train/loss" in ea.Tags()["scalars"]
+    assert "1_train/loss" in ea.Tags()["scalars"]
 
 
 def test_new_steps_after_a_finding_are_appended_to_the_event_file(tmp_path, monkeypatch):
@@ -130,4 +130,4 @@ def test_new_steps_after_a_finding_are_appended_to_the_event_file(tmp_path, monk
     ea = EventAccumulator(second.path, size_guidance={"scalars": 0, "tensors": 0})
     ea.Reload()
     assert [s for s, _ in _texts(ea, "findings/nonfinite")] == [20]
-    assert [e.step for e in ea.Scalars("train/loss")] == list(range(1, 61))
+    assert [e.step for e in ea.Scalars("1_train/loss")] == list(range(1, 61))

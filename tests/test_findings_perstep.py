@@ -14,7 +14,7 @@ import pytest
 from findings_fixtures import Clock, close_all, drive, install, nan_run, open_ranks
 
 from kforge_dash import ingest_run
-from kforge_dash.ingest.findings import perstep, units
+from kforge_dash.ingest.findings import grid_units, perstep
 from kforge_dash.ingest.findings.matrix import Window
 from kforge_dash.ingest.findings.model import Phases, RunFacts, classify_phases
 from kforge_dash.ingest.findings_options import FindingsOptions
@@ -69,7 +69,7 @@ def test_matrix_and_group_by_agree(tmp_path, monkeypatch):
     assert Window.of(df.filter(~((pl.col("step") == 5) & (pl.col("rank") == 2)))) is None
 
 
-# --- units.py: ranks.parquet read row group by row group, windows cut from whole units ----------
+# --- grid_units.py: ranks.parquet read row group by row group, windows cut from whole units ----------
 
 OWN = ("time/data_s", "time/opt_s")
 PHASES = Phases(own=OWN, wait=("time/fwd_bwd_s",), data=("time/data_s",), checkpoint=("time/checkpoint_s",), eval=())
@@ -112,7 +112,7 @@ def _both(monkeypatch, facts):
     monkeypatch.setattr(perstep, "WINDOW_ROWS", 60)
     st = facts.steps.select("step", pl.col("step_work_median_s").alias("_st"))
     fast = perstep._by_units(facts, st, perstep.block_size(facts.steps.height))
-    monkeypatch.setattr(units, "plan", lambda path: None)
+    monkeypatch.setattr(grid_units, "plan", lambda path: None)
     return fast, perstep.per_step(facts)
 
 
@@ -200,14 +200,14 @@ def test_units_too_big_to_hold_are_read_in_pieces(tmp_path, monkeypatch):
     ranks, spans = [0, 2, 3, 7, 8, 11], [range(3, 300), range(300, 413), range(413, 1250)]
     tables = [_grid(rs, sp, seed=i * 2 + j) for i, sp in enumerate(spans) for j, rs in enumerate((ranks[:2], ranks[2:]))]
     facts = _facts(tmp_path / "ranks.parquet", tables)
-    assert len(units._pieces(units.plan(facts.ranks_path)[0], 6, 13)) == 3
-    monkeypatch.setattr(units, "UNIT_BYTES", 100_000)
-    assert len(units._pieces(units.plan(facts.ranks_path)[0], 6, 13)) == 1 + 1 + 3
+    assert len(grid_units._pieces(grid_units.plan(facts.ranks_path)[0], 6, 13)) == 3
+    monkeypatch.setattr(grid_units, "UNIT_BYTES", 100_000)
+    assert len(grid_units._pieces(grid_units.plan(facts.ranks_path)[0], 6, 13)) == 1 + 1 + 3
     fast, slow = _both(monkeypatch, facts)
     assert fast is not None
     _same(fast, slow)
     monkeypatch.undo()
-    monkeypatch.setattr(units, "UNIT_BYTES", 1_000)
+    monkeypatch.setattr(grid_units, "UNIT_BYTES", 1_000)
     assert _both(monkeypatch, facts)[0] is None
 
 

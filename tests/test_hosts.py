@@ -13,9 +13,9 @@ from streamlit.testing.v1 import AppTest
 import kforge_record.env as env_mod
 from kforge_dash.browse import hosts as prep_hosts
 from kforge_dash.browse import runs as prep_runs
-from kforge_dash.browse.units import md_text
 from kforge_dash.cli.ingest import main
 from kforge_dash.ingest.hosts import host_table
+from kforge_dash.text import md_text
 from kforge_record import Recorder
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"

@@ -88,6 +88,6 @@ def test_run_dirs_named_like_glob_patterns_ingest_append_and_export(tmp_path, mo
     assert tb["ok"], tb
     acc = EventAccumulator(os.path.dirname(tb["path"]))
     acc.Reload()
-    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 16))
+    assert [e.step for e in acc.Scalars("1_train/loss")] == list(range(1, 16))
     # the findings read ranks.parquet too: no warning that they could not
     assert not [w for w in summary["warnings"] if "finding" in w.lower()], summary["warnings"]

@@ -79,7 +79,7 @@ def test_ingests_a_root_and_prints_a_summary(tmp_path, monkeypatch):
     run, _ = make_run(tmp_path / "root" / "a", monkeypatch)
     r = runner().invoke(main, [str(tmp_path / "root"), *NO_EXPORT])
     assert r.exit_code == 0, r.output
-    assert "steps 10 (1..10)" in r.stdout and "ranks 2" in r.stdout and "tokens 5,120" in r.stdout
+    assert "steps 10 (1–10)" in r.stdout and "ranks 2" in r.stdout and "tokens 5,120" in r.stdout
     assert "final loss 2" in r.stdout
     steps, _, _ = read_outputs(run)
     assert steps.height == 10
@@ -184,7 +184,7 @@ def test_watch_picks_up_new_parts_until_interrupted(tmp_path, monkeypatch):
     assert r.exit_code == 0 and ticks == [2.0, 2.0]
     steps = pl.read_parquet(os.path.join(run, "ingested", "steps.parquet"))
     assert steps["step"].to_list() == list(range(1, 9))
-    assert r.stdout.count("steps 5 (1..5)") == 1 and r.stdout.count("steps 8 (1..8)") == 1
+    assert r.stdout.count("steps 5 (1–5)") == 1 and r.stdout.count("steps 8 (1–8)") == 1
 
 
 def test_watch_appends_the_parts_of_a_running_job(tmp_path, monkeypatch):

@@ -156,7 +156,7 @@ def test_identical_lines_are_dashed_and_noted_and_markers_name_their_run(tmp_pat
         srcs.append(prep_series.RunSource(name, run / "ingested" / "steps.parquet", summary))
     data = prep_series.prepare_compare(srcs, ["loss"], smoothing=0.0)
     assert prep_overlap.identical_runs(data, "loss") == {"b": "a"}
-    assert prep_overlap.identical_notes(data) == ["b: loss the same as a (dashed)"]
+    assert prep_overlap.chart_notes([data]) == ["b: loss the same as a (dashed)"]
     spec = json.loads(plotly.io.to_json(prep_figures.metric_figure(data, "loss", {"a": "#0072B2", "b": "#E69F00"},
                                                                    legend=False)))
     dash = {t["name"]: t["line"].get("dash") for t in spec["data"] if t["mode"] == "lines"}

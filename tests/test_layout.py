@@ -15,6 +15,7 @@ PACKAGES = ("kforge_record", "kforge_dash")
 LAYERS = {  # module prefix -> layer; a module may import only from its own layer or below
     "kforge_record": 0,
     "kforge_dash.contract": 1, "kforge_dash.optional": 1, "kforge_dash.progress": 1,
+    "kforge_dash.text": 1,  # numbers and counts as text, for every front end (and ingest's messages)
     "kforge_dash.ingest": 2,  # the row pass and ingest's interface types
     "kforge_dash.importers": 2,  # other trackers' logs -> kforge shards: reads TensorBoard/W&B, writes as the recorder
     "kforge_dash.ingest.findings": 3,  # findings read what the row pass wrote

@@ -7,7 +7,7 @@
     zoom.py       a box dragged on a chart as a step range to re-read
     ranks.py      the run-detail page's data: heatmaps, per-rank phases and memory
     figures.py    plotly figures from that data (names escaped as plotly text)
-    units.py      %, h:mm:ss, GiB, "—"; names as literal text in Markdown
+    tables.py     tables for display: a missing value as "—", the config diff as text (numbers: kforge_dash/text.py)
     downloads.py  CSV / Parquet downloads of the full-resolution series
     report.py     kforge-report: one self-contained HTML file
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kforge_dash.browse import units
+from kforge_dash import text
 from kforge_dash.browse.findings import Waterfall
 from kforge_dash.ingest import straggler_costs
 
@@ -10,19 +10,19 @@ from kforge_dash.ingest import straggler_costs
 def what_if_text(summary: dict | None) -> str | None:
     """"Without its stragglers this run would have taken 39.2 s instead of 49.9 s; rank 1 (vm) alone cost
     10.7 s", as the CLI screen, the run page and the report show it; durations as the run page's header
-    (units.duration). None when there is nothing to say (straggler_costs.worth_saying: no straggler finding and
+    (text.duration). None when there is nothing to say (straggler_costs.worth_saying: no straggler finding and
     no material saving); the rank is named only when a finding or the clock supports it (straggler_costs.costly_ranks)."""
     s = summary if isinstance(summary, dict) else {}
     if not straggler_costs.worth_saying(s):
         return None
     w = s["what_if"]
-    text = (f"Without its stragglers this run would have taken {units.duration(w['without_stragglers_s'])} "
-            f"instead of {units.duration(w['total_s'])}")
+    out = (f"Without its stragglers this run would have taken {text.duration(w['without_stragglers_s'])} "
+            f"instead of {text.duration(w['total_s'])}")
     top = (straggler_costs.costly_ranks(s) or [None])[0]
     if top is not None:
         host = f" ({top['host']})" if top.get("host") else ""
-        text += f"; rank {top.get('rank')}{host} alone cost {units.duration(top['cost_s'])}"
-    return text
+        out += f"; rank {top.get('rank')}{host} alone cost {text.duration(top['cost_s'])}"
+    return out
 
 
 def mfu_waterfall(summary: dict | None) -> Waterfall | None:

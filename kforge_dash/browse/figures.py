@@ -18,7 +18,7 @@ from kforge_dash.browse.groups import GroupData
 from kforge_dash.browse.overlap import identical_runs
 from kforge_dash.browse.ranks import Heatmap
 from kforge_dash.browse.series import X_LABELS, CompareData
-from kforge_dash.browse.units import counted
+from kforge_dash.text import counted
 
 _MARKER_SYMBOL = {"nan": "x", "inf": "triangle-up", "-inf": "triangle-down", "restart": "diamond", "spike": "star"}
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, hovermode="closest",
@@ -114,19 +114,21 @@ def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, lo
     scale, _, fmt = _unit(metric)
     smoothed = {s.run for s in data.series if s.metric == metric and s.kind == "smoothed"}
     on_steps = data.x_axis == "step"
-    # On the step axis x is the step: no second copy of it (a third of each chart's bytes).
-    step_ref = "%{x}" if on_steps else "%{customdata}"
     show_x = "" if on_steps else f" · {X_LABELS[data.x_axis]} %{{x}}"
     for s in data.series:
         if s.metric != metric:
             continue
         faint = s.kind == "raw" and s.run in smoothed
+        y = s.y * scale if scale != 1.0 else s.y
+        custom, hover = _hover_data(s, scale, fmt, show_x)
         fig.add_trace(go.Scatter(
-            x=_compact(s.x), y=s.y * scale if scale != 1.0 else s.y, customdata=None if on_steps else _compact(s.step),
+            x=_compact(s.x), y=y, customdata=custom,
             mode="lines", name=text(s.run), legendgroup=text(s.run), showlegend=not faint,
             opacity=0.3 if faint else 1.0, connectgaps=False,
             line=dict(color=colours.get(s.run), width=1 if faint else 1.8, dash=_dash(s.run, dashes, same)),
-            hovertemplate=f"%{{y:{fmt}}} ({s.kind}) · step {step_ref}{show_x}",
+            # One hover row per run: a smoothed line's row has its raw value beside; the faint raw line has none.
+            hoverinfo="skip" if faint else None,
+            hovertemplate=None if faint else hover,
         ))
     for m in data.markers:
         if m.metric != metric:
@@ -145,6 +147,18 @@ def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, lo
     if not legend:
         fig.update_layout(showlegend=False)
     return _finish(fig, metric, data.x_axis, log_y=log_y, select_zoom=select_zoom)
+
+
+def _hover_data(s, scale: float, fmt: str, show_x: str):
+    """(customdata, hovertemplate) of a line: "1.234 (smoothed; raw 1.301) · step 120" or "1.301 (raw) · step
+    120"; customdata holds the step off the step axis (show_x: the x shown beside it), then the raw value
+    beside a smoothed line. On the step axis x is the step: no second copy of it (a third of each chart's bytes)."""
+    cols = ([_compact(s.step)] if show_x else []) + ([] if s.raw is None else [s.raw * scale if scale != 1.0 else s.raw])
+    step = "%{x}" if not show_x else "%{customdata}" if s.raw is None else "%{customdata[0]}"
+    if s.raw is None:
+        return (cols[0] if cols else None), f"%{{y:{fmt}}} ({s.kind}) · step {step}{show_x}"
+    raw = f"%{{customdata[{len(cols) - 1}]:{fmt}}}"
+    return np.column_stack(cols), f"%{{y:{fmt}}} ({s.kind}; raw {raw}) · step {step}{show_x}"
 
 
 def _compact(a):

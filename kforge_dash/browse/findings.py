@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
+from kforge_dash import text
 from kforge_dash.browse.ranks import _reading
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -65,11 +66,9 @@ def finding_cards(summary: dict | None) -> list[FindingCard]:
         first, last = f.get("first_step"), f.get("last_step")
         first = first if isinstance(first, int) else None
         last = last if isinstance(last, int) else first
-        steps = None if first is None else (f"step {first}" if first == last else f"steps {first}–{last}")
-        ranks = [str(r) for r in f.get("ranks") or []]
+        steps = text.step_range(first, last)
         hosts = [str(h) for h in f.get("hosts") or []]
-        facts = [steps,
-                 (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}" if ranks else None),
+        facts = [steps, text.rank_list(f.get("ranks")),
                  (f"on {', '.join(hosts)}" if hosts else None),
                  (f"phase {f['phase']}" if f.get("phase") is not None else None)]
         cards.append(FindingCard(
@@ -89,7 +88,7 @@ class Waterfall:
 
 
 def goodput_waterfall(summary: dict | None) -> Waterfall | None:
-    """The job's wall clock (units.JOB_WALL_CLOCK), minus each non-empty badput bucket (largest
+    """The job's wall clock (text.JOB_WALL_CLOCK), minus each non-empty badput bucket (largest
     first), down to productive."""
     g = (summary or {}).get("goodput")
     if not isinstance(g, dict) or not isinstance(g.get("total_s"), (int, float)):
@@ -104,13 +103,24 @@ def goodput_waterfall(summary: dict | None) -> Waterfall | None:
 
 def default_rank_metric(summary: dict | None, metrics: list[str]) -> str | None:
     """The per-rank view where the worst straggler shows: its phase timer (under DDP every rank
-    shares one step time, so step time would show nothing); else where a throttled GPU shows (its SM
-    clock); None: keep the usual default."""
-    for kind in ("straggler", "hw_throttle"):
-        for f in findings_of(summary):
-            if f.get("kind") == kind and f.get("metric") in metrics:
-                return f["metric"]
-    return None
+    shares one step time, so step time would show nothing), unless a throttled GPU on its ranks
+    during its steps explains it (the straggler's ``cause``): then, as without a straggler, where the
+    throttled GPU shows (its SM clock); None: keep the usual default."""
+    found = findings_of(summary)
+    throttles = [f for f in found if f.get("kind") == "hw_throttle" and f.get("metric") in metrics]
+    for f in found:
+        if f.get("kind") == "straggler" and f.get("metric") in metrics:
+            cause = next((t for t in throttles if _overlap(t, f)), None)
+            return (cause or f)["metric"]
+    return throttles[0]["metric"] if throttles else None
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    """Two findings on a rank in common, their steps overlapping."""
+    steps = [a.get("first_step"), a.get("last_step"), b.get("first_step"), b.get("last_step")]
+    if not all(isinstance(x, int) for x in steps) or not set(a.get("ranks") or []) & set(b.get("ranks") or []):
+        return False
+    return steps[0] <= steps[3] and steps[2] <= steps[1]
 
 
 def focus_steps(steps_path: str | Path, first: int, last: int, *, pad: int = _PAD) -> pl.DataFrame:

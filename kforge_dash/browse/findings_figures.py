@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kforge_dash.browse import units
+from kforge_dash import text
 from kforge_dash.browse.figures import text as plotly_text
 from kforge_dash.browse.findings import Waterfall
 
@@ -15,10 +15,10 @@ _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=340, hovermode="close
 
 def waterfall_figure(w: Waterfall) -> go.Figure:
     """Wall clock -> each badput bucket -> productive time (Google's goodput buckets)."""
-    frac = "" if w.fraction is None else f": {100 * w.fraction:.1f}% goodput"
+    frac = "" if w.fraction is None else f": {text.percent(w.fraction)} goodput"
     fig = go.Figure(go.Waterfall(
         x=w.labels, y=w.values, measure=w.measures, textposition="outside",
-        text=[units.duration(abs(v)) for v in w.values],
+        text=[text.duration(abs(v)) for v in w.values],
         hovertemplate="%{x}: %{text}<extra></extra>",
         decreasing=dict(marker=dict(color="#d62728")), totals=dict(marker=dict(color="#2ca02c")),
         increasing=dict(marker=dict(color="#7f7f7f")),
@@ -32,11 +32,12 @@ def mfu_waterfall_figure(w: Waterfall) -> go.Figure:
     """Peak (1.0) -> each goodput bucket's share of the wall clock -> below peak -> achieved MFU."""
     fig = go.Figure(go.Waterfall(
         x=[plotly_text(label) for label in w.labels], y=w.values, measure=w.measures, textposition="outside",  # keys from disk
-        text=[f"{100 * abs(v):.1f}%" for v in w.values], hovertemplate="%{x}: %{text}<extra></extra>",
+        text=[text.percent(abs(v)) for v in w.values], hovertemplate="%{x}: %{text}<extra></extra>",
         decreasing=dict(marker=dict(color="#d62728")), totals=dict(marker=dict(color="#2ca02c")),
         increasing=dict(marker=dict(color="#7f7f7f")),
     ))
-    fig.update_layout(title=dict(text=f"where the MFU went: {100 * (w.fraction or 0):.1f}% achieved", x=0),
+    title = f"where the MFU went: {text.ACHIEVED_MFU} {text.percent(w.fraction)}"  # (over the job wall clock)
+    fig.update_layout(title=dict(text=title, x=0),
                       yaxis=dict(title="share of peak", tickformat=".0%"), showlegend=False, **_LAYOUT)
     return fig
 
@@ -50,7 +51,7 @@ def focus_figure(df, first: int, last: int) -> go.Figure:
                                  hovertemplate=f"step %{{x}}<br>{_LABELS[m]}: %{{y:.8g}}<extra></extra>"), row=i, col=1)
         fig.update_yaxes(title_text=_LABELS[m], row=i, col=1)
         fig.add_vrect(x0=first - 0.5, x1=last + 0.5, fillcolor="#ff7f0e", opacity=0.15, line_width=0, row=i, col=1)
-    fig.update_layout(title=dict(text=f"steps {first}–{last}", x=0), showlegend=False,
+    fig.update_layout(title=dict(text=text.step_range(first, last), x=0), showlegend=False,
                       **{**_LAYOUT, "height": 160 * max(1, len(metrics)) + 60})
     fig.update_xaxes(title_text="step", row=len(metrics), col=1)
     return fig

@@ -21,7 +21,18 @@ def identical_runs(data: CompareData, metric: str) -> dict[str, str]:
     return out
 
 
-def identical_notes(data: CompareData) -> list[str]:
-    """One line per run drawn over an identical one, e.g. 'b: loss the same as a (dashed)'."""
-    return [f"{run}: {m} the same as {first} (dashed)" for m in data.drawn_metrics()
-            for run, first in identical_runs(data, m).items()]
+def chart_notes(parts: list[CompareData]) -> list[str]:
+    """The notes under the charts, each said once: the parts' own (a note repeated by every chart is one
+    line), then the runs drawn over identical ones, one line per earlier run and set of metrics:
+    'b, c: loss, lr the same as a (dashed)' (it read 'b: loss the same as a (dashed)' per run and metric)."""
+    same: dict[tuple[str, str], list[str]] = {}  # (earlier run, run) -> metrics
+    for p in parts:
+        for m in p.drawn_metrics():
+            for run, first in identical_runs(p, m).items():
+                same.setdefault((first, run), []).append(m)
+    grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for (first, run), metrics in same.items():
+        grouped.setdefault((first, tuple(dict.fromkeys(metrics))), []).append(run)
+    lines = [f"{', '.join(runs)}: {', '.join(metrics)} the same as {first} (dashed)"
+             for (first, metrics), runs in grouped.items()]
+    return list(dict.fromkeys([n for p in parts for n in p.notes] + lines))

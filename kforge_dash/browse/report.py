@@ -17,11 +17,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kforge_dash import text
 from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
-from kforge_dash.browse import findings_figures, units
+from kforge_dash.browse import findings_figures, tables
+from kforge_dash.browse import overlap as prep_overlap
 from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse import runs as prep_runs
@@ -33,6 +35,7 @@ from kforge_record.atomic import atomic_path
 MAX_NONFINITE_ROWS = 50  # per run; the count in the heading is exact
 # The report zooms in the browser only, at the resolution written (no re-query): twice the dashboard's.
 REPORT_POINTS = 2000
+REPORT_TEMPLATE = "plotly_white"  # the dashboard's white (module _figure_spec)
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,10 @@ def find_runs(paths: list[str | os.PathLike], names: list[str] | None = None) ->
     return FoundRuns([found[n] for n in dict.fromkeys(names) if n in found], notes, list(listed.values()))
 
 
-def _table(header: list[str], rows: list[list[str]], *, cls: str = "") -> str:
-    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+def _table(header: list[str], rows: list[list[str]], *, cls: str = "", titles: dict[str, str] | None = None) -> str:
+    """A table; ``titles``: a column's tooltip (what its number is), by its header."""
+    head = "".join(f'<th title="{_esc(titles[h])}">{_esc(h)}</th>' if titles and h in titles else f"<th>{_esc(h)}</th>"
+                   for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
@@ -111,25 +116,28 @@ def runs_table_html(runs: list[prep_runs.RunInfo]) -> str:
     rows = []
     for r in runs:
         s = r.summary or {}
-        train_s, clock_s = units.wall_times(s)
-        rows.append([r.name, units.number(s.get("steps"), "{:,}"), units.number(s.get("tokens"), "{:,}"),
-                     units.duration(train_s), units.duration(clock_s), units.number(s.get("final_loss"), "{:.4f}"),
-                     units.number(s.get("best_loss"), "{:.4f}"), units.percent(s.get("mean_mfu")),
-                     units.gib(s.get("peak_mem_bytes")), units.device_label(s), str(len(s.get("restarts") or [])),
-                     str(len(s.get("warnings") or [])), ", ".join(r.tags) or units.MISSING])
-    return _table(["run", "steps", "tokens", units.TRAINING_TIME, units.JOB_WALL_CLOCK, "final loss",
-                   "best loss", "mean MFU", "peak mem", "hardware", "restarts", "warnings", "tags"], rows, cls="runs")
+        h = text.headline(s)  # the same text as the CLI screen and the run page
+        rows.append([r.name, h["steps"], h["tokens"], h[text.TRAINING_TIME], h[text.JOB_WALL_CLOCK], h[text.FINAL_LOSS],
+                     h[text.BEST_LOSS], h[text.MEAN_MFU], h[text.ACHIEVED_MFU], h["goodput"], text.gib(s.get("peak_mem_bytes")),
+                     text.device_label(s), str(len(s.get("restarts") or [])), str(len(s.get("warnings") or [])),
+                     ", ".join(r.tags) or text.MISSING])
+    header = ["run", "steps", "tokens", text.TRAINING_TIME, text.JOB_WALL_CLOCK, f"{text.FINAL_LOSS} (mean of ranks)",
+              text.BEST_LOSS, text.MEAN_MFU, text.ACHIEVED_MFU, "goodput", "peak mem", "hardware", "restarts", "warnings", "tags"]
+    helps = {text.MEAN_MFU: text.MFU_HELP, text.ACHIEVED_MFU: text.ACHIEVED_HELP, text.TRAINING_TIME: text.WALL_TIMES_HELP,
+             text.JOB_WALL_CLOCK: text.WALL_TIMES_HELP, header[5]: text.LOSS_HELP}
+    return _table(header, rows, cls="runs", titles=helps)
 
 
 def config_diff_html(runs: list[prep_runs.RunInfo]) -> str:
-    if len(runs) < 2:
-        return "<p>One run: nothing to compare.</p>"
+    changes = prep_runs.launch_changes(runs)
+    if len(runs) < 2 and not changes:
+        return "<p>One run, launched with one configuration: nothing to compare.</p>"
     diff = prep_runs.config_diff(runs)
     if diff.is_empty():
         return "<p>These runs have the same configuration.</p>"
-    text = units.config_diff_text(diff)
-    return (_table(text.columns, [list(row) for row in text.iter_rows()], cls="diff")
-            + f"<p>Values as JSON; {_esc(units.NOT_SET)}: the run has no such key.</p>")
+    shown = tables.config_diff_text(diff, changes)
+    return (_table(shown.columns, [list(row) for row in shown.iter_rows()], cls="diff")
+            + f"<p>Values as JSON; {_esc(text.NOT_SET)}: the run has no such key.</p>")
 
 
 def _script_json(obj) -> str:
@@ -140,8 +148,6 @@ def _script_json(obj) -> str:
 def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions,
                 styles: dict[str, prep_runs.RunStyle]) -> tuple[str, list[str], list[str]]:
     """(the run list, divs and scripts of the charts; metrics drawn; notes). `styles`: each run's colour and dash."""
-    import plotly.io
-
     sources = [r.source() for r in runs]
     schemas = [prep_series.steps_schema(s.steps_path) for s in sources]
     have = prep_series.available_metrics(schemas)
@@ -156,13 +162,26 @@ def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions,
     dashes = {r.name: styles[r.name].dash for r in runs}
     specs = []
     for metric in data.drawn_metrics():  # no legend per chart: the run list above them is the page's one legend
-        fig = prep_figures.metric_figure(data, metric, colours, dashes=dashes, legend=False)
-        spec = json.loads(plotly.io.to_json(fig, validate=False))
-        specs.append({"data": spec["data"], "layout": spec["layout"],
-                      "config": {**prep_figures.chart_config(metric), "responsive": True}})
+        specs.append(_figure_spec(prep_figures.metric_figure(data, metric, colours, dashes=dashes, legend=False), metric))
     cells = "".join(f'<div class="chart" id="chart-{i}"></div>' for i in range(len(specs)))
     return (run_list_html(runs, styles) + f'<div class="charts">{cells}</div><script type="application/json" id="chart-specs">'
-            f"{_script_json(specs)}</script>"), data.drawn_metrics(), data.notes
+            f"{_script_json(specs)}</script>"), data.drawn_metrics(), prep_overlap.chart_notes([data])
+
+
+def _figure_spec(fig, name: str) -> dict:
+    """A figure as plotly.js draws it in the report: on the dashboard's white (Streamlit's theme draws
+    its charts on white with light grid lines; plotly's default template is grey)."""
+    import plotly.io
+
+    fig.update_layout(template=REPORT_TEMPLATE)
+    spec = json.loads(plotly.io.to_json(fig, validate=False))
+    return {"data": spec["data"], "layout": spec["layout"], "config": {**prep_figures.chart_config(name), "responsive": True}}
+
+
+def _run_figure_html(fig, name: str) -> str:
+    """A run section's figure: its spec in a JSON script right after its cell; _DRAW_RUN_FIGURES draws it there."""
+    return (f'<div class="run-figure"></div><script type="application/json" class="run-figure-spec">'
+            f"{_script_json(_figure_spec(fig, name))}</script>")
 
 
 def run_list_html(runs: list[prep_runs.RunInfo], styles: dict[str, prep_runs.RunStyle]) -> str:
@@ -235,20 +254,18 @@ def _findings_html(s: dict) -> str:
     out = []
     goodput = s.get("goodput")
     if isinstance(goodput, dict):
-        out.append(f"<p><b>Goodput</b>: {_esc(units.percent(goodput.get('fraction')))} of the job's wall clock "
-                   f"({_esc(units.duration(goodput.get('total_s')))})</p>")
-        buckets = goodput.get("buckets")
-        if isinstance(buckets, dict) and buckets:
-            out.append(_table(["where the wall clock went", "time"], [
-                [str(k).replace("_", " "), units.duration(v) if isinstance(v, (int, float)) else json.dumps(v)]
-                for k, v in buckets.items()]))
+        out.append(f"<p><b>Goodput</b>: {_esc(text.percent(goodput.get('fraction')))} of the job's wall clock "
+                   f"({_esc(text.duration(goodput.get('total_s')))})</p>")
+        fall = prep_findings.goodput_waterfall(s)  # as the run page draws it: largest bucket first, none of 0 s
+        if fall is not None:
+            out.append(_run_figure_html(findings_figures.waterfall_figure(fall), "goodput_waterfall"))
     hang = hang_of(s)
     if hang is not None:  # first: what a person paged for a hung job reads first
         out.append(f'<div class="hang"><h4>Hung: {_esc(hang.get("message"))}</h4><ul>'
                    + "".join(f"<li>{_esc(line)}</li>" for line in hang_lines(hang)) + "</ul></div>")
     cards = prep_findings.finding_cards(s)
     if cards:
-        rows = [[c.severity, c.kind, c.facts or units.MISSING, c.message] for c in cards]
+        rows = [[c.severity, c.kind, c.facts or text.MISSING, c.message] for c in cards]
         out.append(f"<h4>Findings ({len(rows)})</h4>" + _table(["severity", "finding", "where", "message"], rows,
                                                                cls="findings"))
     return "".join(out)
@@ -257,19 +274,13 @@ def _findings_html(s: dict) -> str:
 def _diagnosis_html(s: dict) -> str:
     """The what-if sentence and the MFU waterfall, prepared as the run page prepares them (browse/diagnosis.py).
     The figure's spec sits in a JSON script right after its cell; _DRAW_RUN_FIGURES draws it there."""
-    import plotly.io
-
     out = []
     what_if = prep_diagnosis.what_if_text(s)
     if what_if:
         out.append(f'<p class="what-if">{_esc(what_if)}</p>')
     fall = prep_diagnosis.mfu_waterfall(s)
     if fall is not None:
-        spec = json.loads(plotly.io.to_json(findings_figures.mfu_waterfall_figure(fall), validate=False))
-        spec = {"data": spec["data"], "layout": spec["layout"],
-                "config": {**prep_figures.chart_config("mfu_waterfall"), "responsive": True}}
-        out.append(f'<div class="run-figure"></div><script type="application/json" class="run-figure-spec">'
-                   f"{_script_json(spec)}</script>")
+        out.append(_run_figure_html(findings_figures.mfu_waterfall_figure(fall), "mfu_waterfall"))
     return "".join(out)
 
 
@@ -278,7 +289,7 @@ def _restarts_html(s: dict) -> str:
     if not restarts:
         return "<p>No restarts.</p>"
     keys = ["attempt", "resumed_at_step", "previous_last_step", "superseded_steps"]
-    rows = [[units.MISSING if r.get(k) is None else r.get(k) for k in keys] for r in restarts]
+    rows = [[text.MISSING if r.get(k) is None else r.get(k) for k in keys] for r in restarts]
     return f"<h4>Restarts ({len(rows)})</h4>" + _table(["attempt", "resumed at step", "previous last step",
                                                         "steps recomputed"], rows)
 
@@ -301,10 +312,10 @@ def run_section_html(r: prep_runs.RunInfo) -> str:
     s = r.summary or {}
     warnings = s.get("warnings") or []
     warn = "".join(f"<li>{_esc(w)}</li>" for w in warnings)
-    train_s, clock_s = units.wall_times(s)
+    train_s, clock_s = text.wall_times(s)
     return (f'<section class="run"><h3>{_esc(r.name)}</h3>'
-            f"<p>{_esc(units.device_label(s))} · {units.TRAINING_TIME} {_esc(units.duration(train_s))} · "
-            f"{units.JOB_WALL_CLOCK} {_esc(units.duration(clock_s))} · MFU inputs: {_esc(units.flops_origin(s))}</p>"
+            f"<p>{_esc(text.device_label(s))} · {text.TRAINING_TIME} {_esc(text.duration(train_s))} · "
+            f"{text.JOB_WALL_CLOCK} {_esc(text.duration(clock_s))} · MFU inputs: {_esc(text.flops_origin(s))}</p>"
             + _findings_html(s) + _diagnosis_html(s) + _restarts_html(s) + _nonfinite_html(r)
             + (f"<h4>Ingest warnings ({len(warnings)})</h4><ul>{warn}</ul>" if warnings else "")
             + "</section>")
@@ -336,7 +347,7 @@ def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = Non
     notes += chart_notes
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = (
-        f"<h1>{_esc(options.title)}</h1><p>{units.counted(len(chosen), 'run')}, generated {when}. Charts: up to "
+        f"<h1>{_esc(options.title)}</h1><p>{text.counted(len(chosen), 'run')}, generated {when}. Charts: up to "
         f"{options.max_points:,} points per line (MinMaxLTTB keeps every local extreme); drag to zoom, "
         "double-click to reset; the camera button saves a chart as PNG; a run's button above the charts hides or "
         "shows it on every chart. Key: ◆ restart · × NaN · ▲/▼ ±inf · "

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import polars as pl
 
-from kforge_dash.browse import units
+from kforge_dash import text
 from kforge_dash.contract import INGESTED_DIR, STEPS_FILE, SUMMARY_FILE, read_summary_file
 from kforge_record.regular_file import NotRegularFile, check_regular_file
 from kforge_record.schema import RANK_PREFIX
 
 ROOT_ENV = "KFORGE_DASH_ROOT"  # how kforge-dash hands the runs root to the Streamlit script
+ONLY_RUN_ENV = "KFORGE_DASH_RUN"  # `kforge-dash RUN_DIR`: the root is its parent, only this run listed
 
 INGESTED = "ingested"
 STALE = "stale"  # shards newer than the last ingest
@@ -41,6 +42,17 @@ def default_runs_root() -> Path:
 
 def runs_root_from_env() -> Path:
     return Path(os.environ.get(ROOT_ENV) or default_runs_root()).resolve()
+
+
+def only_run_from_env() -> str | None:
+    """The one run `kforge-dash RUN_DIR` shows, or None (every run under the root)."""
+    return os.environ.get(ONLY_RUN_ENV) or None
+
+
+def is_run_folder(path: str | os.PathLike) -> bool:
+    """A run directory itself (ingested, or with rank shards), not a root holding runs."""
+    p = Path(path)
+    return p.is_dir() and ((p / INGESTED_DIR / SUMMARY_FILE).is_file() or _has_shards(p))
 
 
 def run_dir(root: str | os.PathLike, name: str) -> Path:
@@ -140,14 +152,14 @@ def _has_shards(path: Path) -> bool:
         return any(e.name.startswith(RANK_PREFIX) and e.is_dir() for e in entries)
 
 
-def list_runs(root: str | os.PathLike) -> list[RunInfo]:
-    """Every run directory directly under `root` (sorted by name) with its ingest status."""
+def list_runs(root: str | os.PathLike, *, only: str | None = None) -> list[RunInfo]:
+    """Every run directory directly under `root` (sorted by name) with its ingest status; `only`: that run alone."""
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"{root}: runs root is not a directory")
     runs = []
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.name.startswith(".") or not entry.is_dir():
+        if entry.name.startswith(".") or not entry.is_dir() or (only is not None and entry.name != only):
             continue
         try:
             path = run_dir(root, entry.name)
@@ -178,8 +190,8 @@ def no_runs_message(root: str | os.PathLike, runs: list[RunInfo]) -> str:
     """What a page says when the root has nothing to show (plain text; the page escapes it): with no
     run at all, how to record one and ingest it; with runs waiting, that they need an ingest."""
     if runs:
-        waits = "waits" if len(runs) == 1 else "wait"
-        return (f"No ingested runs under {root} yet: {units.counted(len(runs), 'run')} recorded there {waits} for an ingest. "
+        return (f"No ingested runs under {root} yet: {text.counted(len(runs), 'run')} recorded there "
+                f"{text.agrees(len(runs), 'waits', 'wait')} for an ingest. "
                 f"Press the Ingest button above, or run: kforge-ingest {root}")
     return (f"No runs under {root} yet. Record one from your training loop: "
             f"rec = kforge_record.Recorder('{root}/my-run'); each step rec.start_step() ... "
@@ -310,11 +322,13 @@ TABLE_ORDER = ("run", "status", "findings", "warnings", "goodput", "restarts", "
 
 # Columns that, holding one value on every row, are said once above the table instead (runs_table_note).
 SAID_ONCE = ("status", "device", "tags")
+SAID_ONCE_MISSING = ("peak_mem_gib",)  # ... when null on every row (CPU runs: it pushed tags off at 1280 px)
 
 
 def _same_everywhere(table: pl.DataFrame) -> dict[str, str | None]:
     """Of SAID_ONCE, the columns with one value (null included) on every row, with that value."""
-    return {c: table[c][0] for c in SAID_ONCE if len(table) and table[c].n_unique() == 1}
+    same = {c: table[c][0] for c in SAID_ONCE if len(table) and table[c].n_unique() == 1}
+    return same | {c: None for c in SAID_ONCE_MISSING if len(table) and table[c].null_count() == len(table)}
 
 
 def table_columns(table: pl.DataFrame) -> list[str]:
@@ -328,7 +342,8 @@ def runs_table_note(table: pl.DataFrame) -> str | None:
     """What every run shares of the columns table_columns leaves out, as plain text ("Every run:
     ingested · device CPU · no tags"); None when there is none."""
     same = _same_everywhere(table)
-    parts = [("no " + c if v is None else f"{c} {v}") if c != "status" else str(v) for c, v in same.items()]
+    parts = [str(v) if c == "status" else "no " + {"peak_mem_gib": "peak mem"}.get(c, c) if v is None else f"{c} {v}"
+             for c, v in same.items()]
     return ("Every run: " + " · ".join(parts)) if parts else None
 
 
@@ -358,20 +373,33 @@ def run_config(summary: dict) -> dict[str, object]:
     return cfg
 
 
+def launch_changes(runs: list[RunInfo]) -> dict[str, dict[str, list]]:
+    """{run: {config key: [its JSON value per launch]}} of summary.json hparams_changed (a resume's changes)."""
+    out = {}
+    for r in runs:
+        changed = (r.summary or {}).get("hparams_changed")
+        if isinstance(changed, dict) and changed:
+            out[r.name] = {f"hparams.{k}": [json.dumps(v, sort_keys=True) for v in vals]
+                           for k, vals in changed.items() if isinstance(vals, list)}
+    return out
+
+
 def config_diff(runs: list[RunInfo]) -> pl.DataFrame:
-    """Keys whose value differs between the runs: a `key` column, then one column per run.
+    """Keys whose value differs between the runs, or between the launches of one (a resume that changed
+    it, launch_changes): a `key` column, then one column per run.
 
     Values are shown as JSON text (so 3e-4 and "3e-4" stay distinguishable); a key a run lacks
     is null in that run's column.
     """
     cfgs = {r.name: run_config(r.summary or {}) for r in runs}
     keys = sorted({k for c in cfgs.values() for k in c})
+    resumed = {k for ch in launch_changes(runs).values() for k in ch}
     missing = object()  # distinguishes an absent key from a present null
     rows = []
     for k in keys:
         vals = [c.get(k, missing) for c in cfgs.values()]
         texts = [json.dumps(v, sort_keys=True) for v in vals if v is not missing]
-        if len(texts) == len(vals) and len(set(texts)) <= 1:
+        if len(texts) == len(vals) and len(set(texts)) <= 1 and k not in resumed:
             continue  # same everywhere
         rows.append({"key": k, **{n: (None if v is missing else json.dumps(v, sort_keys=True))
                                   for n, v in zip(cfgs, vals)}})

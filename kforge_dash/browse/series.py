@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 from tsdownsample import MinMaxLTTBDownsampler
 
+from kforge_dash import text
 from kforge_dash.browse.findings import spike_spans
 from kforge_dash.browse.smoothing import MIN_SMOOTH_POINTS, series_weight, smooth_columns  # noqa: F401 (re-exported)
 from kforge_dash.contract import EMA_COLUMNS
@@ -133,6 +134,7 @@ class Series:
     y: np.ndarray
     step: np.ndarray
     n_total: int  # points before downsampling (finite ones)
+    raw: np.ndarray | None = None  # a smoothed line's raw value at each of its points (one hover row shows both)
 
 
 @dataclass
@@ -257,7 +259,7 @@ def _nonfinite_markers(run: str, metric: str, x, y, step, finite) -> list[Marker
             if count > MAX_MARKERS:  # a diverged run: evenly spaced markers, the count stays exact
                 pick = np.linspace(0, count - 1, MAX_MARKERS).round().astype(np.int64)
                 idx, h = idx[pick], h[pick]
-            more = f" ({count} such steps)" if count > 1 else ""
+            more = f" ({text.counted(count, 'such step')})" if count > 1 else ""
             out.append(Marker(run, metric, kind, x[idx], h, step[idx],
                               [f"{metric} = {kind} at step {s}{more}" for s in step[idx]], count))
     return out
@@ -272,12 +274,14 @@ def _restart_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker
         return None
     pos = np.clip(np.searchsorted(step, at), 0, len(step) - 1)
     height = _finite_neighbour(y, np.isfinite(y), pos)
-    text = [
+    hover = [
         f"restart: attempt {r.get('attempt')} resumed at step {r.get('resumed_at_step')}"
-        f" (previous attempt reached {r.get('previous_last_step')}, {r.get('superseded_steps')} steps superseded)"
+        f" (previous attempt reached {r.get('previous_last_step')}"
+        + (f", {text.counted(r['superseded_steps'], 'step')} superseded)" if isinstance(r.get("superseded_steps"), int) else ")")
         for r in restarts if r.get("resumed_at_step") is not None
     ]
-    return Marker(run, metric, "restart", x[pos], height, step[pos], text)
+    return Marker(run, metric, "restart", x[pos], height, step[pos], hover)
+
 
 
 def _spike_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker | None:
@@ -304,7 +308,7 @@ def _break_at_restarts(s: Series, restarts: np.ndarray) -> Series:
     if len(pos) == 0:
         return s
     return Series(s.run, s.metric, s.kind, np.insert(s.x, pos, s.x[pos]), np.insert(s.y, pos, np.nan),
-                  np.insert(s.step, pos, s.step[pos]), s.n_total)
+                  np.insert(s.step, pos, s.step[pos]), s.n_total, None if s.raw is None else np.insert(s.raw, pos, np.nan))
 
 
 def _restart_steps(summary: dict) -> np.ndarray:
@@ -325,7 +329,8 @@ def _metric_lines(data: CompareData, f: RunFrame, m: str, keep, x_all, step_all,
         values = values if keep is None else values[keep]
         finite = np.isfinite(values)
         idx = downsample_indices(values, max_points, finite=finite)
-        s = Series(f.src.name, m, kind, x[idx], values[idx], step[idx], int(np.count_nonzero(finite)))
+        s = Series(f.src.name, m, kind, x[idx], values[idx], step[idx], int(np.count_nonzero(finite)),
+                   None if raw is None else raw[idx])  # (raw comes first: set for the smoothed line)
         data.series.append(s if restarts is None or len(restarts) == 0 else _break_at_restarts(s, restarts))
         if kind == "raw":
             raw = values

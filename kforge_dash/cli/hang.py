@@ -43,8 +43,8 @@ def _merged(wait_groups: list[dict]) -> list[dict]:
 
 
 def _human(v, n_dumps: int, versions: str) -> list[str]:
-    from kforge_dash.browse.units import counted
     from kforge_dash.ingest.flight_recorder import collective_text, ranks_text
+    from kforge_dash.text import counted
 
     def named(rs) -> str:
         return ranks_text(rs) if rs else "none"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 
@@ -27,51 +26,44 @@ from kforge_dash.ingest.options import DEFAULT_ALPHA, INGEST_SPECS  # noqa: E402
 _F = FindingsOptions()  # the defaults the options show
 
 
-def _num(v, fmt="{:,.0f}"):
-    if v is None:
-        return "-"
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return fmt.format(v)
-
-
 def _how(res) -> str:
     return "  [unchanged]" if res.skipped else "  [new parts appended]" if res.appended else ""
 
 
 def _wall_times_line(s: dict) -> str:
-    """The run page's two wall times, labelled as there (browse/units.py): the kept steps' own times, and
+    """The run page's two wall times, labelled as there (kforge_dash/text.py): the kept steps' own times, and
     the job's wall clock from the first launch to the last record."""
-    from kforge_dash.browse import units
+    from kforge_dash import text
 
-    train_s, clock_s = units.wall_times(s)
-    return (f"  {units.TRAINING_TIME} {units.duration(train_s)}   "
-            f"{units.JOB_WALL_CLOCK} {units.duration(clock_s)} (incl. downtime and startup)")
+    train_s, clock_s = text.wall_times(s)
+    return (f"  {text.TRAINING_TIME} {text.duration(train_s)}   "
+            f"{text.JOB_WALL_CLOCK} {text.duration(clock_s)} (incl. downtime and startup)")
 
 
 def _screen(res) -> list[str]:
-    """The one-screen summary of one ingested run."""
-    from kforge_dash.browse import units
+    """The one-screen summary of one ingested run; every number through kforge_dash/text.py, as on the pages."""
+    from kforge_dash import text
 
     s = res.summary
-    mfu = s.get("mean_mfu")
+    h = text.headline(s)
+    achieved = "" if text.achieved_mfu(s) is None else f"; {text.ACHIEVED_MFU} {h[text.ACHIEVED_MFU]} over the job wall clock"
     lines = [
         f"{s.get('run_name')}  ({res.run_dir}){_how(res)}",
-        f"  steps {_num(s.get('steps'))} ({s.get('first_step')}..{s.get('last_step')})   ranks {len(s.get('ranks') or [])}"
-        f"   world size {s.get('world_size')}   attempts {len(s.get('attempts') or [])}"
-        f"   restarts {len(s.get('restarts') or [])}",
-        f"  tokens {_num(s.get('tokens'))}   tokens/s {_num(s.get('mean_tokens_per_sec'))}",
+        f"  steps {h['steps']} ({text.span(s.get('first_step'), s.get('last_step'))})"
+        f"   ranks {len(s.get('ranks') or [])}   world size {h['ranks']}"
+        f"   attempts {len(s.get('attempts') or [])}   restarts {len(s.get('restarts') or [])}",
+        f"  tokens {h['tokens']}   tokens/s {h['tokens/s']}",
         _wall_times_line(s),
-        f"  mean MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'}   final loss {_num(s.get('final_loss'), '{:.4g}')}"
-        f"   best loss {_num(s.get('best_loss'), '{:.4g}')}",
+        f"  {text.MEAN_MFU} {h[text.MEAN_MFU]} (over the training time{achieved})",
+        f"  {text.FINAL_LOSS} {h[text.FINAL_LOSS]} (mean over ranks)   {text.BEST_LOSS} {h[text.BEST_LOSS]}",
     ]
-    lines.append(f"  MFU inputs: {units.flops_origin(s)}")
+    lines.append(f"  MFU inputs: {text.flops_origin(s)}")
     if res.options is not None:
         lines.append(_options_line(res.options))
     lines += _findings_lines(s)
     nonfinite = {k: v for k, v in (s.get("nonfinite") or {}).items() if v}
     if nonfinite:
-        lines.append("  non-finite: " + ", ".join(f"{k} {v}" for k, v in nonfinite.items()))
+        lines.append("  non-finite: " + ", ".join(f"{k} {text.count(v)}" for k, v in nonfinite.items()))
     for name, e in (s.get("exports") or {}).items():
         if isinstance(e, dict):
             done = "ok " + str(e.get("path") or "") if e.get("ok") else "FAILED: " + str(e.get("error"))
@@ -102,13 +94,16 @@ def _options_line(decided) -> str:
 
 def _findings_lines(s: dict) -> list[str]:
     """Goodput fraction and buckets, then the findings, most severe first."""
+    from kforge_dash import text
+
     lines = []
     g = s.get("goodput")
     if isinstance(g, dict) and g.get("fraction") is not None:
-        big = sorted(((v, k) for k, v in (g.get("buckets") or {}).items() if v), reverse=True)[:4]
-        lost = ", ".join(f"{k} {v:,.1f} s" for v, k in big)
-        lines.append(f"  goodput {100 * g['fraction']:.1f}% ({g['productive_s']:,.1f} of {g['total_s']:,.1f} s productive"
-                     f"{'; lost: ' + lost if lost else ''}; {g.get('wasted_steps', 0)} steps recomputed)")
+        big = sorted(((v, k) for k, v in (g.get("buckets") or {}).items() if text.known(v) and v), reverse=True)[:4]
+        lost = ", ".join(f"{k.replace('_', ' ')} {text.duration(v)}" for v, k in big)
+        lines.append(f"  goodput {text.percent(g['fraction'])} ({text.duration(g.get('productive_s'))} of "
+                     f"{text.duration(g.get('total_s'))} productive{'; lost: ' + lost if lost else ''}; "
+                     f"{text.counted(g.get('wasted_steps') or 0, 'step')} recomputed)")
     from kforge_dash.browse.diagnosis import what_if_text
 
     what_if = what_if_text(s)  # None when there is nothing to say (no straggler finding, no material saving)

@@ -44,7 +44,7 @@ def main(paths, output, runs, metrics, smoothing, title) -> None:
         reason = e.strerror if e.filename is None and e.strerror else str(e)
         click.echo(f"kforge-report: error: -o {output}: cannot write it: {reason}", err=True)
         sys.exit(2)
-    from kforge_dash.browse.units import counted
+    from kforge_dash.text import counted
 
     for note in report.notes:
         click.echo(f"kforge-report: {note}", err=True)

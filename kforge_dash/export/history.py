@@ -5,7 +5,7 @@ both UIs (and in the dashboard). The mapping from steps.parquet columns (docs/CO
 
     loss, grad_norm, lr, tokens, tokens_per_sec, mfu,
     step_time_s, step_work_s, step_work_min_s,
-    step_work_median_s                                 ->  train/<column>
+    step_work_median_s                                 ->  1_train/<column> (TRAIN_GROUP)
     <metric>_ema                                       ->  smoothed/<metric>_ema
     mem_allocated_bytes / mem_peak_bytes / mem_reserved_bytes
                                                        ->  gpu/mem_allocated_gib ... (GiB, 2**30 bytes:
@@ -34,6 +34,10 @@ import polars as pl
 from kforge_dash.contract import EMA_COLUMNS, RANKS_FILE, STEPS_FILE, SUMMARY_FILE, ingested_dir, read_summary_file
 
 GIB = float(2**30)
+# The training metrics' group. TensorBoard sorts its groups by name, digits before letters, and opens the
+# first two: "1_train" comes first, before "eval", "gpu", "hw", "ranks", "run", "smoothed", "time" and a
+# user's own groups (docs/exports.md: the first screen is the training metrics). W&B shows the same names.
+TRAIN_GROUP = "1_train"
 
 _TRAIN = ("loss", "grad_norm", "lr", "tokens", "tokens_per_sec", "mfu",
           "step_time_s", "step_work_s", "step_work_min_s", "step_work_median_s")
@@ -51,7 +55,7 @@ class ExportInputError(ValueError):
 def tag_for_column(name: str) -> str:
     """The TensorBoard/W&B tag of a steps.parquet column (see the module doc)."""
     if name in _TRAIN:
-        return f"train/{name}"
+        return f"{TRAIN_GROUP}/{name}"
     if name in _EMA:
         return f"smoothed/{name}"
     if name in _MEM:
@@ -114,7 +118,7 @@ def load_history(run_dir: str | os.PathLike, *, max_rank_tags: int = 64) -> Hist
         if key not in schema:
             raise ExportInputError(f"{steps_path}: missing column {key!r} (see docs/CONTRACT.md)")
     exprs, tags = [pl.col("step").cast(pl.Int64), pl.col("time").cast(pl.Float64)], []
-    # kforge's own tags come first; a user scalar already named like one of them ("train/loss",
+    # kforge's own tags come first; a user scalar already named like one of them ("1_train/loss",
     # a common W&B-style name) is exported as user/<name> instead of failing the whole export.
     ours = {tag_for_column(n) for n in schema if tag_for_column(n) != n}
     for name, dtype in schema.items():

@@ -3,7 +3,7 @@
 ``findings/<kind>``: a text summary (TensorBoard's text plugin: its TEXT tab, not a scalar card) in
 the Event of each finding's first step, one line per finding of that kind starting there. Text,
 not scalars, so they stay off TensorBoard's first screen: scalar cards ``findings/*`` would sort
-before ``train/``.
+before ``1_train/``.
 
 What a line says is stable while the finding stands: severity, kind, first step, ranks, hosts,
 phase, metric. Not its message, last step or score: those grow with each ingest of a running job,
@@ -16,23 +16,20 @@ so they show as typed.
 
 from __future__ import annotations
 
+from kforge_dash import text
+from kforge_dash.text import md_text as _md
+
 TEXT_PLUGIN = "text"  # the plugin_name of the summaries' metadata (tensorboard.plugins.text.metadata)
-_MD_SPECIAL = frozenset("\\`*_[]<>#!$~|{}&:@()+-.")
-
-
-def _md(s) -> str:
-    flat = str(s).replace("\r", " ").replace("\n", " ")
-    return "".join("\\" + c if c in _MD_SPECIAL else c for c in flat)
 
 
 def finding_line(f: dict) -> str:
     """One finding as one Markdown line of stable facts (module doc)."""
-    ranks = [str(r) for r in f.get("ranks") or []]
+    ranks = text.rank_list(f.get("ranks"))
     hosts = [str(h) for h in f.get("hosts") or []]
     parts = [f"**{_md(f.get('severity') or 'info')}**", _md(str(f["kind"]).replace("_", " ")),
              f"from step {f['first_step']}"]
     if ranks:
-        parts.append(f"rank{'s' if len(ranks) > 1 else ''} {_md(', '.join(ranks))}")
+        parts.append(_md(ranks))
     if hosts:
         parts.append(f"on {_md(', '.join(hosts))}")
     if f.get("phase") is not None:

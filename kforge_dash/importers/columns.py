@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from kforge_record.schema import FIXED_NAMES, HW_COLUMNS, PHASE_PREFIX, PHASE_SUFFIX
 
 WELL_KNOWN = {
-    "loss": ("loss", "train/loss", "train_loss", "loss/train", "training_loss", "training/loss", "trainer/loss"),
-    "grad_norm": ("grad_norm", "train/grad_norm", "grad-norm", "gradient_norm", "train/gradient_norm",
+    "loss": ("loss", "train/loss", "1_train/loss", "train_loss", "loss/train", "training_loss", "training/loss", "trainer/loss"),
+    "grad_norm": ("grad_norm", "train/grad_norm", "1_train/grad_norm", "grad-norm", "gradient_norm", "train/gradient_norm",
                   "grad_norm/total", "optim/grad_norm"),
-    "lr": ("lr", "learning_rate", "train/lr", "train/learning_rate", "optim/lr", "lr-adamw", "lr-adam", "lr-sgd"),
+    "lr": ("lr", "learning_rate", "train/lr", "1_train/lr", "train/learning_rate", "optim/lr", "lr-adamw", "lr-adam", "lr-sgd"),
 }
 _BY_NAME = {name: column for column, names in WELL_KNOWN.items() for name in names}
 

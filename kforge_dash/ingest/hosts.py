@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from kforge_dash import text
 from kforge_dash.ingest.straggler_costs import costly_ranks
 
 STRAGGLER_KIND = "straggler"
@@ -95,9 +96,9 @@ def host_lines(hosts: list[dict], top: int = 5) -> list[str]:
         return []
     lines = [f"hosts ({len(hosts)} across the runs; most costly first):"]
     for e in hosts[:top]:
-        runs = f"{e['runs']} run" + ("" if e["runs"] == 1 else "s")
+        runs = text.counted(e["runs"], "run")
         cost = ("cost unknown" if e["cost_s"] is None
-                else f"cost {e['cost_s']:,.1f} s (known in {e['cost_runs']} of its {runs})")
+                else f"cost {text.duration(e['cost_s'])} (known in {e['cost_runs']} of its {runs})")
         diverged = f", replicas diverged in {e['divergence_runs']}" if e.get("divergence_runs") else ""
         lines.append(f"  {e['host']}: in {runs}, straggling in {e['straggler_runs']}, "
                      f"throttled in {e['throttle_runs']}{diverged}, {cost}")

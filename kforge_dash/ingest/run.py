@@ -60,6 +60,7 @@ INGEST_VERSION = "8"  # 8: steps.parquet step_time_s the period between step end
 # times as step_work_s/_min_s/_median_s; goodput's between_steps bucket; findings cost_s, grad_norm_spike,
 # immaterial findings info, what-if over found stragglers;
 # hang, desync and replica_divergence findings, hang evidence in the fingerprint;
+# summary.json hparams_changed (the hparams a resume changed, per launch);
 # summary.json findings_options and phases (what ingest decided); 7: a missing_ranks finding;
 # 6: steps.parquet hw/throttle_reasons an int64 OR over ranks (was a float mean)
 

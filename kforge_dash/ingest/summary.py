@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 from dataclasses import dataclass
 
@@ -56,6 +57,7 @@ def build_summary(inp: SummaryInput) -> dict:
         **_flops_entries(inp.flops[cur.index]),
         "alpha": inp.alpha,
         "hparams": meta.get("hparams"),
+        "hparams_changed": _hparams_changed(live),
         "tags": meta.get("tags"),
         "nonfinite": _nonfinite_counts(inp.steps),
         "dropped_rows": dropped_rows,
@@ -63,6 +65,19 @@ def build_summary(inp: SummaryInput) -> dict:
         "exports": None,
         "fingerprint": inp.input_digest,
     }
+
+
+def _hparams_changed(live: list) -> dict[str, list]:
+    """{hparam: its value in each launch, in launch order} for the hparams a resume changed (absent: null);
+    {} when every launch had the same. summary.json's `hparams` is the last launch's."""
+    hps = [lead_meta(launch).get("hparams") or {} for launch in live]
+    hps = [h if isinstance(h, dict) else {} for h in hps]
+    out = {}
+    for k in sorted({k for h in hps for k in h}):
+        vals = [h.get(k) for h in hps]
+        if len({json.dumps(v, sort_keys=True, default=str) for v in vals}) > 1:
+            out[k] = vals
+    return out
 
 
 def _warn_mixed_launches(live: list, flops: dict, warnings: list[str]) -> None:

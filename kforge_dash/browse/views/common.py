@@ -1,7 +1,7 @@
 """Streamlit glue shared by the pages: the runs root, cached prep calls, the ingest panel, live refresh.
 
 Caching uses st.cache_resource (objects kept in memory as they are), never st.cache_data,
-which pickles and unpickles its values. Every name from disk goes through units.md_text before
+which pickles and unpickles its values. Every name from disk goes through text.md_text before
 it reaches Markdown (alerts and captions render Markdown).
 """
 
@@ -13,14 +13,14 @@ import time
 import plotly.graph_objects as go
 import streamlit as st
 
+from kforge_dash import text
 from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import groups as prep_groups
 from kforge_dash.browse import live as prep_live
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
-from kforge_dash.browse import units
 from kforge_dash.browse.runs import NOT_INGESTED, STALE, RunInfo, RunPathError
-from kforge_dash.browse.units import md_text
+from kforge_dash.text import md_text
 
 # A run whose recorder ended a step this recently (its heartbeat.bin; browse/live.is_live) is being
 # written: its pages go live.
@@ -100,14 +100,16 @@ def legend_css(styles: list[prep_runs.RunStyle], *, pills_key: str, tags_key: st
 
 
 def tag_rules(styles: list[prep_runs.RunStyle], tags_key: str) -> list[str]:
-    """CSS rules that colour the i-th tag of the multiselect keyed `tags_key` with styles[i]'s colour."""
-    return [f".st-key-{tags_key} [data-tag-index='{i}'] {{ background-color: {st_.colour} !important; "
-            f"color: {_ink(st_.colour)} !important; }}" for i, st_ in enumerate(styles)]
+    """CSS rules that colour the i-th tag of the multiselect keyed `tags_key` with styles[i]'s colour; the
+    multiselect grows with its tags (Streamlit caps it at ~4 rows and scrolls: the fifth run was cut in half)."""
+    return [f".st-key-{tags_key} div {{ max-height: none !important; }}"] + [
+        f".st-key-{tags_key} [data-tag-index='{i}'] {{ background-color: {st_.colour} !important; "
+        f"color: {_ink(st_.colour)} !important; }}" for i, st_ in enumerate(styles)]
 
 
 def runs_root():
-    root = prep_runs.runs_root_from_env()
-    st.sidebar.caption(f"Runs root: {md_text(root)}")
+    root, only = prep_runs.runs_root_from_env(), prep_runs.only_run_from_env()
+    st.sidebar.caption(f"Run: {md_text(root / only)}" if only else f"Runs root: {md_text(root)}")
     if not root.is_dir():
         st.error(f"Runs root {md_text(root)} is not a directory. Start the app with kforge\\-dash RUNS\\_ROOT.")
         st.stop()
@@ -115,12 +117,12 @@ def runs_root():
 
 
 @st.cache_resource(ttl=10, show_spinner=False)
-def _list_runs(root: str) -> list[RunInfo]:
-    return prep_runs.list_runs(root)
+def _list_runs(root: str, only: str | None) -> list[RunInfo]:
+    return prep_runs.list_runs(root, only=only)
 
 
 def load_runs(root) -> list[RunInfo]:
-    return _list_runs(str(root))
+    return _list_runs(str(root), prep_runs.only_run_from_env())
 
 
 def clear_listing() -> None:
@@ -224,7 +226,7 @@ def ingest_panel(root, runs: list[RunInfo], *, followed: set[str] = frozenset())
     listing = ", ".join(f"{md_text(r.name)} ({r.status})" for r in todo)
     with st.container(border=True):
         st.warning(f"Not shown or out of date until ingested: {listing}")
-        st.button(f"Ingest {units.counted(len(todo), 'run')}", key="ingest", on_click=_ingest,
+        st.button(f"Ingest {text.counted(len(todo), 'run')}", key="ingest", on_click=_ingest,
                   args=(root, [r.name for r in todo]))
 
 

@@ -10,6 +10,7 @@ import time
 
 import streamlit as st
 
+from kforge_dash import text
 from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import downloads as prep_downloads
 from kforge_dash.browse import figures as prep_figures
@@ -18,10 +19,9 @@ from kforge_dash.browse import overlap as prep_overlap
 from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
-from kforge_dash.browse import units
 from kforge_dash.browse import zoom as prep_zoom
-from kforge_dash.browse.units import md_text
 from kforge_dash.browse.views import common
+from kforge_dash.text import md_text
 
 LANDING_RUNS = 8  # the landing page opens with the most recent runs selected, up to this many
 STEP_KEYS = {"step_from": "From step", "step_to": "To step"}
@@ -62,8 +62,8 @@ with st.sidebar:
     selected = st.multiselect("Runs", options, default=recent, key="runs", bind="query-params",
                               placeholder="Pick runs to compare")
 if not selected:
-    matches = "matches" if len(matching) == 1 else "match"
-    st.info(f"{units.counted(len(matching), 'run')} {matches}. Pick runs to compare in the sidebar.")
+    st.info(f"{text.counted(len(matching), 'run')} {text.agrees(len(matching), 'matches', 'match')}. "
+            "Pick runs to compare in the sidebar.")
     st.stop()
 
 sources = common.sources(ingested, selected)
@@ -167,7 +167,7 @@ if st.session_state.get("_legend_entries") != entries or "legend" not in st.sess
     st.session_state["legend"] = [e for e in entries if e not in hidden]
     st.session_state["_legend_entries"] = entries
 shown = st.pills("Legend", entries, selection_mode="multi", key="legend", label_visibility="collapsed",
-                 format_func=lambda e: md_text(f"{e} ({units.counted(len(members[e]), 'run')})" if grouped else e))
+                 format_func=lambda e: md_text(f"{e} ({text.counted(len(members[e]), 'run')})" if grouped else e))
 for key, (note, value) in url_notes.items():
     if st.session_state.get(key) == value:  # until the input is changed
         st.caption(md_text(note))
@@ -182,7 +182,7 @@ def charts() -> None:
     if live:
         caught = common.catch_up(root, [ingested[n] for n in selected])
         now = time.strftime("%H:%M:%S")
-        appended = f" · appended {units.counted(len(caught), 'run')}" if caught else ""
+        appended = f" · appended {text.counted(len(caught), 'run')}" if caught else ""
         following = f": {md_text(', '.join(sorted(followed)))}" if followed else ""
         head.badge(f"● live{following} · checked {now}{appended}", color="red")
     if not shown_sources:
@@ -241,7 +241,7 @@ def _notes(parts) -> None:
         groups = {b.group for p in parts for b in p.bands}
         st.caption(f"{len(groups)} group(s): mean line, {md_text(band)} band over the group's runs at each step.")
         return
-    notes = [n for p in parts for n in p.notes + prep_overlap.identical_notes(p)]
+    notes = prep_overlap.chart_notes(parts)
     if notes:
         st.caption(" · ".join(md_text(n) for n in notes))
     st.caption(f"Drawing {sum(p.points() for p in parts):,} of {sum(p.points_total() for p in parts):,} points "

@@ -4,7 +4,7 @@ the text and the per-rank strip come from browse/hang.py. Names from disk are sh
 import streamlit as st
 
 from kforge_dash.browse.hang import hang_lines, hang_of, rank_strip
-from kforge_dash.browse.units import md_text
+from kforge_dash.text import md_text
 
 
 def render(summary: dict) -> None:

@@ -4,9 +4,9 @@ import streamlit as st
 
 from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import hosts as prep_hosts
-from kforge_dash.browse import units
-from kforge_dash.browse.units import md_text
+from kforge_dash.browse import tables
 from kforge_dash.browse.views import common
+from kforge_dash.text import md_text
 
 MAX_FINDINGS = 100  # of one host, across the runs; every finding is in each run's page and summary.json
 
@@ -30,7 +30,7 @@ st.caption("One row per host across the ingested runs, most costly first (click 
            "its stragglers) where a straggler finding names them or the cost is material, summed over the runs that "
            "know it.")
 cfg = st.column_config
-shown = units.frame_missing_as_dash(table, lambda v: f"{v:,.1f}")  # a gap: text, formatted there
+shown = tables.frame_missing_as_dash(table, lambda v: f"{v:,.1f}")  # a gap: text, formatted there
 cost = cfg.NumberColumn("cost (s)", format=prep_hosts.COST_FORMAT) if shown["cost_s"].dtype.is_numeric() \
     else cfg.TextColumn("cost (s)")
 st.dataframe(

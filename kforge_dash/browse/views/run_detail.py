@@ -2,22 +2,23 @@
 
 import streamlit as st
 
+from kforge_dash import text
 from kforge_dash.browse import detail as prep_detail
 from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
-from kforge_dash.browse import findings_figures, units
+from kforge_dash.browse import findings_figures, tables
 from kforge_dash.browse import ranks as prep_ranks
-from kforge_dash.browse.units import md_text
 from kforge_dash.browse.views import common, hang_card
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
+from kforge_dash.text import md_text
 
 MAX_OPEN_FINDINGS = 6  # shown at once; the rest in an expander
 MAX_FINDINGS = 100  # a diverged run can have hundreds: the page shows this many (most severe first)
 TIMELINE_LABELS = {"attempt": "attempt", "first_step": "first step", "last_step": "last step recorded",
                    "reached_step": "last step reached", "start_time": "started",
                    "world_size": "ranks", "resumed_at_step": "resumed at step", "previous_last_step": "previous last step",
-                   "superseded_steps": "steps run again", "attempt_ids": "attempt ids"}
+                   "superseded_steps": "steps run again"}  # the attempt ids: a caption below
 
 
 def _go_to_run():
@@ -66,21 +67,22 @@ run = runs[name]
 s = run.summary
 hang_card.render(s)  # a hung job: what the person paged reads first
 
-train_s, clock_s = units.wall_times(s)
+train_s, clock_s = text.wall_times(s)
 goodput = s.get("goodput") if isinstance(s.get("goodput"), dict) else {}
 c = st.columns(4)
-c[0].metric("steps", units.number(s.get("steps"), "{:,}"))
-c[1].metric("ranks", units.number(s.get("world_size"), "{:,}"))
-c[2].metric("mean MFU", units.percent(s.get("mean_mfu")), help=units.MFU_HELP)
-c[3].metric("final loss", units.number(s.get("final_loss"), "{:.5g}"), help=f"final loss {s.get('final_loss')!r}")
+c[0].metric("steps", text.count(s.get("steps")))
+c[1].metric("ranks", text.count(s.get("world_size")))
+head = text.headline(s)  # the same text as the CLI screen and kforge-report
+c[2].metric(text.MEAN_MFU, head[text.MEAN_MFU], help=text.MFU_HELP)
+c[3].metric(f"{text.FINAL_LOSS} (mean of ranks)", head[text.FINAL_LOSS], help=f"{text.LOSS_HELP}; here {s.get('final_loss')!r}")
 c = st.columns(4)
-c[0].metric(units.TRAINING_TIME, units.duration(train_s), help=units.WALL_TIMES_HELP)
-c[1].metric(units.JOB_WALL_CLOCK, units.duration(clock_s), help=units.WALL_TIMES_HELP)
-c[2].metric("goodput", units.percent(goodput.get("fraction")))
+c[0].metric(text.TRAINING_TIME, text.duration(train_s), help=text.WALL_TIMES_HELP)
+c[1].metric(text.JOB_WALL_CLOCK, text.duration(clock_s), help=text.WALL_TIMES_HELP)
+c[2].metric("goodput", head["goodput"])
 c[3].metric("restarts", len(s.get("restarts") or []))
 # Where MFU's two inputs came from: a wrong one makes every MFU figure quietly wrong.
 # Hardware here, not as a metric: "NVIDIA H100 80GB HBM3 ×8" does not fit a metric's quarter of the page.
-st.caption(f"Hardware: {md_text(units.device_label(s))} · MFU inputs: {md_text(units.flops_origin(s))}")
+st.caption(f"Hardware: {md_text(text.device_label(s))} · MFU inputs: {md_text(text.flops_origin(s))}")
 
 st.subheader("Findings")
 cards = prep_findings.finding_cards(s)
@@ -93,14 +95,13 @@ for i, card in enumerate(cards[:MAX_FINDINGS]):
     box = st.container(border=True) if i < MAX_OPEN_FINDINGS else None
     if box is None:
         if i == MAX_OPEN_FINDINGS:
-            more = st.expander(f"{units.counted(len(cards) - MAX_OPEN_FINDINGS, 'more finding', 'more findings')}")
+            more = st.expander(f"{text.counted(len(cards) - MAX_OPEN_FINDINGS, 'more finding', 'more findings')}")
         box = more.container(border=True)
-    text, button = box.columns([5, 1], vertical_alignment="center")
     badge = prep_findings.SEVERITY_BADGE.get(card.severity) or md_text(card.severity)
-    text.markdown(f"{badge} **{md_text(card.kind)}** · {md_text(card.facts)}")
-    text.markdown(md_text(card.message))  # in full, wrapped: never cut at a table's width
-    if card.focus is not None:
-        button.button(f"Open {card.steps}", key=f"open_{i}", on_click=_open_focus, args=(card.focus,),
+    box.markdown(f"{badge} **{md_text(card.kind)}** · {md_text(card.facts)}")
+    box.markdown(md_text(card.message))  # in full, wrapped: never cut at a table's width
+    if card.focus is not None:  # under the message, its own width: a sixth of the card cut "Open steps 10…"
+        box.button(f"Open {card.steps}", key=f"open_{i}", on_click=_open_focus, args=(card.focus,),
                       help="Loss, grad norm and step time around these steps, below")
 if len(cards) > MAX_FINDINGS:
     more.caption(f"{len(cards) - MAX_FINDINGS:,} more, the least severe: every finding is in "
@@ -171,7 +172,7 @@ if d.memory is None:
     right.info("No memory samples (CPU run, memory sampling off, or no ranks.parquet).")
 else:
     ranks, values, label = d.memory
-    right.plotly_chart(prep_figures.bar_figure(ranks, [v / units.GIB for v in values], x_title="rank", y_title="GiB",
+    right.plotly_chart(prep_figures.bar_figure(ranks, [v / text.GIB for v in values], x_title="rank", y_title="GiB",
                                                title=f"max {label} per rank"), key="memory")
 
 st.subheader("Phase breakdown")
@@ -192,9 +193,12 @@ else:
 st.subheader("Restarts")
 st.plotly_chart(prep_figures.timeline_figure(d.timeline), key="timeline")
 # A column with a gap is text there ("—" for none): its numbers still right-aligned, as in the columns without.
-st.dataframe(units.frame_missing_as_dash(d.timeline, str), hide_index=True, key="restarts", column_config={
+shown_timeline = d.timeline.drop("attempt_ids")  # the ids below, as wrapped text: a table cell cut them at every width
+st.dataframe(tables.frame_missing_as_dash(shown_timeline, str), hide_index=True, key="restarts", column_config={
     c: st.column_config.Column(label, alignment="right" if d.timeline[c].dtype.is_numeric() else None)
     for c, label in TIMELINE_LABELS.items()})
+st.caption("Attempt ids (the launches' folders): " + " · ".join(
+    f"attempt {a}: {md_text(ids)}" for a, ids in zip(d.timeline["attempt"], d.timeline["attempt_ids"]) if ids))
 
 st.subheader("Non-finite steps")
 if d.nonfinite.is_empty():

@@ -44,7 +44,7 @@ class Window:
     def of_matrices(cls, mats: dict[tuple[str, bool], np.ndarray], s0: int, S: int, ranks: np.ndarray,
                     buf: Buffers, *, attempt: int, alias: dict[str, str] | None = None,
                     by_rank: dict[str, np.ndarray] | None = None) -> Window:
-        """A window already filled (units.py): no nulls in its own-work, wait and step-time
+        """A window already filled (grid_units.py): no nulls in its own-work, wait and step-time
         matrices, side matrices NaN where null, one ``attempt``."""
         win = cls(None, s0, S, ranks, buf, alias=alias, attempt=attempt)
         win._cols = dict(mats)

@@ -4,7 +4,7 @@
 so a straggler is compared with a rank that did not straggle, however few ranks there are.
 
 When the run is one full grid of ranks x steps (the usual case), ranks.parquet is read row group
-by row group, each decoded once, and cut into windows of whole straggler blocks (units.py).
+by row group, each decoded once, and cut into windows of whole straggler blocks (grid_units.py).
 Otherwise it is read in step windows (the Parquet reader skips the row groups outside a window),
 two at a time of about ``WINDOW_ROWS / 2`` rows each (one alone on one core), so memory stays
 bounded however many ranks and steps a run has. Both ways give the same bits.
@@ -20,9 +20,9 @@ import numpy as np
 import polars as pl
 
 from kforge_dash.ingest.buffers import Buffers
+from kforge_dash.ingest.findings.grid_units import per_step_units
 from kforge_dash.ingest.findings.matrix import Window
 from kforge_dash.ingest.findings.model import RunFacts
-from kforge_dash.ingest.findings.units import per_step_units
 from kforge_dash.ingest.footers import usable_cpus
 
 WINDOW_ROWS = 2_000_000
@@ -132,7 +132,7 @@ def _window(facts: RunFacts, span: tuple[int, int], st: pl.DataFrame, W: int, bu
 
 
 def _by_units(facts: RunFacts, st: pl.DataFrame, W: int):
-    """units.py's way (each row group read once), or None when the run is not one full grid."""
+    """grid_units.py's way (each row group read once), or None when the run is not one full grid."""
     cols = units_columns(facts.phases)
     return per_step_units(facts.ranks_path, facts.phases, cols.select, st, W, WINDOW_ROWS // 2, cols.alias, cols.need,
                           cols.side, min(2, usable_cpus()))
@@ -140,7 +140,7 @@ def _by_units(facts: RunFacts, st: pl.DataFrame, W: int):
 
 @dataclass(frozen=True)
 class UnitsColumns:
-    """What units.py keeps of ranks.parquet for the phases ``ph``."""
+    """What grid_units.py keeps of ranks.parquet for the phases ``ph``."""
 
     select: list[pl.Expr]  # step, rank, then each kept column (derived ones computed)
     need: list[str]  # no null allowed: step time, wait, own work
