@@ -70,28 +70,18 @@ class Recorder:
         install_sigterm_handler: flush (and close, unless the job handles it) on SIGTERM (Slurm preemption).
         merge_parts: the writer merges its part files into bigger ones; False: one file per flush.
         hw_every_s: GPU telemetry (NVML) every so many seconds on a thread of its own; 0: off.
+        hang_after_s: no step ended for so long is a stall: each rank leaves its rows, step, phase, stacks and
+            flight-recorder dump once (docs/hangs.md); None: adaptive, max(300 s, 10 x the median step); 0: off.
     """
 
     def __init__(
-        self,
-        run_dir: str | os.PathLike,
-        *,
-        model: dict | ModelSpec | None = None,
-        hparams: dict | None = None,
-        tags: list[str] | tuple[str, ...] = (),
-        peak_tflops: float | None = None,
-        counts_tokens: bool = True,
-        flush_every_steps: int = 100,
-        flush_every_s: float = 30.0,
-        memory_every_steps: int = 10,
-        max_backlog_rows: int = 100_000,
-        close_timeout_s: float = 60.0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        local_rank: int | None = None,
-        install_sigterm_handler: bool = True,
-        merge_parts: bool = True,
-        hw_every_s: float = 5.0,
+        self, run_dir: str | os.PathLike, *,
+        model: dict | ModelSpec | None = None, hparams: dict | None = None, tags: list[str] | tuple[str, ...] = (),
+        peak_tflops: float | None = None, counts_tokens: bool = True,
+        flush_every_steps: int = 100, flush_every_s: float = 30.0, memory_every_steps: int = 10,
+        max_backlog_rows: int = 100_000, close_timeout_s: float = 60.0,
+        rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
+        install_sigterm_handler: bool = True, merge_parts: bool = True, hw_every_s: float = 5.0,
         hang_after_s: float | None = None,
     ):
         self._pid = os.getpid()

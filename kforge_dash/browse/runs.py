@@ -63,10 +63,7 @@ def run_dir(root: str | os.PathLike, name: str) -> Path:
     """
     if not isinstance(name, str) or not name:
         raise RunPathError(f"run name {name!r}: must be a non-empty string")
-    if (
-        name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name
-        or "\x00" in name or os.path.isabs(name)
-    ):
+    if name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name or "\x00" in name or os.path.isabs(name):
         raise RunPathError(f"run name {name!r}: not a plain directory name under the runs root")
     root_real = Path(os.path.realpath(root))
     target = Path(os.path.realpath(root_real / name))
@@ -365,12 +362,9 @@ def run_config(summary: dict) -> dict[str, object]:
     """The flat configuration of a run that a config diff compares (hparams first, then setup)."""
     cfg = _flatten(summary.get("hparams") or {}, "hparams.")
     cfg.update(_flatten(summary.get("model") or {}, "model."))
-    cfg["world_size"] = summary.get("world_size")
-    cfg["device"] = (summary.get("device") or {}).get("name")
-    cfg["peak_tflops"] = summary.get("peak_tflops")
-    cfg["flops_per_token"] = summary.get("flops_per_token")
-    cfg["tags"] = sorted(summary.get("tags") or [])
-    return cfg
+    return {**cfg, "world_size": summary.get("world_size"), "device": (summary.get("device") or {}).get("name"),
+            "peak_tflops": summary.get("peak_tflops"), "flops_per_token": summary.get("flops_per_token"),
+            "tags": sorted(summary.get("tags") or [])}
 
 
 def launch_changes(runs: list[RunInfo]) -> dict[str, dict[str, list]]:
@@ -388,8 +382,7 @@ def config_diff(runs: list[RunInfo]) -> pl.DataFrame:
     """Keys whose value differs between the runs, or between the launches of one (a resume that changed
     it, launch_changes): a `key` column, then one column per run.
 
-    Values are shown as JSON text (so 3e-4 and "3e-4" stay distinguishable); a key a run lacks
-    is null in that run's column.
+    Values are JSON text (3e-4 and "3e-4" stay distinguishable); a key a run lacks is null in its column.
     """
     cfgs = {r.name: run_config(r.summary or {}) for r in runs}
     keys = sorted({k for c in cfgs.values() for k in c})
