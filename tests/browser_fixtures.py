@@ -15,7 +15,7 @@ from ports_fixtures import free_port, stop
 
 # Every wait is on a condition, with room for a loaded machine (a 2-core runner at load 5-46 took over
 # 60 s for one page): a wait ends as soon as its condition holds, so a generous limit costs nothing.
-WAIT_MS = 300_000
+WAIT_MS = 90_000  # a page on a loaded 2-core machine; a missing element fails within this
 DRAWN = "n => { const p = document.querySelectorAll('.js-plotly-plot'); return p.length >= n && [...p].every(" \
         "e => e.querySelectorAll('.scatterlayer .trace path.js-line').length >= 1); }"
 # The report's charts drawn (DRAWN's test, on the grid's charts only: a run section's MFU waterfall has no line).

@@ -28,6 +28,14 @@ def hang_findings(run: Path) -> list[dict]:
     return [f for f in summary["findings"] if f["kind"] == "hang"]
 
 
+def _kill_workers(run: Path) -> None:
+    for meta in run.glob("rank-*/*/meta.json"):
+        try:
+            os.kill(json.loads(meta.read_text())["pid"], signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            pass  # gone already
+
+
 def wait_for(pred, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -144,6 +152,7 @@ def test_torchrun_gloo_rank_stuck_in_compute_is_named_with_step_phase_line_and_c
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the job is hung: killed as a user would
         proc.wait()
+        _kill_workers(run)  # torchrun's workers may sit in a session of their own: by the pids they recorded
     summary = ingest_run(str(run)).summary
     (f,) = [f for f in summary["findings"] if f["kind"] == "hang"]
     child = str(HERE / "hang_child.py")
