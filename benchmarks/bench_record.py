@@ -16,6 +16,7 @@ Then the recorder's memory at several step counts (one fresh child process per m
     python benchmarks/bench_record.py --behind-only  # only: a loop faster than the writer thread
     python benchmarks/bench_record.py --merge --steps 100000   # merging part files on vs off only
     python benchmarks/bench_record_ab.py           # the hot path against an earlier commit (fresh processes)
+    python benchmarks/bench_record_cold.py         # the same contenders cold: calls 1 ms apart, as a loop pays them
 
 The machine may be shared: contenders run interleaved within each repeat (in a rotating order) so
 that a noisy neighbour hits all of them alike, and every figure is a median over the repeats.
