@@ -11,11 +11,12 @@ values, in the call shape its users write:
 
 Then the recorder's memory at several step counts (one fresh child process per mode).
 
-    python benchmarks/bench_record.py              # the README table (~2-3 min on 2 busy cores)
+    python benchmarks/bench_record.py              # calls back to back, warm (~2-3 min on 2 busy cores)
     python benchmarks/bench_record.py --quick      # smoke run, small counts
     python benchmarks/bench_record.py --behind-only  # only: a loop faster than the writer thread
     python benchmarks/bench_record.py --merge --steps 100000   # merging part files on vs off only
     python benchmarks/bench_record_ab.py           # the hot path against an earlier commit (fresh processes)
+    python benchmarks/bench_record_cold.py         # the same contenders cold: calls 1 ms apart, as a loop pays them
 
 The machine may be shared: contenders run interleaved within each repeat (in a rotating order) so
 that a noisy neighbour hits all of them alike, and every figure is a median over the repeats.

@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""What logging one step costs *cold*: each call ≥ 1 ms after the last, the GIL released between.
+
+bench_record.py times `end_step` back to back between flushes: caches, branch predictors and the
+interpreter's specialisations stay warm, which a training loop never gives them. Here every timed
+call is followed by a wait (untimed) that releases the GIL, as torch's kernels and a GPU queue do:
+`time.sleep(WAIT_S)` by default. Per step, with the same 11 fields as bench_record.py (its FIELDS
+and value pool, imported, not copied):
+
+  floor     rows.append({"step": step, **metrics})
+  kforge    rec.start_step(); 3 × `with rec.phase(...)`; rec.end_step(step, **metrics)
+            (the 3 phase timers are the recorder's own, so 7 values + step go to end_step)
+  wandb     run.log(metrics, step=step)                     offline, console off, no stats
+  tensorb.  writer.add_scalar(name, value, step) × 10       torch.utils.tensorboard.SummaryWriter
+
+    python benchmarks/bench_record_cold.py           # ~1.5 min on 2 busy cores
+    python benchmarks/bench_record_cold.py --quick   # smoke run, ~15 s
+
+Contenders run one after another within a repeat, in an order that rotates every repeat; each
+figure is the median over repeats of that repeat's mean (and median) µs per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from time import perf_counter
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_record import FIELDS, POOL, _check_recorder, _new_recorder, make_pool, torch  # noqa: E402
+
+WAIT_S = 0.001  # between two steps' logging calls: a (very short) training step
+
+
+def cold_floor(pool, steps, tmp):
+    rows, out = [], []
+    for step in range(1, steps + 1):
+        m = pool[step & (POOL - 1)]
+        t0 = perf_counter()
+        rows.append({"step": step, **m})
+        out.append(perf_counter() - t0)
+        time.sleep(WAIT_S)
+    return out
+
+
+def cold_kforge(pool, steps, tmp):
+    pool = [{k: v for k, v in m.items() if not k.startswith("time/")} for m in pool]
+    d, rec = _new_recorder(tmp)
+    out = []
+    for step in range(1, steps + 1):
+        m = pool[step & (POOL - 1)]
+        t0 = perf_counter()
+        rec.start_step()
+        with rec.phase("data"):
+            pass
+        with rec.phase("fwd_bwd"):
+            pass
+        with rec.phase("optimizer"):
+            pass
+        rec.end_step(step, **m)
+        out.append(perf_counter() - t0)
+        time.sleep(WAIT_S)
+    rec.close()
+    _check_recorder(rec, steps)
+    shutil.rmtree(d)
+    return out
+
+
+def cold_wandb(pool, steps, tmp):
+    import wandb
+
+    d = tempfile.mkdtemp(dir=tmp)
+    settings = wandb.Settings(
+        console="off", x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True,
+        disable_git=True, disable_code=True, silent=True,
+    )
+    run = wandb.init(mode="offline", dir=d, project="kforge-bench", settings=settings)  # not timed
+    out = []
+    for step in range(1, steps + 1):
+        m = pool[step & (POOL - 1)]
+        t0 = perf_counter()
+        run.log(m, step=step)
+        out.append(perf_counter() - t0)
+        time.sleep(WAIT_S)
+    run.finish()
+    shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
+def cold_tensorboard(pool, steps, tmp):
+    from torch.utils.tensorboard import SummaryWriter
+
+    d = tempfile.mkdtemp(dir=tmp)
+    writer = SummaryWriter(log_dir=d)
+    out = []
+    for step in range(1, steps + 1):
+        m = pool[step & (POOL - 1)]
+        t0 = perf_counter()
+        for name, value in m.items():
+            writer.add_scalar(name, value, step)
+        out.append(perf_counter() - t0)
+        time.sleep(WAIT_S)
+    writer.close()
+    shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
+CONTENDERS = (
+    ("floor: list.append(dict)", cold_floor),
+    ("kforge start_step + 3 phase() + end_step", cold_kforge),
+    ("wandb offline run.log", cold_wandb),
+    (f"SummaryWriter.add_scalar × {len(FIELDS)}", cold_tensorboard),
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=2000, help="steps per contender per repeat")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="small counts: a smoke run")
+    args = ap.parse_args()
+    if args.quick:
+        args.steps, args.repeats = 200, 2
+    t_start = perf_counter()
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    os.environ["WANDB_SILENT"] = "true"
+    os.environ.setdefault("WANDB_MODE", "offline")
+
+    import wandb
+
+    print(f"# kforge_record cold-call benchmark  {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"# {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
+    print(f"# python {platform.python_version()}, torch {torch.__version__}, wandb {wandb.__version__}, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+
+    pool = make_pool(False)
+    tmp = tempfile.mkdtemp(prefix="kforge-bench-cold-")
+    means = {label: [] for label, _ in CONTENDERS}
+    medians = {label: [] for label, _ in CONTENDERS}
+    try:
+        for _, fn in CONTENDERS:  # warm-up, untimed: imports, pyarrow, wandb's service process
+            fn(pool, 20, tmp)
+        for r in range(args.repeats):
+            k = r % len(CONTENDERS)
+            for label, fn in CONTENDERS[k:] + CONTENDERS[:k]:
+                gc.collect()
+                per_step = fn(pool, args.steps, tmp)
+                means[label].append(statistics.fmean(per_step) * 1e6)
+                medians[label].append(statistics.median(per_step) * 1e6)
+            print(f"# repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    kforge = CONTENDERS[1][0]
+    k_mean, k_med = statistics.median(means[kforge]), statistics.median(medians[kforge])
+    print()
+    print(f"Per-step cost, cold: one step's logging every {WAIT_S * 1e3:g} ms (time.sleep between, untimed), "
+          f"11 fields a step,\n{args.steps:,} steps per contender per repeat, median of {args.repeats} repeats")
+    print()
+    print("| contender | mean µs/step | × kforge | median µs/step | × kforge |")
+    print("|---|---:|---:|---:|---:|")
+    for label, _ in CONTENDERS:
+        mean, med = statistics.median(means[label]), statistics.median(medians[label])
+        print(f"| {label} | {mean:.2f} | {mean / k_mean:.2f} | {med:.2f} | {med / k_med:.2f} |")
+    print()
+    print("mean: all of a repeat's timed calls / steps (the recorder's flushes, wandb's and TensorBoard's queue\n"
+          "handoffs included); median: the typical step. Warm figures, calls back to back: bench_record.py.")
+    print(f"\n# whole run: {(perf_counter() - t_start) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
