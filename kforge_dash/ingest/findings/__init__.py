@@ -116,7 +116,7 @@ def _unknown_non_positive(steps, out_dir: str, warnings: list[str]):
     with one warning naming how many and the first, so no share, straggler or saving is made of them."""
     import polars as pl
 
-    cols = [c for c in ("step_time_s", "step_time_median_s") if c in steps.columns]
+    cols = [c for c in ("step_time_s", "step_work_s", "step_work_median_s") if c in steps.columns]
     bad = steps.filter(pl.any_horizontal([pl.col(c) <= 0 for c in cols])) if cols else steps.clear()
     if bad.height == 0:
         return steps

@@ -75,7 +75,7 @@ def _edge(facts: RunFacts, med: pl.DataFrame | None, col: str, ranks, attempt: i
     begins (ends) there, not at its block's edge (a straggler from step 151 is reported from 151, not 150)."""
     if med is None or f"{col}\0med" not in med.columns:
         return None
-    st = facts.steps.select("step", pl.col("step_time_median_s").cast(pl.Float64).alias("_st"))
+    st = facts.steps.select("step", pl.col("step_work_median_s").cast(pl.Float64).alias("_st"))
     slow = (pl.scan_parquet(facts.ranks_path, glob=False)
             .filter(pl.col("step").is_between(lo, hi) & pl.col("rank").is_in(list(ranks)) & (pl.col("attempt") == attempt))
             .select("step", pl.col(col).cast(pl.Float64).alias("_x")).collect()
