@@ -35,6 +35,7 @@ METRICS = ("grad_norm", PARAM_CHECKSUM)
 GROUP_PREFIX = f"{PARAM_CHECKSUM}/"  # param_checksum/GROUP: compared among the ranks that record it (one group)
 MIN_RANKS = 3  # a majority needs at least two ranks agreeing against one
 MIN_AGREEING_SHARE = 0.5  # below this share of steps with a majority, the value is not replica-identical
+WINDOW_ROWS = 500_000  # rank-steps read at once (see _step_windows)
 
 
 def replica_divergence_findings(facts: RunFacts, warnings: list[str]) -> list[Finding]:
@@ -46,17 +47,27 @@ def replica_divergence_findings(facts: RunFacts, warnings: list[str]) -> list[Fi
     return out
 
 
+def _step_windows(facts: RunFacts) -> list[tuple[int, int]]:
+    """Step ranges of about WINDOW_ROWS rank-steps: a (step, value) group per rank of a whole run held
+    at once took 1.0 GB more at 64 ranks x 100k steps (1.59 GB peak; 0.66 GB in 500k-row windows, `/usr/bin/time -f %M
+    kforge-ingest --force` on benchmarks/bench_ingest.py's write_run(64, 100_000, 10_000))."""
+    steps = facts.steps["step"] if facts.steps.height else None
+    if steps is None:
+        return []
+    lo, hi = int(steps.min()), int(steps.max())
+    width = max(1, WINDOW_ROWS // max(1, len(facts.summary.get("ranks") or []) or 1))
+    return [(a, min(a + width - 1, hi)) for a in range(lo, hi + 1, width)]
+
+
 def _metric_findings(facts: RunFacts, lf: pl.LazyFrame, metric: str, warnings: list[str]) -> list[Finding]:
     vals = (lf.select("attempt", "step", "rank", pl.col(metric).alias("v"))
             .filter(pl.col("v").is_not_null() & pl.col("v").is_finite()))
-    mode = (vals.group_by("attempt", "step", "v").agg(pl.len().alias("n_v"))
-            .sort("n_v", "v", descending=[True, False])
-            .group_by("attempt", "step", maintain_order=True).first())
-    per_step = vals.group_by("attempt", "step").agg(pl.len().alias("n"))
-    steps = (per_step.join(mode, on=["attempt", "step"]).filter(pl.col("n") >= 2)
-             .with_columns(majority=pl.col("n_v") * 2 > pl.col("n")))
+    windows = _step_windows(facts)
+    steps = pl.concat([_step_majority(vals.filter(pl.col("step").is_between(a, b))) for a, b in windows]) if windows else None
+    if steps is None or steps.height == 0:
+        return []
     shares = (steps.group_by("attempt").agg(pl.col("majority").mean().alias("share"), pl.len().alias("steps"))
-              .sort("attempt").collect())
+              .sort("attempt"))
     checked = []
     for row in shares.iter_rows(named=True):
         if row["share"] < MIN_AGREEING_SHARE:
@@ -67,19 +78,30 @@ def _metric_findings(facts: RunFacts, lf: pl.LazyFrame, metric: str, warnings: l
             checked.append(row["attempt"])
     if not checked:
         return []
-    rows = _diverging(vals, steps, checked).collect()
+    majority = (steps.filter(pl.col("majority") & (pl.col("n") >= MIN_RANKS) & pl.col("attempt").is_in(checked))
+                .select("attempt", "step", pl.col("v").alias("mode")))
+    rows = pl.concat([_diverging(vals.filter(pl.col("step").is_between(a, b)), majority) for a, b in windows])
     out = []
-    for (attempt,), g in rows.group_by(["attempt"], maintain_order=True):
+    for (attempt,), g in rows.sort("attempt", "step", "rank").group_by(["attempt"], maintain_order=True):
         out.append(_finding(facts, metric, int(attempt), g))
     return out
 
 
-def _diverging(vals: pl.LazyFrame, steps: pl.LazyFrame, attempts: list[int]) -> pl.LazyFrame:
+def _step_majority(vals: pl.LazyFrame) -> pl.DataFrame:
+    """Per (attempt, step) of 2+ ranks: n, the most common value v and its count, and whether it is a strict majority."""
+    mode = (vals.group_by("attempt", "step", "v").agg(pl.len().alias("n_v"))
+            .sort("n_v", "v", descending=[True, False])
+            .group_by("attempt", "step", maintain_order=True).first())
+    per_step = vals.group_by("attempt", "step").agg(pl.len().alias("n"))
+    return (per_step.join(mode, on=["attempt", "step"]).filter(pl.col("n") >= 2)
+            .with_columns(majority=pl.col("n_v") * 2 > pl.col("n"))
+            .select("attempt", "step", "n", "v", "n_v", "majority").collect())
+
+
+def _diverging(vals: pl.LazyFrame, majority: pl.DataFrame) -> pl.DataFrame:
     """(attempt, step, rank, v, mode) of each rank whose value differs from its step's majority."""
-    majority = (steps.filter(pl.col("majority") & (pl.col("n") >= MIN_RANKS))
-                .select("attempt", "step", pl.col("v").alias("mode")))
-    return (vals.filter(pl.col("attempt").is_in(attempts)).join(majority, on=["attempt", "step"])
-            .filter(pl.col("v") != pl.col("mode")).sort("attempt", "step", "rank"))
+    return (vals.join(majority.lazy(), on=["attempt", "step"]).filter(pl.col("v") != pl.col("mode"))
+            .select("attempt", "step", "rank", "v", "mode").collect())
 
 
 def _finding(facts: RunFacts, metric: str, attempt: int, g: pl.DataFrame) -> Finding:
