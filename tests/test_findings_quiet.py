@@ -104,9 +104,16 @@ def _phased_run(tmp_path, monkeypatch, name, *, data_s=0.06):
 
 
 def _set_step_time(run_dir, value):
+    """Every rank's own step time `value`, and every step's end time unknown (NaN) or the same (so the job's
+    step time, the period between step ends, is unknown, or zero after the first step)."""
+    end = float("nan") if value != value else 1.7e9
+
+    def rewrite(t):
+        t = t.set_column(t.schema.get_field_index("step_time_s"), "step_time_s", pa.array([value] * t.num_rows, pa.float64()))
+        return t.set_column(t.schema.get_field_index("time"), "time", pa.array([end] * t.num_rows, pa.float64()))
+
     for p in part_files(run_dir):
-        rewrite_part(p, lambda t: t.set_column(t.schema.get_field_index("step_time_s"), "step_time_s",
-                                               pa.array([value] * t.num_rows, pa.float64())))
+        rewrite_part(p, rewrite)
 
 
 @pytest.mark.parametrize("value", [float("nan"), 0.0])

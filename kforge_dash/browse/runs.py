@@ -164,9 +164,9 @@ def list_runs(root: str | os.PathLike, *, only: str | None = None) -> list[RunIn
             continue  # a symlink leaving the root is not a run of this root
         try:
             summary_path = ingested_file(path, SUMMARY_FILE)
-        except RunPathError:
-            continue  # ingested/ leads outside the run: nothing there is read
-        has_summary = summary_path.is_file()
+        except RunPathError:  # leads outside the run, or no regular file (a FIFO): never read; its shards may be
+            summary_path = None
+        has_summary = summary_path is not None and summary_path.is_file()
         if not has_summary and not _has_shards(path):
             continue  # not a run directory
         info = RunInfo(entry.name, path, NOT_INGESTED)
