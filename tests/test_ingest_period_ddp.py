@@ -44,8 +44,10 @@ def test_step_times_add_up_to_the_elapsed_time_under_ddp(tmp_path, world):
     mean_dt = sum(sum(o["dts"]) for o in own) / world
     assert s["mean_tokens_per_sec"] == pytest.approx(STEPS * world * 64 / mean_dt, rel=0.005)
     later = steps.filter(pl.col("step") > 1)
+    # (rank 0's own clock differs from the ranks' mean by where its first and last steps ended among the
+    # others': a few ms of a ~1 s job on a loaded machine, so 2 % here; the exact statement is the mean's above)
     assert float(later["tokens"].sum()) / float(later["step_time_s"].sum()) == pytest.approx(
-        (STEPS - 1) * world * 64 / sum(own[0]["dts"][1:]), rel=0.005)
+        (STEPS - 1) * world * 64 / sum(own[0]["dts"][1:]), rel=0.02)
     # the time between end_step and start_step (3-9 ms a step) is booked, and as between steps
     assert total > float(steps["step_work_s"].sum()) + STEPS * 0.003 * 0.5
     assert s["goodput"]["buckets"]["between_steps"] > STEPS * 0.003 * 0.5
