@@ -49,5 +49,7 @@ def test_step_times_add_up_to_the_elapsed_time_under_ddp(tmp_path, world):
     assert float(later["tokens"].sum()) / float(later["step_time_s"].sum()) == pytest.approx(
         (STEPS - 1) * world * 64 / sum(own[0]["dts"][1:]), rel=0.02)
     # the time between end_step and start_step (3-9 ms a step) is booked, and as between steps
-    assert total > float(steps["step_work_s"].sum()) + STEPS * 0.003 * 0.5
+    # (against the ranks' mean own work: the sum of the per-step max over ranks overstates it under load)
+    own_work = pl.read_parquet(run / "ingested" / "ranks.parquet").group_by("rank").agg(pl.col("step_time_s").sum())
+    assert total > float(own_work["step_time_s"].mean()) + STEPS * 0.003 * 0.5
     assert s["goodput"]["buckets"]["between_steps"] > STEPS * 0.003 * 0.5
