@@ -61,16 +61,20 @@ def open_regular(path: str | os.PathLike, mode: str = "rb", encoding: str | None
         raise
 
 
-def read_regular_bytes(path: str | os.PathLike, limit: int | None = None) -> bytes:
-    """The bytes of a regular file (at most ``limit``), as open_regular refuses anything else."""
-    with open_regular(path, "rb") as f:
+def read_regular_bytes(path: str | os.PathLike, limit: int | None = None, *, follow_symlinks: bool = True) -> bytes:
+    """The bytes of a regular file (at most ``limit``), as open_regular refuses anything else;
+    ``follow_symlinks=False``: a symlink is refused too (O_NOFOLLOW: evidence files a job wrote itself)."""
+    fd = open_regular_fd(path, follow_symlinks=follow_symlinks)
+    with os.fdopen(fd, "rb") as f:
         return f.read() if limit is None else f.read(limit)
 
 
-def open_regular_fd(path: str | os.PathLike) -> int:
+def open_regular_fd(path: str | os.PathLike, *, follow_symlinks: bool = True) -> int:
     """A read-only descriptor on a regular file (the caller closes it); as open_regular."""
-    check_regular_file(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if follow_symlinks:
+        check_regular_file(path)
+    nofollow = 0 if follow_symlinks else getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | nofollow)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -30,11 +30,12 @@ import json
 import os
 import pickle
 import re
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+
+from kforge_record.regular_file import read_regular_bytes
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024  # a 20,000-entry buffer with stacks is tens of MB; more is not a dump
 # A dump's file name ends with its rank: _dump_12, nccl_trace_rank_12, fr_12.json, 12.pkl.
@@ -70,11 +71,7 @@ def fr_dump_files(folder: Path) -> list[Path]:
 
 def _load(path: Path) -> object:
     # O_NONBLOCK: a FIFO put in the folder is not waited on; O_NOFOLLOW: a symlink swapped in is not followed
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ValueError("not a regular file")
-        data = f.read(MAX_DUMP_BYTES + 1)
+    data = read_regular_bytes(path, MAX_DUMP_BYTES + 1, follow_symlinks=False)
     if len(data) > MAX_DUMP_BYTES:
         raise ValueError(f"larger than {MAX_DUMP_BYTES // 2**20} MiB")
     if data[:1] in (b"{", b"[") or data[:1].isspace():

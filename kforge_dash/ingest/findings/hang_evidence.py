@@ -16,6 +16,7 @@ import re
 import stat
 from dataclasses import dataclass
 
+from kforge_record.regular_file import read_regular_bytes
 from kforge_record.schema import STACKS_FILE
 
 MAX_BYTES = 64 * 1024 * 1024
@@ -43,11 +44,7 @@ class RankStall:
 
 def read_regular(path: str) -> bytes:
     """The bytes of a regular file (no FIFO waited on, no symlink followed); OSError/ValueError otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ValueError("not a regular file")
-        data = f.read(MAX_BYTES + 1)
+    data = read_regular_bytes(path, MAX_BYTES + 1, follow_symlinks=False)
     if len(data) > MAX_BYTES:
         raise ValueError(f"larger than {MAX_BYTES // 2**20} MiB")
     return data
