@@ -218,15 +218,18 @@ def run_kforge_phases(pool, steps, tmp):
     return (loop_s, *_close_and_measure(rec, d, steps, p0, m0))
 
 
-def run_wandb(pool, steps, tmp):
+def wandb_offline_run(d: str):
+    """A wandb run as the benchmarks time it: offline, no console capture, no system stats."""
     import wandb
 
+    settings = wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True,
+                              disable_git=True, disable_code=True, silent=True)
+    return wandb.init(mode="offline", dir=d, project="kforge-bench", settings=settings)
+
+
+def run_wandb(pool, steps, tmp):
     d = tempfile.mkdtemp(dir=tmp)
-    settings = wandb.Settings(
-        console="off", x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True,
-        disable_git=True, disable_code=True, silent=True,
-    )
-    run = wandb.init(mode="offline", dir=d, project="kforge-bench", settings=settings)  # not timed
+    run = wandb_offline_run(d)  # not timed
     gc.collect()
     c0 = _clocks()
     for step in range(1, steps + 1):

@@ -37,7 +37,7 @@ from time import perf_counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_record import FIELDS, POOL, _check_recorder, _new_recorder, make_pool, torch  # noqa: E402
+from bench_record import FIELDS, POOL, _check_recorder, _new_recorder, make_pool, torch, wandb_offline_run  # noqa: E402
 
 WAIT_S = 0.001  # between two steps' logging calls: a (very short) training step
 
@@ -77,14 +77,8 @@ def cold_kforge(pool, steps, tmp):
 
 
 def cold_wandb(pool, steps, tmp):
-    import wandb
-
     d = tempfile.mkdtemp(dir=tmp)
-    settings = wandb.Settings(
-        console="off", x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True,
-        disable_git=True, disable_code=True, silent=True,
-    )
-    run = wandb.init(mode="offline", dir=d, project="kforge-bench", settings=settings)  # not timed
+    run = wandb_offline_run(d)  # not timed
     out = []
     for step in range(1, steps + 1):
         m = pool[step & (POOL - 1)]
