@@ -308,3 +308,25 @@ def test_pytorchs_own_watchdog_dumps_at_the_recorded_prefix_are_used(tmp_path, m
     assert (f["ranks"], f["by"], f["collective"]["op"]) == ([2], "fr", "all_reduce")
     for rec in recs.values():
         rec._hang.close()
+
+
+def test_pytorchs_dumps_written_outside_the_run_after_an_ingest_are_read_by_the_next_without_force(tmp_path, monkeypatch):
+    import shutil
+
+    prefix = tmp_path / "elsewhere" / "fr" / "trace_rank_"  # TORCH_FR_DUMP_TEMP_FILE outside the run folder
+    prefix.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(prefix))
+    recs = _three_ranks_stalled(tmp_path, behind=False)
+    (before,) = hang_findings(tmp_path / "run")  # the watch's pass: PyTorch's watchdog has not dumped yet
+    assert before["collective"] is None
+    for r in range(3):  # later, at its timeout, PyTorch's watchdog writes <prefix><rank>
+        shutil.copy(HERE / "data" / "fr_gloo" / "missing_world" / f"rank_{r}", f"{prefix}{r}")
+    (after,) = hang_findings(tmp_path / "run")  # no --force: the dumps are in the fingerprint
+    assert (after["ranks"], after["by"], after["collective"]["op"]) == ([2], "fr", "all_reduce")
+    os.remove(f"{prefix}1")
+    os.mkfifo(f"{prefix}1")  # a FIFO at the prefix: never opened, never waited on
+    (fifo,) = hang_findings(tmp_path / "run")  # (ingested again: the fingerprint saw the change)
+    assert fifo["first_step"] == after["first_step"] and fifo["fr_reason"] != after["fr_reason"]
+    for rec in recs.values():
+        rec._hang.close()

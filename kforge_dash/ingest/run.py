@@ -30,6 +30,7 @@ pl = require("polars", extra="ingest", purpose="kforge-ingest")
 from kforge_dash.ingest import shards as _shards  # noqa: E402  (after the polars check)
 from kforge_dash.ingest.append import attempts_state  # noqa: E402
 from kforge_dash.ingest.findings import analyse_run  # noqa: E402
+from kforge_dash.ingest.findings.hang_evidence import watchdog_dump_stats  # noqa: E402
 from kforge_dash.ingest.kept import decide, read_kept, save_kept  # noqa: E402
 from kforge_dash.ingest.launches import launch_flops, world_size_of  # noqa: E402
 from kforge_dash.ingest.lock import LockBusy, run_lock  # noqa: E402
@@ -156,7 +157,9 @@ def _list_inputs(run_dir: str, out_dir: str, opts: DecidedOptions, warnings: lis
     option_key = {"v": INGEST_VERSION, "alpha": opts.alpha, "peak": opts.peak_tflops, "fpt": opts.flops_per_token,
                   "findings": opts.findings.to_dict()}
     # The folder's name is the run's name (summary.json): a renamed run is summarised again.
-    digest = _shards.input_digest(run_dir, stats, {**option_key, "run_name": os.path.basename(run_dir)})
+    # PyTorch's own flight-recorder dumps (meta.json fr.dump_file + rank) may lie outside the run: in the digest too
+    digest = _shards.input_digest(run_dir, stats, {**option_key, "run_name": os.path.basename(run_dir),
+                                                   "fr_dumps": watchdog_dump_stats(listing)})
     return IngestInputs(run_dir, out_dir, listing, stats, option_key, digest)
 
 

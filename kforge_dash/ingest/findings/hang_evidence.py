@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass
 
 from kforge_record.regular_file import read_regular_bytes
-from kforge_record.schema import STACKS_FILE
+from kforge_record.schema import META_FILE, STACKS_FILE
 
 MAX_BYTES = 64 * 1024 * 1024
 _LIBRARY = re.compile(r"(/site-packages/|/dist-packages/|/lib(64)?/python\d+(\.\d+)?/|/kforge_record/|^<)")
@@ -127,17 +127,46 @@ def fr_dump_paths(attempt) -> list[str]:
     (meta.json ``fr.dump_file`` + rank) when it is a regular file written after the attempt started."""
     ours = sorted((int(m.group(1)), p) for p in attempt.evidence if (m := _FR_N.match(os.path.basename(p))))
     out = [ours[-1][1]] if ours else []
-    fr = attempt.meta.get("fr") if isinstance(attempt.meta.get("fr"), dict) else {}
-    prefix = fr.get("dump_file")
-    if isinstance(prefix, str) and prefix and "\0" not in prefix:
-        path = f"{prefix}{attempt.rank}"
-        try:
-            st = os.stat(path, follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode) and st.st_mtime >= (attempt.start_time or 0.0):
-                out.insert(0, path)  # PyTorch's own, at its timeout: the later picture
-        except (OSError, ValueError):
-            pass
+    path = watchdog_dump_path(attempt.meta, attempt.rank)
+    st = _lstat(path) if path else None
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_mtime >= (attempt.start_time or 0.0):
+        out.insert(0, path)  # PyTorch's own, at its timeout: the later picture
     return out
+
+
+def watchdog_dump_path(meta: dict, rank: int) -> str | None:
+    """Where PyTorch's watchdog writes this rank's dump (meta.json ``fr.dump_file`` + rank), or None."""
+    fr = meta.get("fr") if isinstance(meta, dict) and isinstance(meta.get("fr"), dict) else {}
+    prefix = fr.get("dump_file")
+    return f"{prefix}{rank}" if isinstance(prefix, str) and prefix and "\0" not in prefix else None
+
+
+def watchdog_dump_stats(listing) -> dict[str, tuple[int, int] | None]:
+    """(size, mtime_ns) of PyTorch's watchdog dumps (``watchdog_dump_path``), which may lie outside the
+    run folder: for the fingerprint, so that a dump written after an ingest is read by the next one.
+    Only when some attempt left stall evidence (without it there is no hang to explain); each
+    attempt's meta.json is read through the regular-file gate, a missing or unreadable one skipped
+    (read_meta warns of it)."""
+    if not any(af.evidence for af in listing):
+        return {}
+    out: dict[str, tuple[int, int] | None] = {}
+    for af in listing:
+        try:
+            meta = json.loads(read_regular(os.path.join(af.dir, META_FILE)))
+        except (OSError, ValueError):
+            continue
+        path = watchdog_dump_path(meta, af.rank)
+        if path and path not in out:
+            st = _lstat(path)
+            out[path] = None if st is None or not stat.S_ISREG(st.st_mode) else (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path, follow_symlinks=False)
+    except (OSError, ValueError):
+        return None
 
 
 def _json(path: str, warnings: list[str]) -> dict | None:
