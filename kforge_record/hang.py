@@ -19,7 +19,10 @@ without the GIL. It is re-armed from this thread only when its deadline comes wi
 faulthandler has one such timer per process: the first Recorder with the watch on owns it.
 
 ``hang_after_s=None`` (the default) is adaptive: ``max(FLOOR_S, STEP_FACTOR x`` the median step
-time seen ``)``; a number fixes it; ``0`` turns the watch off. Never raises into training.
+time seen ``)``; a number fixes it; ``0`` turns the watch off. ``hang_allow_s`` (phase name ->
+seconds) lets a known long phase (a checkpoint, an eval) run that long from its start before a
+stall is called, whatever the threshold: the watch reads the open phases' start times once a tick,
+the loop pays nothing. Never raises into training.
 """
 
 from __future__ import annotations
@@ -57,9 +60,10 @@ def fr_dump_name(n: int, rank: int) -> str:
 class HangWatch:
     """Watches one recorder's heartbeat; see the module doc. ``rec`` is the Recorder."""
 
-    def __init__(self, rec, hang_after_s: float | None):
+    def __init__(self, rec, hang_after_s: float | None, allow: dict[str, float] | None = None):
         self._rec = rec
         self._fixed = hang_after_s
+        self._allow = allow or {}
         self._dir = rec.attempt_dir
         self._warn = rec._warn
         self._loop_thread = threading.get_ident()  # the thread that built the recorder: the training loop's
@@ -121,6 +125,8 @@ class HangWatch:
             self._seen_at = now
         last = self._seen_at  # no step yet: the first one counts from construction
         deadline = last + self.threshold()
+        if self._allow:
+            deadline = max(deadline, self._allowed_until(now))
         if now < deadline:
             if self._own_fh and self._armed_until - now < REARM_MARGIN_S:
                 self._arm(deadline + GRACE_S - now, now)
@@ -131,6 +137,15 @@ class HangWatch:
         self._disarm()
         self._write(now - last, t or None, step if t else None)
         return True
+
+    def _allowed_until(self, now: float) -> float:
+        """The latest (monotonic) end of an allowance of an open phase named in hang_allow_s; 0: none."""
+        t = time.perf_counter()  # (a Phase's _t0 is perf_counter time: converted to now's clock)
+        try:
+            return max((now - (t - p._t0) + self._allow[name] for name, p in list(self._rec._phase_objs.items())
+                        if p._t0 and name in self._allow), default=0.0)
+        except Exception:  # noqa: BLE001 - a dict changing under us: no allowance this tick
+            return 0.0
 
     def _arm(self, timeout: float, now: float) -> None:
         with self._fh_lock:
@@ -192,7 +207,7 @@ class HangWatch:
         doc = {
             "schema_version": SCHEMA_VERSION, "n": self._n, "rank": rec.rank, "pid": os.getpid(),
             "host": rec._meta.get("host"), "written_at": time.time(), "last_step": step, "last_step_time": last_t,
-            "stalled_s": round(stalled_s, 3), "threshold_s": self.threshold(),
+            "stalled_s": round(stalled_s, 3), "threshold_s": self.threshold(), "allow_s": self._allow or None,
             "adaptive": self._fixed is None, "phase": phase, "phase_s": phase_s, "open_phases": open_phases,
             "loop_thread": self._loop_thread, "threads": _threads(),
         }

@@ -31,11 +31,12 @@ class RecorderOptions:
     merge_parts: bool = True  # the writer merges its part files (compact.py); False: one file per flush
     hw_every_s: float = 5.0  # GPU telemetry every so many seconds on its own thread (hw.py); 0: off
     hang_after_s: float | None = None  # the hang watch (hang.py): None adaptive, 0 off, else fixed seconds
+    hang_allow_s: dict | None = None  # phase name -> seconds it may stay open before the watch calls a stall
 
     @classmethod
     def from_arguments(cls, *, model, hparams, tags, peak_tflops, counts_tokens, flush_every_steps,
                        flush_every_s, memory_every_steps, max_backlog_rows, close_timeout_s,
-                       merge_parts=True, hw_every_s=5.0, hang_after_s=None) -> "RecorderOptions":
+                       merge_parts=True, hw_every_s=5.0, hang_after_s=None, hang_allow_s=None) -> "RecorderOptions":
         """The Recorder's keyword arguments as given (dicts, lists, ints where floats will do) to options."""
         model = _model(model)
         if hparams is not None and not isinstance(hparams, dict):
@@ -55,12 +56,13 @@ class RecorderOptions:
             check_positive("hw_every_s", hw_every_s, "0 (off) or a positive finite number of seconds")
         if isinstance(hang_after_s, bool) or (hang_after_s is not None and hang_after_s != 0):
             check_positive("hang_after_s", hang_after_s, "None (adaptive), 0 (off) or a positive finite number of seconds")
+        allow = _allowances(hang_allow_s)
         return cls(model=model, hparams=hparams or {}, tags=tuple(tags),
                    peak_tflops=None if peak_tflops is None else float(peak_tflops), counts_tokens=counts_tokens,
                    flush_every_steps=flush_every_steps, flush_every_s=float(flush_every_s),
                    memory_every_steps=memory_every_steps, max_backlog_rows=max_backlog_rows,
                    close_timeout_s=close_timeout_s, merge_parts=merge_parts, hw_every_s=float(hw_every_s),
-                   hang_after_s=None if hang_after_s is None else float(hang_after_s))
+                   hang_after_s=None if hang_after_s is None else float(hang_after_s), hang_allow_s=allow)
 
     @property
     def lag_rows(self) -> int:
@@ -68,6 +70,19 @@ class RecorderOptions:
         (the one being written and the next), at least MIN_LAG_ROWS (so that with tiny windows
         the writer can catch up by merging them into bigger parts), at most max_backlog_rows."""
         return min(max(2 * self.flush_every_steps, MIN_LAG_ROWS), self.max_backlog_rows)
+
+
+def _allowances(allow) -> dict[str, float] | None:
+    """hang_allow_s validated: None, or phase names (non-empty strings) -> positive finite seconds."""
+    if allow is None:
+        return None
+    if not isinstance(allow, dict):
+        raise TypeError(f"hang_allow_s: must be a dict of phase name -> seconds, got {type(allow).__name__}")
+    for name, s in allow.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"hang_allow_s: phase names must be non-empty strings, got {name!r}")
+        check_positive(f"hang_allow_s[{name!r}]", s, "a positive finite number of seconds")
+    return {name: float(s) for name, s in allow.items()}
 
 
 def _model(model) -> ModelSpec | None:

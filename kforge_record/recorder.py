@@ -72,6 +72,7 @@ class Recorder:
         hw_every_s: GPU telemetry (NVML) every so many seconds on a thread of its own; 0: off.
         hang_after_s: no step ended for so long is a stall: each rank leaves its rows, step, phase, stacks and
             flight-recorder dump once (docs/hangs.md); None: adaptive, max(300 s, 10 x the median step); 0: off.
+        hang_allow_s: phase name -> seconds it may last without a stall called (``{"checkpoint": 1800}``).
     """
 
     def __init__(
@@ -82,7 +83,7 @@ class Recorder:
         max_backlog_rows: int = 100_000, close_timeout_s: float = 60.0,
         rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
         install_sigterm_handler: bool = True, merge_parts: bool = True, hw_every_s: float = 5.0,
-        hang_after_s: float | None = None,
+        hang_after_s: float | None = None, hang_allow_s: dict[str, float] | None = None,
     ):
         self._pid = os.getpid()
         self._closed = True  # until construction succeeds, nothing to close
@@ -91,7 +92,7 @@ class Recorder:
             model=model, hparams=hparams, tags=tags, peak_tflops=peak_tflops, counts_tokens=counts_tokens,
             flush_every_steps=flush_every_steps, flush_every_s=flush_every_s, memory_every_steps=memory_every_steps,
             max_backlog_rows=max_backlog_rows, close_timeout_s=close_timeout_s, merge_parts=merge_parts,
-            hw_every_s=hw_every_s, hang_after_s=hang_after_s)
+            hw_every_s=hw_every_s, hang_after_s=hang_after_s, hang_allow_s=hang_allow_s)
         self.model = self._opts.model
         self.rank, self.world_size = rank_and_world(rank, world_size)
         if os.path.exists(self.run_dir) and not os.path.isdir(self.run_dir):
@@ -107,7 +108,7 @@ class Recorder:
         self._init_loop_state()
         self._hb_step, self._hb_time = heartbeat.open_heartbeat(self.attempt_dir, self._warn)
         self._start_writer()
-        self._hang = None if self._opts.hang_after_s == 0 else HangWatch(self, self._opts.hang_after_s)
+        self._hang = None if self._opts.hang_after_s == 0 else HangWatch(self, self._opts.hang_after_s, self._opts.hang_allow_s)
         self._closed = False
         self._register(install_sigterm_handler)
 
@@ -137,7 +138,7 @@ class Recorder:
             "flush_every_s": o.flush_every_s,
             "memory_every_steps": o.memory_every_steps,
             "hw_every_s": o.hw_every_s,
-            "hang_after_s": o.hang_after_s,  # None: adaptive (hang.py), 0: off
+            "hang_after_s": o.hang_after_s, "hang_allow_s": o.hang_allow_s,  # None: adaptive (hang.py), 0: off
             "fr": env.flight_recorder_env(),  # where PyTorch's own dumps go (ingest reads them too)
         }
 

@@ -88,6 +88,22 @@ def test_a_long_checkpoint_under_the_threshold_leaves_nothing(tmp_path):
     assert not [p.name for p in Path(rec.attempt_dir).iterdir() if p.name.startswith(("hang", "fr-hang"))]
 
 
+def test_a_phase_within_its_allowance_is_no_stall_and_one_past_it_is(tmp_path):
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, hang_after_s=1.0, hw_every_s=0,
+                   hang_allow_s={"checkpoint": 60.0, "eval": 2.0})
+    _steps(rec, 1, 3)
+    with rec.phase("checkpoint"):
+        time.sleep(3.5)  # more than three times hang_after_s, well within its allowance
+    _steps(rec, 4, 5)
+    assert not list(Path(rec.attempt_dir).glob("hang-*.json"))
+    with rec.phase("eval"):  # an allowance is no blank cheque: past it, the stall is called
+        wait_for(lambda: list(Path(rec.attempt_dir).glob("hang-*.json")), 15, "the stall past its allowance")
+    doc = json.loads((Path(rec.attempt_dir) / "hang-1.json").read_text())
+    assert (doc["last_step"], doc["phase"], doc["allow_s"]) == (5, "eval", {"checkpoint": 60.0, "eval": 2.0})
+    assert doc["stalled_s"] >= 2.0
+    rec.close()
+
+
 def test_the_watch_is_off_at_zero_and_its_threshold_is_validated(tmp_path):
     rec = Recorder(tmp_path / "run", rank=0, world_size=1, hang_after_s=0, hw_every_s=0)
     assert rec._hang is None
@@ -95,6 +111,9 @@ def test_the_watch_is_off_at_zero_and_its_threshold_is_validated(tmp_path):
     for bad in (-1, float("nan"), True, "5"):
         with pytest.raises((ValueError, TypeError), match="hang_after_s"):
             Recorder(tmp_path / "bad", rank=0, world_size=1, hang_after_s=bad)
+    for bad in ({"checkpoint": 0}, {"": 5}, {"checkpoint": float("inf")}, ["checkpoint"]):
+        with pytest.raises((ValueError, TypeError), match="hang_allow_s"):
+            Recorder(tmp_path / "bad", rank=0, world_size=1, hang_allow_s=bad)
 
 
 GIL_CHILD = textwrap.dedent("""
