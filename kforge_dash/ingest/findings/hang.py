@@ -97,9 +97,20 @@ def _groups(stalls: dict[int, RankStall], key) -> list[dict]:
     return sorted(({"ranks": rs, "key": k} for k, rs in by.items()), key=lambda g: (-len(g["ranks"]), g["ranks"]))
 
 
-def _hang(facts: RunFacts, launch, stalls: dict[int, RankStall], silent: list[int], verdict) -> Finding:
+def _named(launch, stalls: dict[int, RankStall], verdict) -> tuple[tuple[int, ...], str, tuple[int, ...]]:
+    """(ranks, by, those of them without a dump). The flight recorder's ranks, and with them the ranks
+    it has no dump from that their own evidence sets apart (a loop holding the GIL writes no dump):
+    the dumps never name a rank they do not hold, the rank's step, phase and line may."""
     named = tuple(r for r in (verdict.ranks if verdict is not None else ()) if r in launch.ranks)
-    ranks, by = (named, "fr") if named else outliers(stalls)
+    if not named:
+        ranks, by = outliers(stalls)
+        return ranks, by, ()
+    own = tuple(r for r in outliers(stalls)[0] if r in verdict.ranks_without_dump and r not in named)
+    return tuple(sorted(named + own)), "fr", own
+
+
+def _hang(facts: RunFacts, launch, stalls: dict[int, RankStall], silent: list[int], verdict) -> Finding:
+    ranks, by, own = _named(launch, stalls, verdict)
     behind = [stalls[r] for r in ranks if r in stalls] or list(stalls.values())  # alike: the phase they all stalled in
     last = min((s.last_step for s in behind if s.last_step is not None), default=None)
     phases = {s.phase for s in behind}
@@ -120,7 +131,7 @@ def _hang(facts: RunFacts, launch, stalls: dict[int, RankStall], silent: list[in
     hosts = facts.hosts_of(ranks, {launch.index}) if ranks else ()
     return HangFinding(kind="hang", severity="error", first_step=None if last is None else last + 1,
                        last_step=None if last is None else last + 1, phase=phase, ranks=ranks, hosts=hosts,
-                       score=waited, message=_message(launch, stalls, ranks, by, phase, last, waited, silent, collective),
+                       score=waited, message=_message(launch, stalls, ranks, (by, own), phase, last, waited, silent, collective),
                        extra=extra)
 
 
@@ -137,6 +148,10 @@ def ranks_text(ranks) -> str:
     return text(ranks)
 
 
+def _plural(ranks) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ranks_text(ranks)
+
+
 def _where(s: RankStall) -> str:
     bits = [f"in phase {s.phase}" if s.phase else "in no phase" if s.source == "recorder" else "holding the GIL"]
     if s.frame:
@@ -144,7 +159,8 @@ def _where(s: RankStall) -> str:
     return " ".join(bits)
 
 
-def _message(launch, stalls, ranks, by, phase, last, waited, silent, collective) -> str:
+def _message(launch, stalls, ranks, by_own, phase, last, waited, silent, collective) -> str:
+    by, own = by_own
     after = "before its first step" if last is None else f"after step {last}"
     first = stalls[ranks[0]] if ranks and ranks[0] in stalls else None
     who = ("rank " if len(ranks) == 1 else "ranks ") + ranks_text(ranks) if ranks else ""
@@ -154,6 +170,9 @@ def _message(launch, stalls, ranks, by, phase, last, waited, silent, collective)
         why = {"fr": "the flight recorder names", "step": "behind the others:", "phase": "in another phase:",
                "frame": "at another line:"}[by]
         text += f"{why} {who}" + (f" on {', '.join(hosts)}" if hosts else "") + (f", {_where(first)}" if first else "")
+        if own:
+            text += f" ({_plural(own)} by {'its' if len(own) == 1 else 'their'} own evidence: no dump, " + \
+                    ", ".join(_where(stalls[r]) for r in own) + ")"
         others = [s for r, s in stalls.items() if r not in ranks]
         if others:
             common = Counter(_where(s) for s in others).most_common(1)[0][0]
