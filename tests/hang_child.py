@@ -10,7 +10,7 @@ holding the GIL, each at step STEP. A mode, for its rank at STEP:
 * gil: calls libc's sleep through ctypes.PyDLL inside ``fwd_bwd``: a C call that holds the GIL.
 
 MODES ``checkpoint`` (RANKS ignored) is a clean job of STEP steps that checkpoints every 10 steps
-(rank 0 saves, then sleeps 4.5 s: a slow filesystem; every rank then waits in a barrier), inside a
+(rank 0 saves, then sleeps 5.5 s: a slow filesystem; every rank then waits in a barrier), inside a
 ``checkpoint`` phase longer than hang_after_s, allowed by ``hang_allow_s``; then it closes.
 
 The recorder's hang watch is on with hang_after_s=3; the test kills a stalled job once the stall's
@@ -49,7 +49,7 @@ def checkpoint(step):
     with rec.phase("checkpoint"):
         if rank == 0:
             torch.save(model.state_dict(), os.path.join(os.path.dirname(os.path.abspath(run_dir)), f"ckpt-{step}.pt"))
-            time.sleep(4.5)  # a slow filesystem: longer than hang_after_s
+            time.sleep(5.5)  # a slow filesystem: longer than hang_after_s and its 2 s faulthandler grace
         dist.barrier()
 
 
