@@ -121,8 +121,10 @@ def test_torchrun_gloo_a_rank_stuck_in_data_and_one_holding_the_gil_are_named_wi
             ([0, 3], 29, "fwd_bwd", "majority"), ([1], 29, "data", "outlier"), ([2], 29, None, "outlier")]
         assert f["stacks"] == [{"ranks": [0, 3], "frame": f"{backward} in <module>"},
                                {"ranks": [1], "frame": f"{stall} in stall"}, {"ranks": [2], "frame": f"{gil} in hold_gil"}]
+        assert f"rank 1 in phase data at {stall} in stall; rank 2 holding the GIL at {gil} in hold_gil" in f["message"]
         if fr:
             assert f["by"] == "fr" and f["collective"]["op"] == "all_reduce" and f["collective"]["waiting"] == [0, 3]
+            assert "(rank 2 left no dump: named by its own evidence)" in f["message"]
         else:
             assert f["by"] == "phase" and f["collective"] is None and f["fr_reason"] is None
 

@@ -152,6 +152,17 @@ def _plural(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ranks_text(ranks)
 
 
+def _wheres(stalls, ranks) -> str:
+    """", in phase data at f.py:3 in g" when the ranks are alike, else each group: "; rank 1 in phase …; rank 2 …"."""
+    by: dict[str, list[int]] = {}
+    for r in ranks:
+        if r in stalls:
+            by.setdefault(_where(stalls[r]), []).append(r)
+    if len(by) <= 1:
+        return "".join(f", {w}" for w in by)
+    return ": " + "; ".join(f"{_plural(rs)} {w}" for w, rs in by.items())
+
+
 def _where(s: RankStall) -> str:
     bits = [f"in phase {s.phase}" if s.phase else "in no phase" if s.source == "recorder" else "holding the GIL"]
     if s.frame:
@@ -162,17 +173,15 @@ def _where(s: RankStall) -> str:
 def _message(launch, stalls, ranks, by_own, phase, last, waited, silent, collective) -> str:
     by, own = by_own
     after = "before its first step" if last is None else f"after step {last}"
-    first = stalls[ranks[0]] if ranks and ranks[0] in stalls else None
     who = ("rank " if len(ranks) == 1 else "ranks ") + ranks_text(ranks) if ranks else ""
     hosts = sorted({stalls[r].host for r in ranks if r in stalls and stalls[r].host})
     text = f"Launch {launch.index} hung {after}: "
     if ranks:
         why = {"fr": "the flight recorder names", "step": "behind the others:", "phase": "in another phase:",
                "frame": "at another line:"}[by]
-        text += f"{why} {who}" + (f" on {', '.join(hosts)}" if hosts else "") + (f", {_where(first)}" if first else "")
+        text += f"{why} {who}" + (f" on {', '.join(hosts)}" if hosts else "") + _wheres(stalls, ranks)
         if own:
-            text += f" ({_plural(own)} by {'its' if len(own) == 1 else 'their'} own evidence: no dump, " + \
-                    ", ".join(_where(stalls[r]) for r in own) + ")"
+            text += f" ({_plural(own)} left no dump: named by {'its' if len(own) == 1 else 'their'} own evidence)"
         others = [s for r, s in stalls.items() if r not in ranks]
         if others:
             common = Counter(_where(s) for s in others).most_common(1)[0][0]
