@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import runs as prep_runs
+from kforge_dash.browse import runs_table
 from kforge_dash.browse import series as prep_series
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
@@ -54,11 +55,11 @@ def test_goodput_waterfall_steps_down_to_productive(root):
 
 
 def test_runs_table_has_goodput_and_findings_count(root):
-    t = prep_runs.runs_table(prep_runs.list_runs(root))
+    t = runs_table.runs_table(prep_runs.list_runs(root))
     rows = {r["run"]: r for r in t.iter_rows(named=True)}
     for name, r in rows.items():
         s = summary(root, name)
-        assert r["goodput"] == pytest.approx(s["goodput"]["fraction"]) and r["findings"] == len(s["findings"])
+        assert r["goodput.fraction"] == pytest.approx(s["goodput"]["fraction"]) and r["findings"] == len(s["findings"])
     assert rows["spike-nan"]["findings"] == 3 and rows["baseline-lr1e-3"]["findings"] == 0
 
 
