@@ -143,10 +143,11 @@ REGISTRY: dict[str, Column] = {c.name: c for c in _ENTRIES}
 assert len(REGISTRY) == len(_ENTRIES), "one entry per name"
 
 # The runs table of the dashboard and of kforge-report: these columns, in this order (what a run found and
-# warned about first, so they are on screen whatever the width).
+# warned about first, so they are on screen whatever the width). The job wall clock and the achieved MFU are
+# in the run header (page, report, CLI screen), not here: with them the table overflowed 1280 px
+# (tests/test_browser_text_cut.py).
 RUNS_TABLE = ("run", "status", "findings", "warnings", "goodput.fraction", "restarts", "steps", "tokens", "wall_time_s",
-              "goodput.total_s", "final_loss", "best_loss", "mean_mfu", "mfu_waterfall.parts.achieved",
-              "peak_mem_bytes", "world_size", "device", "tags")
+              "final_loss", "best_loss", "mean_mfu", "peak_mem_bytes", "world_size", "device", "tags")
 USER_SCALAR = "user scalar"
 
 
@@ -177,3 +178,14 @@ def label(name: str) -> str:
 
 def help_of(name: str) -> str:
     return lookup(name).help
+
+
+def markdown_table() -> str:
+    """The registry as the Markdown table of docs/reference/columns.md (tests/test_column_registry.py keeps
+    the page in step with it)."""
+    rows = ["| name | label | unit | format | help |", "| --- | --- | --- | --- | --- |"]
+    rows += [f"| `{c.name}` | {c.label} | {c.unit or ''} | {c.format} | {c.help} |" for c in _ENTRIES]
+    rows += ["| `time/NAME_s` | NAME phase | s | duration | a phase timer (Recorder.phase) |",
+             "| `NAME_ema` | LABEL (EMA) | as NAME | as NAME | exponential moving average of NAME |",
+             f"| any other | its name | | number | a {USER_SCALAR} the job logged |"]
+    return "\n".join(rows) + "\n"

@@ -63,3 +63,12 @@ def test_every_summary_field_a_page_shows_is_in_the_registry_and_in_summary_json
     assert set(view.values) == set(run_view.SUMMARY_FIELDS)
     assert view.text("goodput.fraction") == reg.REGISTRY["goodput.fraction"].text(s["goodput"]["fraction"])
     assert len({reg.label(c) for c in reg.RUNS_TABLE}) == len(reg.RUNS_TABLE)  # no two columns read alike
+
+
+def test_the_reference_page_is_the_registry():
+    """docs/reference/columns.md lists the registry as it is (regenerate its table with
+    column_registry.markdown_table() after changing an entry)."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "reference" / "columns.md").read_text()
+    assert page.endswith(reg.markdown_table()), "docs/reference/columns.md is behind kforge_dash/column_registry.py"
