@@ -53,7 +53,7 @@ def _screen(res) -> list[str]:
     ]
     if res.options is not None:
         lines.append(_options_line(res.options))
-    lines += _findings_lines(s, v.what_if)
+    lines += _findings_lines(s, v)
     nonfinite = {k: n for k, n in (s.get("nonfinite") or {}).items() if n}
     if nonfinite:
         lines.append("  non-finite: " + ", ".join(f"{k} {text.count(n)}" for k, n in nonfinite.items()))
@@ -85,7 +85,7 @@ def _options_line(decided) -> str:
     return "  options: " + ("; ".join(shown) + "; the others default" if shown else "all default")
 
 
-def _findings_lines(s: dict, what_if: str | None) -> list[str]:
+def _findings_lines(s: dict, view) -> list[str]:
     """Goodput fraction and buckets, then the findings, most severe first."""
     from kforge_dash import text
 
@@ -97,12 +97,14 @@ def _findings_lines(s: dict, what_if: str | None) -> list[str]:
         lines.append(f"  goodput {text.percent(g['fraction'])} ({text.duration(g.get('productive_s'))} of "
                      f"{text.duration(g.get('total_s'))} productive{'; lost: ' + lost if lost else ''}; "
                      f"{text.counted(g.get('wasted_steps') or 0, 'step')} recomputed)")
-    if what_if:  # None when there is nothing to say (no straggler finding, no material saving)
-        lines.append(f"  what-if: {what_if}")
-    findings = s.get("findings") or []
+    if view.what_if:  # None when there is nothing to say (no straggler finding, no material saving)
+        lines.append(f"  what-if: {view.what_if}")
+    from kforge_dash.run_view import findings_of
+
+    findings = findings_of(s)
     lines.append(f"  findings ({len(findings)}):" if findings else "  findings: none")
-    for f in findings[:10]:
-        lines.append(f"    [{f.get('severity')}] {f.get('kind')}: {f.get('message')}")
+    for f, card in zip(findings[:10], view.cards):  # the run page's card: kind, then steps, ranks, hosts, phase
+        lines.append(f"    [{card.severity}] {card.kind}{' · ' + card.facts if card.facts else ''}: {f.get('message')}")
         if f.get("cause"):  # a straggler's hardware cause (hw_throttle during its steps)
             lines.append(f"      cause: {f['cause']}")
         if f.get("kind") == "hang":  # where each group of ranks stands, their lines, the collective
