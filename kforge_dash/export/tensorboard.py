@@ -152,18 +152,21 @@ def _events(history: History, w, with_ranks: bool, event_pb2) -> int:
         w.write(start.SerializeToString())
     points = 0
     marks = findings_by_step(history.summary)  # findings/<kind> text summaries (tb_findings.py)
-    pending = {t: m for t, m in _descriptions(history).items() if t in tags}  # each tag's words, with its first point
+    # Each tag's words (display name, tooltip) go with its first point; a tag with no point has none to carry them.
+    nulls = history.frame.null_count().row(0, named=True) if history.n_steps else {}
+    pending = {t: m for t, m in _descriptions(history).items() if t in tags and nulls.get(t, 0) < history.n_steps}
     for row in history.rows(with_ranks=with_ranks):
         ev = Event(step=row[0], wall_time=row[1])
         add = ev.summary.value.add  # in place: building Values then a Summary copies each twice
-        for tag, v in zip(tags, row[2:]):
-            if v is None:
-                continue
-            meta = pending.pop(tag, None) if pending else None
-            if meta is None:
-                add(tag=tag, simple_value=v)
-            else:
-                add(tag=tag, simple_value=v, metadata=meta)
+        if pending:  # the first steps only: once every tag had its first point, the plain loop below
+            for tag, v in zip(tags, row[2:]):
+                if v is not None:
+                    meta = pending.pop(tag, None)
+                    add(tag=tag, simple_value=v) if meta is None else add(tag=tag, simple_value=v, metadata=meta)
+        else:
+            for tag, v in zip(tags, row[2:]):
+                if v is not None:
+                    add(tag=tag, simple_value=v)
         for tag, text in marks.get(row[0], ()):
             _text_value(add, tag, text)
         points += len(ev.summary.value)
