@@ -15,7 +15,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from kforge_dash import column_registry as reg
 from kforge_dash import text
-from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse.report import build_report
 from kforge_dash.cli.ingest import main
 from kforge_dash.export.history import load_history
@@ -64,7 +63,7 @@ def test_one_summary_reads_the_same_on_the_screen_the_page_the_report_and_tensor
     assert f"{reg.ACHIEVED_MFU} {h[reg.ACHIEVED_MFU]}" in page  # the MFU waterfall's title
     assert html.escape(f"{reg.JOB_WALL_CLOCK} {h[reg.JOB_WALL_CLOCK]}") in page  # the run's header
     # a finding's facts: the page's card, the report's table and TensorBoard's text name the ranks alike
-    (card,) = prep_findings.finding_cards(s)
+    (card,) = view.cards
     ranks = text.rank_list(s["findings"][0]["ranks"])
     assert ranks == "rank 1" and ranks in card.facts and f"<td>{html.escape(card.facts)}</td>" in page
     ea = EventAccumulator(kforge_event_files(str(run))[-1], size_guidance={"tensors": 0})

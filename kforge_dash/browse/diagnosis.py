@@ -1,10 +1,9 @@
-"""The run's what-if and MFU waterfall (summary.json), prepared for the run page. Plain functions, no Streamlit."""
+"""The run's MFU waterfall (summary.json), prepared for the run page (its what-if sentence: run_view.py). No Streamlit."""
 
 from __future__ import annotations
 
 from kforge_dash import column_registry as reg
 from kforge_dash.browse.findings import Waterfall
-from kforge_dash.run_view import what_if_text  # noqa: F401 (the pages' name)
 
 
 def mfu_waterfall(summary: dict | None) -> Waterfall | None:

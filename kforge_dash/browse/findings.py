@@ -12,7 +12,7 @@ import polars as pl
 
 from kforge_dash import column_registry as reg
 from kforge_dash.browse.ranks import _reading
-from kforge_dash.run_view import SEVERITY_ORDER, FindingCard, finding_cards, findings_of  # noqa: F401 (the pages' names)
+from kforge_dash.run_view import findings_of
 
 _PAD = 20  # steps shown either side of a finding's steps
 
