@@ -120,7 +120,7 @@ PLANTED = ("straggler-across-restart", "data-stall", "loss-spike", "nan")
 
 
 def _judge(summary: dict, exp: Expect) -> tuple[bool, str]:
-    from kforge_dash.browse.diagnosis import what_if_text
+    from kforge_dash.run_view import what_if_text
 
     loud = [f for f in summary.get("findings") or [] if f.get("severity") in ("warning", "error")]
     hit, missing = set(), []

@@ -1,6 +1,9 @@
 """kforge_dash: the post-processing side of kforge, one sub-package per stage.
 
     contract.py   what ingest hands export and browse (file names, columns, the summary reader)
+    text.py       numbers, percents, durations and counts as text, one format each
+    column_registry.py  each output column and shown summary field: label, unit, format, help
+    run_view.py   one run's summary.json as every front end shows it (header, runs-table row, cards)
     ingest/       shards -> RUN/ingested/{steps,ranks}.parquet + summary.json
     export/       RUN/ingested/ -> TensorBoard event file, offline W&B run
     browse/       the Streamlit app: views that render, plain functions that prepare

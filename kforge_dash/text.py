@@ -128,91 +128,9 @@ def span(first, last) -> str:
     return f"{first}{DASH_RANGE}{last}"
 
 
-# What the headline numbers are (docs/CONTRACT.md, summary.json): the same label and help everywhere.
-TRAINING_TIME = "training time"
-JOB_WALL_CLOCK = "job wall clock"
-MEAN_MFU = "mean MFU"
-ACHIEVED_MFU = "achieved MFU"
-FINAL_LOSS = "final loss"
-BEST_LOSS = "best loss"
-MFU_HELP = ("mean MFU: time-weighted, the kept steps' FLOPs over their step times added up (training time); "
-            "achieved MFU (the MFU waterfall): the same FLOPs over the whole job wall clock, incl. startup, "
-            "downtime and stalls, so it is the lower of the two")
-ACHIEVED_HELP = ("achieved MFU: the kept steps' FLOPs over the whole job wall clock (startup, downtime, "
-                 "recomputed steps and stalls included); mean MFU divides the same FLOPs by the training time only")
-LOSS_HELP = ("final loss: the last kept step's loss, the mean over the ranks that recorded it (NaN shown as nan); "
-             "best loss: the lowest finite one of those per-step means")
-WALL_TIMES_HELP = ("training time: the kept steps' periods added up, from each launch's first step's start to its last "
-                   "step's end (time between steps included; no startup, no downtime between launches); job wall clock: "
-                   "from the first launch's start to the last record, incl. startup, downtime between launches and "
-                   "recomputed steps")
-
-
 def loss(v) -> str:
     """A loss (or any metric of that kind) to 5 significant digits: 2.3456; NaN as nan."""
     return number(v, "{:.5g}")
-
-
-def achieved_mfu(summary: dict) -> float | None:
-    """The MFU waterfall's achieved MFU (FLOPs over the job wall clock), None where unknown."""
-    m = summary.get("mfu_waterfall")
-    parts = m.get("parts") if isinstance(m, dict) else None
-    v = parts.get("achieved") if isinstance(parts, dict) else None
-    return v if known(v) else None
-
-
-def headline(summary: dict) -> dict[str, str]:
-    """A run's headline numbers as every front end shows them: label -> text (MISSING where unknown).
-
-    The CLI screen, the run page's metrics, the report and the runs tables read their text here."""
-    train_s, clock_s = wall_times(summary)
-    g = summary.get("goodput")
-    return {"steps": count(summary.get("steps")), "ranks": count(summary.get("world_size")),
-            "tokens": count(summary.get("tokens")),
-            "tokens/s": number(summary.get("mean_tokens_per_sec"), "{:,.0f}"),
-            MEAN_MFU: percent(summary.get("mean_mfu")), ACHIEVED_MFU: percent(achieved_mfu(summary)),
-            FINAL_LOSS: loss(summary.get("final_loss")), BEST_LOSS: loss(summary.get("best_loss")),
-            TRAINING_TIME: duration(train_s), JOB_WALL_CLOCK: duration(clock_s),
-            "goodput": percent(g.get("fraction") if isinstance(g, dict) else None)}
-
-
-def wall_times(summary: dict) -> tuple[float | None, float | None]:
-    """(training time, job wall clock) of a run's summary.json, each None where unknown.
-
-    Training time = the sum of the kept steps' times (`wall_time_s`); job wall clock = the first
-    launch's start to the last record, startup and downtime between launches included (`goodput.total_s`).
-    """
-    train = summary.get("wall_time_s")
-    g = summary.get("goodput")
-    clock = g.get("total_s") if isinstance(g, dict) else None
-    return (train if known(train) else None, clock if known(clock) else None)
-
-
-def device_label(summary: dict) -> str:
-    """'NVIDIA H100 80GB HBM3 ×8', 'CPU ×2' (the recorder names a CPU by its architecture), or '—'."""
-    dev = summary.get("device") or {}
-    n = summary.get("world_size")
-    name = "CPU" if dev.get("type") == "cpu" else dev.get("name")
-    if not name:
-        return MISSING
-    return f"{name} ×{n}" if isinstance(n, int) and not isinstance(n, bool) else str(name)
-
-
-def _origin(value: str | None, what: str, source) -> str:
-    """'7.4e+08 FLOPs/token from table', '... FLOPs/token' (no source known), 'FLOPs/token unknown'."""
-    if value is None:
-        return f"{what} unknown"
-    return f"{value} {what}" + (f" from {source}" if source else "")
-
-
-def flops_origin(summary: dict) -> str:
-    """Where FLOPs/token and the peak came from, in one line (both are in summary.json); a value not
-    known reads "unknown" (a sentence, not a table: no dash)."""
-    fpt, peak = summary.get("flops_per_token"), summary.get("peak_tflops")
-    f = _origin(None if fpt is None else number(fpt, "{:.4g}"), "FLOPs/token", summary.get("flops_source"))
-    p = "peak TFLOPS unknown" if peak is None else "peak " + _origin(number(peak, "{:g}"), "TFLOPS/GPU",
-                                                                      summary.get("peak_source"))
-    return f"{f}; {p}"
 
 
 def md_text(s) -> str:

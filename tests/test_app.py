@@ -150,7 +150,7 @@ def test_runs_table_and_config_diff(app, root):
     for _, row in table.iterrows():
         s = summary(root, row["run"])
         assert row["status"] == "ingested"
-        assert row["steps"] == s["steps"] and row["gpus"] == s["world_size"]
+        assert row["steps"] == s["steps"] and row["world_size"] == s["world_size"]
         assert row["final_loss"] == pytest.approx(s["final_loss"], nan_ok=True)
         assert row["restarts"] == len(s["restarts"])
     # Config diff of all runs: exactly the hyperparameters that differ somewhere.

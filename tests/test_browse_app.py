@@ -106,11 +106,11 @@ def test_run_page_shows_units_and_where_mfu_inputs_came_from(tmp_path, monkeypat
     got = {m.label: m.value for m in at.metric}
     assert got["ranks"] == "2" and got["training time"] == "1:02:05" and got["mean MFU"] == "41.2 %"
     cap = " ".join(shown(c.value) for c in at.caption)
-    assert "Hardware: CPU ×2" in cap
+    assert "Device: CPU ×2" in cap
     assert "FLOPs/token from n_params" in cap and "peak 989 TFLOPS/GPU from table" in cap
     at.switch_page("views/runs.py").run()
     table = at.dataframe[0].value.set_index("run")
-    assert table.loc["cpu", "peak_mem_gib"] == "—" and table.loc["gpu", "peak_mem_gib"].strip() == "3.00 GiB"
+    assert table.loc["cpu", "peak_mem_bytes"] == "—" and table.loc["gpu", "peak_mem_bytes"].strip() == "3.00 GiB"
 
 
 def test_kforge_ingest_screen_says_where_mfu_inputs_came_from():

@@ -11,7 +11,7 @@ import pytest
 from dash_fixtures import write_run
 from reference_math import ema_loop
 
-from kforge_dash import text
+from kforge_dash import run_view, text
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import groups as prep_groups
 from kforge_dash.browse import runs as prep_runs
@@ -152,11 +152,11 @@ def test_units_a_person_reads():
     assert text.hms(3 * 3600 + 25 * 60 + 46.4) == "3:25:46" and text.hms(None) == "—"
     assert text.percent(0.4123) == "41.2 %" and text.percent(float("nan")) == "—"
     assert text.gib(3 * 2**30) == "3.00 GiB" and text.number(None) == "—"
-    assert text.device_label({"device": {"type": "cpu", "name": "x86_64"}, "world_size": 2}) == "CPU ×2"
-    assert text.device_label({"device": {"type": "cuda", "name": "NVIDIA H100"}, "world_size": 8}) == "NVIDIA H100 ×8"
+    assert run_view.device_label({"device": {"type": "cpu", "name": "x86_64"}, "world_size": 2}) == "CPU ×2"
+    assert run_view.device_label({"device": {"type": "cuda", "name": "NVIDIA H100"}, "world_size": 8}) == "NVIDIA H100 ×8"
     s = {"flops_per_token": 7.4e8, "flops_source": "6*n_params+12*L*D*S", "peak_tflops": 989.0,
          "peak_source": "table: NVIDIA H100 80GB HBM3 (https://x)"}
-    assert text.flops_origin(s) == ("7.4e+08 FLOPs/token from 6*n_params+12*L*D*S; "
+    assert run_view.flops_origin(s) == ("7.4e+08 FLOPs/token from 6*n_params+12*L*D*S; "
                                      "peak 989 TFLOPS/GPU from table: NVIDIA H100 80GB HBM3 (https://x)")
     spec = json.loads(plotly.io.to_json(prep_figures.metric_figure(
         prepare_compare([], []), "mfu", {})))

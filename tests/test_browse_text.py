@@ -9,14 +9,15 @@ import numpy as np
 import polars as pl
 from dash_fixtures import write_run
 
-from kforge_dash import text
+from kforge_dash import column_registry as reg
+from kforge_dash import run_view, text
 from kforge_dash.browse import series as prep_series
 
 
 def test_mfu_inputs_say_unknown_rather_than_a_dash():
-    line = text.flops_origin({"flops_per_token": None, "peak_tflops": None})
+    line = run_view.flops_origin({"flops_per_token": None, "peak_tflops": None})
     assert line == "FLOPs/token unknown; peak TFLOPS unknown"
-    line = text.flops_origin({"flops_per_token": 7.4e8, "flops_source": None, "peak_tflops": 989.0, "peak_source": None})
+    line = run_view.flops_origin({"flops_per_token": 7.4e8, "flops_source": None, "peak_tflops": 989.0, "peak_source": None})
     assert line == "7.4e+08 FLOPs/token; peak 989 TFLOPS/GPU"
 
 
@@ -60,8 +61,8 @@ def test_the_mean_mfu_help_says_what_the_contract_says():
 
     contract = (Path(__file__).resolve().parent.parent / "docs" / "CONTRACT.md").read_text()
     assert "`mean_mfu` is time-weighted" in contract
-    assert text.MFU_HELP.startswith("mean MFU: time-weighted") and "achieved MFU" in text.MFU_HELP
-    assert "mean over the ranks" in text.LOSS_HELP
+    assert reg.MFU_HELP.startswith("mean MFU: time-weighted") and "achieved MFU" in reg.MFU_HELP
+    assert "mean over the ranks" in reg.LOSS_HELP
 
 
 def test_the_unified_hover_has_one_row_per_run_with_raw_beside_smoothed(tmp_path):

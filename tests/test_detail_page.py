@@ -58,7 +58,7 @@ def test_text_is_whole_and_human(root, monkeypatch):
     for df in at.dataframe:
         assert not any(str(c).startswith("time/") for c in df.value.columns), df.value.columns
     s = json.loads((root / "preempted" / "ingested" / "summary.json").read_text())
-    final = next(m.value for m in at.metric if m.label == "final loss (mean of ranks)")
+    final = next(m.value for m in at.metric if m.label == "final loss")
     assert len(final) <= 7 and float(final) == pytest.approx(s["final_loss"], rel=1e-4)
 
 

@@ -10,8 +10,7 @@ import pytest
 from click.testing import CliRunner
 from findings_fixtures import Clock, close_all, drive, install, open_ranks
 
-from kforge_dash import IngestOptions, ingest_run
-from kforge_dash.browse import diagnosis as prep_diagnosis
+from kforge_dash import IngestOptions, ingest_run, run_view
 from kforge_dash.ingest.options import IngestWarning
 
 
@@ -93,7 +92,7 @@ def test_a_throttled_gpu_is_a_finding_and_the_cause_of_its_ranks_straggling(tmp_
     assert strag["ranks"] == [2]
     assert strag["cause"] == ("rank 2's SM clock fell from 1,980 to 1,200 MHz, power cap, thermal slowdown (hardware), "
                               "during the same steps")
-    from kforge_dash.browse.findings import finding_cards
+    from kforge_dash.run_view import finding_cards
 
     (card,) = [c for c in finding_cards(s) if c.kind == "straggler"]
     assert card.message.endswith(f"Cause: {strag['cause']}.")  # the run page's finding card says it too
@@ -168,7 +167,7 @@ def test_no_what_if_sentence_without_a_straggler_or_a_material_saving(tmp_path, 
     s = ingest_run(single).summary
     assert s["what_if"] is not None and s["what_if"]["by_rank"][0]["rank"] == 0  # the data stays
     assert _screen_what_if(single) == []
-    assert prep_diagnosis.what_if_text(s) is None
+    assert run_view.what_if_text(s) is None
     for name in ("preempted", "straggler"):
         shutil.copytree(SAMPLE_RUNS / name, tmp_path / name, ignore=shutil.ignore_patterns("ingested"))
     assert _screen_what_if(tmp_path / "preempted") == []
@@ -182,19 +181,19 @@ def test_the_what_if_sentence_reads_as_the_issue_asks():
          "by_rank": [{"rank": 17, "host": "node-42", "cost_s": 24 * 60}, {"rank": 3, "host": "node-1", "cost_s": 60}],
          "method": "..."}
     straggler = {"kind": "straggler", "ranks": [17]}
-    assert prep_diagnosis.what_if_text({"what_if": w, "findings": [straggler]}) == (
+    assert run_view.what_if_text({"what_if": w, "findings": [straggler]}) == (
         "Without its stragglers this run would have taken 3:10:00 instead of 3:42:00; rank 17 (node-42) alone cost 0:24:00")
     # the what-if names no rank without a finding (issue 27.3), however large its replayed cost: nothing said
-    assert prep_diagnosis.what_if_text({"what_if": w}) is None
+    assert run_view.what_if_text({"what_if": w}) is None
     # an info (immaterial) straggler supports nothing; a finding naming another rank: the saving, no rank named
-    assert prep_diagnosis.what_if_text({"what_if": w, "findings": [{**straggler, "severity": "info"}]}) is None
+    assert run_view.what_if_text({"what_if": w, "findings": [{**straggler, "severity": "info"}]}) is None
     other = {"kind": "straggler", "ranks": [5], "severity": "warning"}
-    assert prep_diagnosis.what_if_text({"what_if": w, "findings": [other]}).endswith("instead of 3:42:00")
+    assert run_view.what_if_text({"what_if": w, "findings": [other]}).endswith("instead of 3:42:00")
     # 0.4 s of 44 s (preempted) and 0 s of 3.3 s (one rank): nothing to say
     for total, saved in ((44.2, 0.45), (3.3, 0.0), (20.0, 0.9)):
         tiny = {"total_s": total, "without_stragglers_s": total - saved, "saved_s": saved,
                 "by_rank": [{"rank": 0, "host": "vm", "cost_s": saved}], "method": "..."}
-        assert prep_diagnosis.what_if_text({"what_if": tiny}) is None, (total, saved)
-        assert prep_diagnosis.what_if_text({"what_if": tiny, "findings": [{"kind": "straggler", "ranks": [0]}]})
-    assert prep_diagnosis.what_if_text({"what_if": None}) is None and prep_diagnosis.what_if_text(None) is None
-    assert prep_diagnosis.what_if_text({"what_if": {"total_s": None}}) is None
+        assert run_view.what_if_text({"what_if": tiny}) is None, (total, saved)
+        assert run_view.what_if_text({"what_if": tiny, "findings": [{"kind": "straggler", "ranks": [0]}]})
+    assert run_view.what_if_text({"what_if": None}) is None and run_view.what_if_text(None) is None
+    assert run_view.what_if_text({"what_if": {"total_s": None}}) is None

@@ -10,6 +10,7 @@ import pytest
 from dash_fixtures import SAMPLE_RUNS, shown
 from streamlit.testing.v1 import AppTest
 
+from kforge_dash import run_view
 from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.ingest import run as ingest
 
@@ -37,7 +38,7 @@ def test_mfu_waterfall_steps_down_from_peak_to_the_achieved_mfu(root):
     assert w.values[0] == 1.0 and w.values[-1] == pytest.approx(parts["achieved"])
     assert w.values[0] + sum(w.values[1:-1]) == pytest.approx(w.values[-1], abs=1e-9)
     assert prep_diagnosis.mfu_waterfall({"mfu_waterfall": None}) is None
-    assert prep_diagnosis.what_if_text({"what_if": None}) is None
+    assert run_view.what_if_text({"what_if": None}) is None
 
 
 def test_run_page_says_what_the_stragglers_cost_and_draws_both_waterfalls(root, monkeypatch):

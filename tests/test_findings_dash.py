@@ -10,8 +10,10 @@ import pytest
 from dash_fixtures import copy_and_ingest_sample_runs
 from streamlit.testing.v1 import AppTest
 
+from kforge_dash import run_view
 from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import runs as prep_runs
+from kforge_dash.browse import runs_table
 from kforge_dash.browse import series as prep_series
 
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
@@ -28,7 +30,7 @@ def summary(root, name):
 
 def test_finding_cards_and_focus(root):
     s = summary(root, "spike-nan")
-    cards = prep_findings.finding_cards(s)
+    cards = run_view.finding_cards(s)
     assert [c.severity for c in cards] == ["error", "error", "warning"]  # the grad-norm spike is in the loss spike's
     f = next(f for f in s["findings"] if f["kind"] == "loss_spike" and f["message"].startswith("Loss"))
     card = next(c for c in cards if c.message == f["message"])  # the message whole
@@ -39,7 +41,7 @@ def test_finding_cards_and_focus(root):
     assert prep_findings.focus_options(s) == ["200-200", f"151-{f['last_step']}"]  # each once
     focus = prep_findings.focus_steps(root / "spike-nan" / "ingested" / "steps.parquet", 151, 162)
     assert focus["step"].to_list() == list(range(131, 183))
-    assert prep_findings.finding_cards(summary(root, "baseline-lr3e-3")) == []
+    assert run_view.finding_cards(summary(root, "baseline-lr3e-3")) == []
 
 
 def test_goodput_waterfall_steps_down_to_productive(root):
@@ -54,11 +56,11 @@ def test_goodput_waterfall_steps_down_to_productive(root):
 
 
 def test_runs_table_has_goodput_and_findings_count(root):
-    t = prep_runs.runs_table(prep_runs.list_runs(root))
+    t = runs_table.runs_table(prep_runs.list_runs(root))
     rows = {r["run"]: r for r in t.iter_rows(named=True)}
     for name, r in rows.items():
         s = summary(root, name)
-        assert r["goodput"] == pytest.approx(s["goodput"]["fraction"]) and r["findings"] == len(s["findings"])
+        assert r["goodput.fraction"] == pytest.approx(s["goodput"]["fraction"]) and r["findings"] == len(s["findings"])
     assert rows["spike-nan"]["findings"] == 3 and rows["baseline-lr1e-3"]["findings"] == 0
 
 

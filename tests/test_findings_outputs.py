@@ -67,7 +67,7 @@ def test_kforge_ingest_prints_findings_and_goodput(ingested):
     r = CliRunner().invoke(main, [str(root / "straggler"), "--no-wandb", "--no-tensorboard"])
     assert r.exit_code == 0, r.output
     assert "goodput " in r.output and " % (" in r.output and "lost: straggler wait " in r.output
-    assert "findings (1):" in r.output and "[warning] straggler: Rank 1" in r.output
+    assert "findings (1):" in r.output and "[warning] straggler · steps " in r.output and ": Rank 1" in r.output
     r = CliRunner().invoke(main, [str(root / "baseline-lr3e-3"), "--no-wandb", "--no-tensorboard"])
     assert "findings: none" in r.output
 

@@ -14,7 +14,7 @@ from ingest_fixtures import part_files
 from parts_fixtures import rewrite_part
 
 from kforge_dash import ingest_run
-from kforge_dash.browse.diagnosis import what_if_text
+from kforge_dash.run_view import what_if_text
 
 
 def _noise(s: int, k: int = 0) -> float:

@@ -21,7 +21,7 @@ def test_the_screen_labels_training_time_and_job_wall_clock(tmp_path):
     s = json.loads((run / "ingested" / "summary.json").read_text())
     train, clock = s["wall_time_s"], s["goodput"]["total_s"]
     assert round(train, 1) == 32.8 and round(clock, 1) == 44.2
-    assert "  training time 32.8 s   job wall clock 44.2 s (incl. downtime and startup)" in r.output.splitlines()
+    assert "  training time 32.8 s · job wall clock 44.2 s (incl. downtime and startup)" in r.output.splitlines()
     assert "wall time" not in r.output
 
 

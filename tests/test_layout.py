@@ -16,7 +16,9 @@ LAYERS = {  # module prefix -> layer; a module may import only from its own laye
     "kforge_record": 0,
     "kforge_dash.contract": 1, "kforge_dash.optional": 1, "kforge_dash.progress": 1,
     "kforge_dash.text": 1,  # numbers and counts as text, for every front end (and ingest's messages)
+    "kforge_dash.column_registry": 1,  # each column and summary field: label, unit, format, help
     "kforge_dash.ingest": 2,  # the row pass and ingest's interface types
+    "kforge_dash.run_view": 2,  # a run's summary.json as the front ends show it (ingest's materiality rule)
     "kforge_dash.importers": 2,  # other trackers' logs -> kforge shards: reads TensorBoard/W&B, writes as the recorder
     "kforge_dash.ingest.findings": 3,  # findings read what the row pass wrote
     "kforge_dash.ingest.run": 4,  # ingest_run: the row pass, then the findings

@@ -64,7 +64,7 @@ def test_a_failing_or_slow_command_is_reported_and_the_ingest_goes_on(tmp_path):
     r = CliRunner().invoke(main, [str(root), *NO_EXPORT, "--on-finding", _cmd(out, "slow-loss_spike,fail-nonfinite"),
                                   "--on-finding-timeout", "1"])
     assert r.exit_code == 0, r.output
-    assert "[warning] loss_spike" in r.stdout  # the run's screen is printed as ever
+    assert "[warning] loss spike · step" in r.stdout  # the run's screen is printed as ever
     err = r.stderr.splitlines()
     assert sum("on-finding: --on-finding for loss_spike" in e and "timed out after 1s (killed)" in e for e in err) == 1
     assert sum("on-finding: --on-finding for nonfinite" in e and "exited with status 3: boom: cannot reach the chat server"

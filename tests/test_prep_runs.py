@@ -8,6 +8,7 @@ import pytest
 from dash_fixtures import write_run, write_shards_only
 
 from kforge_dash.browse import runs as prep_runs
+from kforge_dash.browse import runs_table
 from kforge_dash.browse.runs import BROKEN, INGESTED, NOT_INGESTED, STALE, RunPathError, run_dir
 
 
@@ -64,16 +65,16 @@ def test_runs_table_values_come_from_the_summaries(tmp_path):
               warnings=["w1", "w2"], peak_mem_bytes=3 * 2**30, mean_mfu=0.41)
     write_run(tmp_path, "b", n=20, peak_mem_bytes=None, mean_mfu=None)
     write_shards_only(tmp_path, "c")
-    rows = {r["run"]: r for r in prep_runs.runs_table(prep_runs.list_runs(tmp_path)).iter_rows(named=True)}
+    rows = {r["run"]: r for r in runs_table.runs_table(prep_runs.list_runs(tmp_path)).iter_rows(named=True)}
     sa = json.loads((tmp_path / "a" / "ingested" / "summary.json").read_text())
     a = rows["a"]
-    assert (a["steps"], a["gpus"], a["restarts"], a["warnings"], a["tags"]) == (100, 8, 1, 2, "x, y")
-    assert a["peak_mem_gib"] == 3.0 and a["mean_mfu"] == 0.41 and a["tokens"] == sa["tokens"]
-    assert a["wall_time_h"] == pytest.approx(sa["wall_time_s"] / 3600)
+    assert (a["steps"], a["world_size"], a["restarts"], a["warnings"], a["tags"]) == (100, 8, 1, 2, "x, y")
+    assert a["peak_mem_bytes"] == 3 * 2**30 and a["mean_mfu"] == 0.41 and a["tokens"] == sa["tokens"]
+    assert a["wall_time_s"] == pytest.approx(sa["wall_time_s"])
     assert a["final_loss"] == sa["final_loss"] and a["best_loss"] == sa["best_loss"]
     assert a["device"] == "NVIDIA H100 80GB HBM3"
     # Missing is null, never 0.
-    assert rows["b"]["peak_mem_gib"] is None and rows["b"]["mean_mfu"] is None
+    assert rows["b"]["peak_mem_bytes"] is None and rows["b"]["mean_mfu"] is None
     assert rows["c"]["status"] == NOT_INGESTED and rows["c"]["steps"] is None and rows["c"]["restarts"] is None
 
 
@@ -138,10 +139,10 @@ def test_runs_table_columns_say_once_what_every_run_shares(tmp_path):
     write_run(tmp_path, "a", n=20, tags=["x"])
     write_run(tmp_path, "b", n=20)
     runs = prep_runs.list_runs(tmp_path)
-    table = prep_runs.runs_table(runs)
-    shown = prep_runs.table_columns(table)
-    assert shown[:4] == ["run", "findings", "warnings", "goodput"]  # on screen whatever the width
+    table = runs_table.runs_table(runs)
+    shown = runs_table.table_columns(table)
+    assert shown[:4] == ["run", "findings", "warnings", "goodput.fraction"]  # on screen whatever the width
     assert "status" not in shown and "device" not in shown and "tags" in shown
-    assert prep_runs.runs_table_note(table) == "Every run: ingested · device NVIDIA H100 80GB HBM3"
+    assert runs_table.runs_table_note(table) == "Every run: ingested · device NVIDIA H100 80GB HBM3"
     runs[1].status = prep_runs.STALE
-    assert "status" in prep_runs.table_columns(prep_runs.runs_table(runs))
+    assert "status" in runs_table.table_columns(runs_table.runs_table(runs))

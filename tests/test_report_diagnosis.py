@@ -11,6 +11,7 @@ import shutil
 import pytest
 from dash_fixtures import SAMPLE_RUNS
 
+from kforge_dash import run_view
 from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse.report import build_report, write_report
 from kforge_dash.ingest import run as ingest
@@ -46,7 +47,7 @@ def _section(page: str) -> str:
 def test_the_report_says_what_the_stragglers_cost_and_draws_the_mfu_waterfall(root):
     s = _summary(root / "straggler")
     section = _section(build_report([root]).html)
-    sentence = prep_diagnosis.what_if_text(s)
+    sentence = run_view.what_if_text(s)
     assert sentence.startswith("Without its stragglers this run would have taken ") and "; rank 1 (" in sentence
     assert html.escape(sentence) in section
     (spec,) = _specs(section, "mfu_waterfall")

@@ -1,6 +1,7 @@
 """Browse: the Streamlit app (app.py, views/ that only render), kforge-report, and the plain functions they call.
 
-    runs.py       the runs root: which runs, their status, colours, the runs table, config diff
+    runs.py       the runs root: which runs, their status, colours, config diff
+    runs_table.py the runs table of the Runs page and kforge-report (columns and words: the column registry)
     series.py     compare charts' data: x axes, downsampling, markers, zoomed step ranges
     smoothing.py  each series smoothed by its own density
     groups.py     groups of runs: mean line and min-max / ±std band

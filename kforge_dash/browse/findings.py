@@ -10,17 +10,11 @@ from pathlib import Path
 
 import polars as pl
 
-from kforge_dash import text
+from kforge_dash import column_registry as reg
 from kforge_dash.browse.ranks import _reading
+from kforge_dash.run_view import findings_of
 
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 _PAD = 20  # steps shown either side of a finding's steps
-
-
-def findings_of(summary: dict | None) -> list[dict]:
-    """The summary's findings that are well-formed dicts, most severe first (as ingest sorted them)."""
-    out = [f for f in (summary or {}).get("findings") or [] if isinstance(f, dict)]
-    return sorted(out, key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 3))
 
 
 def focus_options(summary: dict | None) -> list[str]:
@@ -47,39 +41,6 @@ SEVERITY_BADGE = {"error": ":red-badge[error]", "warning": ":orange-badge[warnin
 
 
 @dataclass(frozen=True)
-class FindingCard:
-    """One finding as the run detail page shows it: every field a person reads, none cut or raw.
-
-    `facts` holds only the fields the finding has (no "None"); `focus` is the ?focus= value of
-    its steps (None without steps); the page shows `message` in full, as text."""
-    severity: str
-    kind: str
-    facts: str
-    message: str
-    focus: str | None
-    steps: str | None
-
-
-def finding_cards(summary: dict | None) -> list[FindingCard]:
-    cards = []
-    for f in findings_of(summary):
-        first, last = f.get("first_step"), f.get("last_step")
-        first = first if isinstance(first, int) else None
-        last = last if isinstance(last, int) else first
-        steps = text.step_range(first, last)
-        hosts = [str(h) for h in f.get("hosts") or []]
-        facts = [steps, text.rank_list(f.get("ranks")),
-                 (f"on {', '.join(hosts)}" if hosts else None),
-                 (f"phase {f['phase']}" if f.get("phase") is not None else None)]
-        cards.append(FindingCard(
-            severity=str(f.get("severity") or "info"), kind=str(f.get("kind") or "finding").replace("_", " "),
-            facts=" · ".join(x for x in facts if x),
-            message=str(f.get("message") or "") + (f" Cause: {f['cause']}." if f.get("cause") else ""),
-            focus=None if first is None else f"{first}-{last}", steps=steps))
-    return cards
-
-
-@dataclass(frozen=True)
 class Waterfall:
     labels: list[str]
     values: list[float]  # seconds: the total, then each bucket as a negative step, then productive
@@ -88,14 +49,14 @@ class Waterfall:
 
 
 def goodput_waterfall(summary: dict | None) -> Waterfall | None:
-    """The job's wall clock (text.JOB_WALL_CLOCK), minus each non-empty badput bucket (largest
+    """The job's wall clock (column_registry.JOB_WALL_CLOCK), minus each non-empty badput bucket (largest
     first), down to productive."""
     g = (summary or {}).get("goodput")
     if not isinstance(g, dict) or not isinstance(g.get("total_s"), (int, float)):
         return None
     buckets = sorted(((k, float(v)) for k, v in (g.get("buckets") or {}).items()
                       if isinstance(v, (int, float)) and v > 0), key=lambda kv: -kv[1])
-    labels = ["job wall clock"] + [k.replace("_", " ") for k, _ in buckets] + ["productive"]
+    labels = [reg.JOB_WALL_CLOCK] + [k.replace("_", " ") for k, _ in buckets] + ["productive"]
     values = [float(g["total_s"])] + [-v for _, v in buckets] + [float(g.get("productive_s") or 0.0)]
     measures = ["absolute"] + ["relative"] * len(buckets) + ["total"]
     return Waterfall(labels, values, measures, g.get("fraction"))

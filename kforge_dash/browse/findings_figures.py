@@ -5,11 +5,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kforge_dash import column_registry as reg
 from kforge_dash import text
 from kforge_dash.browse.figures import text as plotly_text
 from kforge_dash.browse.findings import Waterfall
 
-_LABELS = {"loss": "loss", "grad_norm": "grad norm", "step_time_s": "step time (s)"}
+_LABELS = {m: reg.lookup(m).titled for m in ("loss", "grad_norm", "step_time_s")}  # "step time (s)"
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=340, hovermode="closest")
 
 
@@ -36,7 +37,7 @@ def mfu_waterfall_figure(w: Waterfall) -> go.Figure:
         decreasing=dict(marker=dict(color="#d62728")), totals=dict(marker=dict(color="#2ca02c")),
         increasing=dict(marker=dict(color="#7f7f7f")),
     ))
-    title = f"where the MFU went: {text.ACHIEVED_MFU} {text.percent(w.fraction)}"  # (over the job wall clock)
+    title = f"where the MFU went: {reg.ACHIEVED_MFU} {text.percent(w.fraction)}"  # (over the job wall clock)
     fig.update_layout(title=dict(text=title, x=0),
                       yaxis=dict(title="share of peak", tickformat=".0%"), showlegend=False, **_LAYOUT)
     return fig

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from kforge_dash.browse.findings import FindingCard, finding_cards, findings_of
 from kforge_dash.browse.runs import RunInfo
 from kforge_dash.ingest.hosts import host_table
+from kforge_dash.run_view import FindingCard, finding_cards, findings_of
 
 HOSTS_SCHEMA = {"host": pl.String, "runs": pl.Int64, "straggler_runs": pl.Int64, "throttle_runs": pl.Int64,
                 "divergence_runs": pl.Int64, "cost_s": pl.Float64, "cost_runs": pl.Int64}

@@ -3,11 +3,12 @@ the recorder's GPU telemetry (docs/CONTRACT.md, ``hw/*``)."""
 
 from __future__ import annotations
 
+from kforge_dash import column_registry as reg
 from kforge_record.schema import PHASE_PREFIX, PHASE_SUFFIX
 
 # GPU telemetry by rank: where a throttled or hot GPU shows (the throttle-reasons bitmask has no mean).
-HW_VIEWS = {"hw/sm_clock_mhz": ("SM clock", "MHz"), "hw/gpu_temp_c": ("GPU temperature", "°C"),
-            "hw/gpu_power_w": ("GPU power", "W"), "hw/gpu_util_pct": ("GPU utilisation", "%")}
+HW_VIEWS = {c: (reg.label(c), reg.lookup(c).unit) for c in ("hw/sm_clock_mhz", "hw/gpu_temp_c", "hw/gpu_power_w",
+                                                              "hw/gpu_util_pct")}  # (label, unit): the column registry's
 # Where a healthy rank's value is the higher one: the median rank of a window is then the upper median
 # (of two ranks the healthy one, so a throttled clock reads below 1x); times keep the lower median.
 HIGH_IS_NORMAL = frozenset({"hw/sm_clock_mhz", "hw/gpu_util_pct"})
@@ -23,13 +24,8 @@ def phase_name(col: str) -> str:
 
 def metric_label(metric: str) -> tuple[str, str]:
     """(name, unit) of a per-rank metric, e.g. ("step time", "s"), ("data phase", "s"), ("SM clock", "MHz")."""
-    if metric in HW_VIEWS:
-        return HW_VIEWS[metric]
-    if metric == "step_time_s":
-        return "step time", "s"
-    if metric.startswith(PHASE_PREFIX) and metric.endswith(PHASE_SUFFIX):
-        return f"{phase_name(metric)} phase", "s"
-    return metric, ""
+    entry = reg.lookup(metric)  # the column registry's words; a user scalar by its name
+    return entry.label, entry.unit or ""
 
 
 def median_rank(metric: str) -> str:

@@ -17,12 +17,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kforge_dash import column_registry as reg
 from kforge_dash import text
 from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
-from kforge_dash.browse import findings_figures, tables
+from kforge_dash.browse import findings_figures, runs_table, tables
 from kforge_dash.browse import overlap as prep_overlap
 from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import ranks as prep_ranks
@@ -30,6 +31,7 @@ from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
 from kforge_dash.browse.hang import hang_lines, hang_of
 from kforge_dash.contract import STEPS_FILE, SUMMARY_FILE
+from kforge_dash.run_view import RunView, run_view
 from kforge_record.atomic import atomic_path
 
 MAX_NONFINITE_ROWS = 50  # per run; the count in the heading is exact
@@ -113,19 +115,13 @@ def _table(header: list[str], rows: list[list[str]], *, cls: str = "", titles: d
 
 
 def runs_table_html(runs: list[prep_runs.RunInfo]) -> str:
-    rows = []
-    for r in runs:
-        s = r.summary or {}
-        h = text.headline(s)  # the same text as the CLI screen and the run page
-        rows.append([r.name, h["steps"], h["tokens"], h[text.TRAINING_TIME], h[text.JOB_WALL_CLOCK], h[text.FINAL_LOSS],
-                     h[text.BEST_LOSS], h[text.MEAN_MFU], h[text.ACHIEVED_MFU], h["goodput"], text.gib(s.get("peak_mem_bytes")),
-                     text.device_label(s), str(len(s.get("restarts") or [])), str(len(s.get("warnings") or [])),
-                     ", ".join(r.tags) or text.MISSING])
-    header = ["run", "steps", "tokens", text.TRAINING_TIME, text.JOB_WALL_CLOCK, f"{text.FINAL_LOSS} (mean of ranks)",
-              text.BEST_LOSS, text.MEAN_MFU, text.ACHIEVED_MFU, "goodput", "peak mem", "hardware", "restarts", "warnings", "tags"]
-    helps = {text.MEAN_MFU: text.MFU_HELP, text.ACHIEVED_MFU: text.ACHIEVED_HELP, text.TRAINING_TIME: text.WALL_TIMES_HELP,
-             text.JOB_WALL_CLOCK: text.WALL_TIMES_HELP, header[5]: text.LOSS_HELP}
-    return _table(header, rows, cls="runs", titles=helps)
+    """The dashboard's runs table (browse/runs_table.py): its columns, the registry's labels, tooltips and text."""
+    data = runs_table.runs_table(runs)
+    columns, rows = runs_table.table_text(data)
+    note = runs_table.runs_table_note(data)
+    header = [reg.label(c) for c in columns]
+    return ((f'<p class="key">{_esc(note)}</p>' if note else "")
+            + _table(header, rows, cls="runs", titles={reg.label(c): reg.help_of(c) for c in columns}))
 
 
 def config_diff_html(runs: list[prep_runs.RunInfo]) -> str:
@@ -250,8 +246,8 @@ _DRAW_RUN_FIGURES = """document.addEventListener("DOMContentLoaded", function ()
 });"""
 
 
-def _findings_html(s: dict) -> str:
-    out = []
+def _findings_html(view: RunView) -> str:
+    s, out = view.summary, []
     goodput = s.get("goodput")
     if isinstance(goodput, dict):
         out.append(f"<p><b>Goodput</b>: {_esc(text.percent(goodput.get('fraction')))} of the job's wall clock "
@@ -263,22 +259,20 @@ def _findings_html(s: dict) -> str:
     if hang is not None:  # first: what a person paged for a hung job reads first
         out.append(f'<div class="hang"><h4>Hung: {_esc(hang.get("message"))}</h4><ul>'
                    + "".join(f"<li>{_esc(line)}</li>" for line in hang_lines(hang)) + "</ul></div>")
-    cards = prep_findings.finding_cards(s)
-    if cards:
-        rows = [[c.severity, c.kind, c.facts or text.MISSING, c.message] for c in cards]
+    if view.cards:
+        rows = [[c.severity, c.kind, c.facts or text.MISSING, c.message] for c in view.cards]
         out.append(f"<h4>Findings ({len(rows)})</h4>" + _table(["severity", "finding", "where", "message"], rows,
                                                                cls="findings"))
     return "".join(out)
 
 
-def _diagnosis_html(s: dict) -> str:
+def _diagnosis_html(view: RunView) -> str:
     """The what-if sentence and the MFU waterfall, prepared as the run page prepares them (browse/diagnosis.py).
     The figure's spec sits in a JSON script right after its cell; _DRAW_RUN_FIGURES draws it there."""
     out = []
-    what_if = prep_diagnosis.what_if_text(s)
-    if what_if:
-        out.append(f'<p class="what-if">{_esc(what_if)}</p>')
-    fall = prep_diagnosis.mfu_waterfall(s)
+    if view.what_if:
+        out.append(f'<p class="what-if">{_esc(view.what_if)}</p>')
+    fall = prep_diagnosis.mfu_waterfall(view.summary)
     if fall is not None:
         out.append(_run_figure_html(findings_figures.mfu_waterfall_figure(fall), "mfu_waterfall"))
     return "".join(out)
@@ -310,13 +304,13 @@ def _nonfinite_html(r: prep_runs.RunInfo) -> str:
 
 def run_section_html(r: prep_runs.RunInfo) -> str:
     s = r.summary or {}
+    view = run_view(s)  # the run header as the CLI screen and the run page show it
     warnings = s.get("warnings") or []
     warn = "".join(f"<li>{_esc(w)}</li>" for w in warnings)
-    train_s, clock_s = text.wall_times(s)
     return (f'<section class="run"><h3>{_esc(r.name)}</h3>'
-            f"<p>{_esc(text.device_label(s))} · {text.TRAINING_TIME} {_esc(text.duration(train_s))} · "
-            f"{text.JOB_WALL_CLOCK} {_esc(text.duration(clock_s))} · MFU inputs: {_esc(text.flops_origin(s))}</p>"
-            + _findings_html(s) + _diagnosis_html(s) + _restarts_html(s) + _nonfinite_html(r)
+            f"<p>{_esc(reg.label('device'))} {_esc(view.device)} · {_esc(view.wall_times)} · "
+            f"MFU inputs: {_esc(view.mfu_inputs)}</p>"
+            + _findings_html(view) + _diagnosis_html(view) + _restarts_html(s) + _nonfinite_html(r)
             + (f"<h4>Ingest warnings ({len(warnings)})</h4><ul>{warn}</ul>" if warnings else "")
             + "</section>")
 

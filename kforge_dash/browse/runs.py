@@ -1,4 +1,4 @@
-"""Runs under a runs root: discovery, ingest status, the runs table and the config diff.
+"""Runs under a runs root: discovery, ingest status, colours and the config diff (runs_table.py: the runs table).
 
 Every Parquet file in browse/ is scanned with glob=False: run names carry brackets and stars
 (`sweep[lr=3e-4]`, `**bold**`), and a path is never a pattern.
@@ -267,84 +267,6 @@ def run_styles(names: list[str]) -> dict[str, RunStyle]:
 def run_colours(names: list[str]) -> dict[str, str]:
     """The colour of each name's run_styles entry."""
     return {name: style.colour for name, style in run_styles(names).items()}
-
-
-_TABLE_SCHEMA = {
-    "run": pl.String, "status": pl.String, "steps": pl.Int64, "tokens": pl.Int64,
-    "wall_time_h": pl.Float64, "final_loss": pl.Float64, "best_loss": pl.Float64,
-    "mean_mfu": pl.Float64, "peak_mem_gib": pl.Float64, "gpus": pl.Int64, "device": pl.String,
-    "restarts": pl.Int64, "goodput": pl.Float64, "findings": pl.Int64, "warnings": pl.Int64, "tags": pl.String,
-}
-
-
-def _num(v):
-    """JSON numbers as floats; NaN/inf arrive as floats from Python's json and are kept."""
-    return None if v is None else float(v)
-
-
-def runs_table(runs: list[RunInfo]) -> pl.DataFrame:
-    """One row per run; values missing from a summary (or from a run never ingested) are null."""
-    rows = []
-    for r in runs:
-        s = r.summary or {}
-        wall = _num(s.get("wall_time_s"))
-        mem = s.get("peak_mem_bytes")
-        rows.append({
-            "run": r.name,
-            "status": r.status if r.error is None else f"{r.status}: {r.error}",
-            "steps": s.get("steps"),
-            "tokens": s.get("tokens"),
-            "wall_time_h": None if wall is None else wall / 3600.0,
-            "final_loss": _num(s.get("final_loss")),
-            "best_loss": _num(s.get("best_loss")),
-            "mean_mfu": _num(s.get("mean_mfu")),
-            "peak_mem_gib": None if mem is None else mem / 2**30,
-            "gpus": s.get("world_size"),
-            "device": "CPU" if (s.get("device") or {}).get("type") == "cpu" else (s.get("device") or {}).get("name"),
-            "restarts": None if r.summary is None else len(s.get("restarts") or []),
-            # goodput fraction and findings count: null for a summary from before findings existed
-            "goodput": _num((s.get("goodput") or {}).get("fraction")) if isinstance(s.get("goodput"), dict) else None,
-            "findings": len(s["findings"]) if isinstance(s.get("findings"), list) else None,
-            "warnings": None if r.summary is None else len(s.get("warnings") or []),
-            "tags": ", ".join(r.tags) or None,
-        })
-    return pl.DataFrame(rows, schema=_TABLE_SCHEMA)
-
-
-# The runs table's columns as shown: what a run found and warned about first, so they are on screen
-# whatever the width.
-TABLE_ORDER = ("run", "status", "findings", "warnings", "goodput", "restarts", "steps", "tokens", "wall_time_h",
-               "final_loss", "best_loss", "mean_mfu", "peak_mem_gib", "gpus", "device", "tags")
-
-
-# Columns that, holding one value on every row, are said once above the table instead (runs_table_note).
-SAID_ONCE = ("status", "device", "tags")
-SAID_ONCE_MISSING = ("peak_mem_gib",)  # ... when null on every row (CPU runs: it pushed tags off at 1280 px)
-
-
-def _same_everywhere(table: pl.DataFrame) -> dict[str, str | None]:
-    """Of SAID_ONCE, the columns with one value (null included) on every row, with that value."""
-    same = {c: table[c][0] for c in SAID_ONCE if len(table) and table[c].n_unique() == 1}
-    return same | {c: None for c in SAID_ONCE_MISSING if len(table) and table[c].null_count() == len(table)}
-
-
-def table_columns(table: pl.DataFrame) -> list[str]:
-    """The runs_table columns to show, in TABLE_ORDER, less the SAID_ONCE ones that are the same on
-    every row (runs_table_note says those once)."""
-    same = _same_everywhere(table)
-    return [c for c in TABLE_ORDER if c in table.columns and c not in same]
-
-
-def runs_table_note(table: pl.DataFrame) -> str | None:
-    """What every run shares of the columns table_columns leaves out, as plain text ("Every run:
-    ingested · device CPU · no tags"); None when there is none."""
-    same = _same_everywhere(table)
-    parts = [str(v) if c == "status" else "no " + {"peak_mem_gib": "peak mem"}.get(c, c) if v is None else f"{c} {v}"
-             for c, v in same.items()]
-    return ("Every run: " + " · ".join(parts)) if parts else None
-
-
-assert set(TABLE_ORDER) == set(_TABLE_SCHEMA), "every runs_table column has its place in TABLE_ORDER"
 
 
 def _flatten(d, prefix: str = "") -> dict[str, object]:

@@ -30,40 +30,33 @@ def _how(res) -> str:
     return "  [unchanged]" if res.skipped else "  [new parts appended]" if res.appended else ""
 
 
-def _wall_times_line(s: dict) -> str:
-    """The run page's two wall times, labelled as there (kforge_dash/text.py): the kept steps' own times, and
-    the job's wall clock from the first launch to the last record."""
-    from kforge_dash import text
-
-    train_s, clock_s = text.wall_times(s)
-    return (f"  {text.TRAINING_TIME} {text.duration(train_s)}   "
-            f"{text.JOB_WALL_CLOCK} {text.duration(clock_s)} (incl. downtime and startup)")
-
-
 def _screen(res) -> list[str]:
-    """The one-screen summary of one ingested run; every number through kforge_dash/text.py, as on the pages."""
+    """The one-screen summary of one ingested run: its RunView (kforge_dash/run_view.py), as the pages and
+    the report show it; labels from the column registry."""
     from kforge_dash import text
+    from kforge_dash.run_view import run_view
 
     s = res.summary
-    h = text.headline(s)
-    achieved = "" if text.achieved_mfu(s) is None else f"; {text.ACHIEVED_MFU} {h[text.ACHIEVED_MFU]} over the job wall clock"
+    v = run_view(s)
+    achieved = "" if v.values["mfu_waterfall.parts.achieved"] is None else \
+        f"; {v.labelled('mfu_waterfall.parts.achieved')} over the job wall clock"
+    recorded = "" if v.values["ranks"] == v.values["world_size"] else f" ({v.labelled('ranks')})"
     lines = [
         f"{s.get('run_name')}  ({res.run_dir}){_how(res)}",
-        f"  steps {h['steps']} ({text.span(s.get('first_step'), s.get('last_step'))})"
-        f"   ranks {len(s.get('ranks') or [])}   world size {h['ranks']}"
-        f"   attempts {len(s.get('attempts') or [])}   restarts {len(s.get('restarts') or [])}",
-        f"  tokens {h['tokens']}   tokens/s {h['tokens/s']}",
-        _wall_times_line(s),
-        f"  {text.MEAN_MFU} {h[text.MEAN_MFU]} (over the training time{achieved})",
-        f"  {text.FINAL_LOSS} {h[text.FINAL_LOSS]} (mean over ranks)   {text.BEST_LOSS} {h[text.BEST_LOSS]}",
+        f"  {v.labelled('steps')} ({text.span(s.get('first_step'), s.get('last_step'))})   "
+        f"{v.labelled('world_size')}{recorded}   {v.labelled('attempts')}   {v.labelled('restarts')}",
+        f"  {v.labelled('tokens')}   {v.labelled('mean_tokens_per_sec')}",
+        f"  {v.wall_times} (incl. downtime and startup)",
+        f"  {v.labelled('mean_mfu')} (over the training time{achieved})",
+        f"  {v.labelled('final_loss')} (mean over ranks)   {v.labelled('best_loss')}",
+        f"  MFU inputs: {v.mfu_inputs}",
     ]
-    lines.append(f"  MFU inputs: {text.flops_origin(s)}")
     if res.options is not None:
         lines.append(_options_line(res.options))
-    lines += _findings_lines(s)
-    nonfinite = {k: v for k, v in (s.get("nonfinite") or {}).items() if v}
+    lines += _findings_lines(s, v)
+    nonfinite = {k: n for k, n in (s.get("nonfinite") or {}).items() if n}
     if nonfinite:
-        lines.append("  non-finite: " + ", ".join(f"{k} {text.count(v)}" for k, v in nonfinite.items()))
+        lines.append("  non-finite: " + ", ".join(f"{k} {text.count(n)}" for k, n in nonfinite.items()))
     for name, e in (s.get("exports") or {}).items():
         if isinstance(e, dict):
             done = "ok " + str(e.get("path") or "") if e.get("ok") else "FAILED: " + str(e.get("error"))
@@ -92,7 +85,7 @@ def _options_line(decided) -> str:
     return "  options: " + ("; ".join(shown) + "; the others default" if shown else "all default")
 
 
-def _findings_lines(s: dict) -> list[str]:
+def _findings_lines(s: dict, view) -> list[str]:
     """Goodput fraction and buckets, then the findings, most severe first."""
     from kforge_dash import text
 
@@ -104,15 +97,14 @@ def _findings_lines(s: dict) -> list[str]:
         lines.append(f"  goodput {text.percent(g['fraction'])} ({text.duration(g.get('productive_s'))} of "
                      f"{text.duration(g.get('total_s'))} productive{'; lost: ' + lost if lost else ''}; "
                      f"{text.counted(g.get('wasted_steps') or 0, 'step')} recomputed)")
-    from kforge_dash.browse.diagnosis import what_if_text
+    if view.what_if:  # None when there is nothing to say (no straggler finding, no material saving)
+        lines.append(f"  what-if: {view.what_if}")
+    from kforge_dash.run_view import findings_of
 
-    what_if = what_if_text(s)  # None when there is nothing to say (no straggler finding, no material saving)
-    if what_if:
-        lines.append(f"  what-if: {what_if}")
-    findings = s.get("findings") or []
+    findings = findings_of(s)
     lines.append(f"  findings ({len(findings)}):" if findings else "  findings: none")
-    for f in findings[:10]:
-        lines.append(f"    [{f.get('severity')}] {f.get('kind')}: {f.get('message')}")
+    for f, card in zip(findings[:10], view.cards):  # the run page's card: kind, then steps, ranks, hosts, phase
+        lines.append(f"    [{card.severity}] {card.kind}{' · ' + card.facts if card.facts else ''}: {f.get('message')}")
         if f.get("cause"):  # a straggler's hardware cause (hw_throttle during its steps)
             lines.append(f"      cause: {f['cause']}")
         if f.get("kind") == "hang":  # where each group of ranks stands, their lines, the collective

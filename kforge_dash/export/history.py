@@ -78,6 +78,7 @@ class History:
     frame: pl.DataFrame  # columns: step, time, then one Float64 column per tag, named by the tag
     tags: tuple[str, ...]  # per-step metrics, in column order
     rank_tags: tuple[str, ...]  # per-rank step times (empty when the run has too many ranks)
+    columns: tuple[str, ...] = ()  # the steps.parquet column of each of `tags` (its column_registry words)
 
     @property
     def n_steps(self) -> int:
@@ -117,7 +118,7 @@ def load_history(run_dir: str | os.PathLike, *, max_rank_tags: int = 64) -> Hist
     for key in _KEYS:
         if key not in schema:
             raise ExportInputError(f"{steps_path}: missing column {key!r} (see docs/CONTRACT.md)")
-    exprs, tags = [pl.col("step").cast(pl.Int64), pl.col("time").cast(pl.Float64)], []
+    exprs, tags, columns = [pl.col("step").cast(pl.Int64), pl.col("time").cast(pl.Float64)], [], []
     # kforge's own tags come first; a user scalar already named like one of them ("1_train/loss",
     # a common W&B-style name) is exported as user/<name> instead of failing the whole export.
     ours = {tag_for_column(n) for n in schema if tag_for_column(n) != n}
@@ -136,6 +137,7 @@ def load_history(run_dir: str | os.PathLike, *, max_rank_tags: int = 64) -> Hist
         x = pl.col(name).cast(pl.Float64)
         exprs.append((x / GIB if name in _MEM else x).alias(tag))
         tags.append(tag)
+        columns.append(name)
     lf = steps.select(exprs)
 
     ranks = summary.get("ranks") or []
@@ -161,7 +163,8 @@ def load_history(run_dir: str | os.PathLike, *, max_rank_tags: int = 64) -> Hist
         raise ExportInputError(f"{steps_path} / {ranks_path}: cannot read: {e}") from None
 
     _check_steps(frame, steps_path)
-    return History(run_dir=run_dir, summary=summary, frame=frame, tags=tuple(tags), rank_tags=tuple(rank_tags))
+    return History(run_dir=run_dir, summary=summary, frame=frame, tags=tuple(tags), rank_tags=tuple(rank_tags),
+                   columns=tuple(columns))
 
 
 def _scan(path: str) -> pl.LazyFrame:

@@ -17,24 +17,18 @@ so they show as typed.
 from __future__ import annotations
 
 from kforge_dash import text
+from kforge_dash.run_view import finding_kind, finding_where
 from kforge_dash.text import md_text as _md
 
 TEXT_PLUGIN = "text"  # the plugin_name of the summaries' metadata (tensorboard.plugins.text.metadata)
 
 
 def finding_line(f: dict) -> str:
-    """One finding as one Markdown line of stable facts (module doc)."""
-    ranks = text.rank_list(f.get("ranks"))
-    hosts = [str(h) for h in f.get("hosts") or []]
-    parts = [f"**{_md(f.get('severity') or 'info')}**", _md(str(f["kind"]).replace("_", " ")),
-             f"from step {f['first_step']}"]
-    if ranks:
-        parts.append(_md(ranks))
-    if hosts:
-        parts.append(f"on {_md(', '.join(hosts))}")
-    if f.get("phase") is not None:
-        parts.append(f"phase {_md(f['phase'])}")
-    elif f.get("metric") is not None:
+    """One finding as one Markdown line of stable facts (module doc): the run page's card (run_view.py)
+    less what grows with each ingest (last step, message)."""
+    parts = [f"**{_md(f.get('severity') or 'info')}**", _md(finding_kind(f)),
+             f"from {text.step_range(f['first_step'])}", *map(_md, finding_where(f))]
+    if f.get("phase") is None and f.get("metric") is not None:
         parts.append(f"metric {_md(f['metric'])}")
     if f.get("kind") == "hang":  # the lines the ranks stalled at, written once by each rank: stable
         for g in f.get("stacks") or []:

@@ -42,9 +42,11 @@ import glob
 import os
 import struct
 
+from kforge_dash import column_registry as reg
 from kforge_dash.export.history import History
 from kforge_dash.export.tb_findings import findings_by_step
 from kforge_dash.optional import require
+from kforge_dash.text import md_text
 from kforge_record.atomic import publish
 
 EVENT_SUFFIX = ".kforge"  # marks the event files this module owns (others in the logdir are left alone)
@@ -66,6 +68,22 @@ def _text_value(add, tag: str, text: str) -> None:
     v.tensor.dtype = types_pb2.DT_STRING
     v.tensor.tensor_shape.SetInParent()  # a scalar string, as text_pb writes it
     v.tensor.string_val.append(text.encode("utf-8"))
+
+
+def _descriptions(history: History) -> dict:
+    """{tag: scalar SummaryMetadata} whose display name and description (TensorBoard's tooltip on a card) are
+    the column registry's label and help; written with each tag's first point only (as SummaryWriter does)."""
+    from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+    def meta(label: str, help_: str):
+        return scalar_metadata.create_summary_metadata(display_name=md_text(label), description=md_text(help_))
+
+    out = {tag: meta(reg.lookup(col).titled, reg.help_of(col)) for tag, col in zip(history.tags, history.columns)}
+    step_time = reg.lookup("step_time_s")
+    for tag in history.rank_tags:
+        rank = int(tag.rsplit("/", 1)[1])
+        out[tag] = meta(f"{step_time.titled}, rank {rank}", f"rank {rank}'s own start_step -> end_step time")
+    return out
 
 
 def _masked_crc32c_c():
@@ -134,12 +152,21 @@ def _events(history: History, w, with_ranks: bool, event_pb2) -> int:
         w.write(start.SerializeToString())
     points = 0
     marks = findings_by_step(history.summary)  # findings/<kind> text summaries (tb_findings.py)
+    # Each tag's words (display name, tooltip) go with its first point; a tag with no point has none to carry them.
+    nulls = history.frame.null_count().row(0, named=True) if history.n_steps else {}
+    pending = {t: m for t, m in _descriptions(history).items() if t in tags and nulls.get(t, 0) < history.n_steps}
     for row in history.rows(with_ranks=with_ranks):
         ev = Event(step=row[0], wall_time=row[1])
         add = ev.summary.value.add  # in place: building Values then a Summary copies each twice
-        for tag, v in zip(tags, row[2:]):
-            if v is not None:
-                add(tag=tag, simple_value=v)
+        if pending:  # the first steps only: once every tag had its first point, the plain loop below
+            for tag, v in zip(tags, row[2:]):
+                if v is not None:
+                    meta = pending.pop(tag, None)
+                    add(tag=tag, simple_value=v) if meta is None else add(tag=tag, simple_value=v, metadata=meta)
+        else:
+            for tag, v in zip(tags, row[2:]):
+                if v is not None:
+                    add(tag=tag, simple_value=v)
         for tag, text in marks.get(row[0], ()):
             _text_value(add, tag, text)
         points += len(ev.summary.value)

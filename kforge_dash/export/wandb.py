@@ -52,6 +52,7 @@ from urllib.parse import urlparse
 from kforge_dash.contract import WANDB_DIR, ingested_dir
 from kforge_dash.export.history import History
 from kforge_dash.optional import require
+from kforge_dash.run_view import run_view
 
 DEFAULT_PROJECT = "kforge"
 DEFAULT_BASE_URL = "https://api.wandb.ai"
@@ -82,15 +83,14 @@ def wandb_config(summary: dict) -> dict:
 
 
 def wandb_summary(history: History) -> dict:
+    """What a W&B user compares across runs: numbers (W&B sorts and plots them), the same values the runs table
+    of the dashboard and kforge-report shows (run_view.py: a list as its count)."""
     summary = history.summary
     out = {f"kforge/{k}": summary[k] for k in SUMMARY_KEYS if k in summary}
-    if isinstance(summary.get("restarts"), list):
-        out["kforge/restarts"] = len(summary["restarts"])
-    goodput = summary.get("goodput")
-    if isinstance(goodput, dict) and isinstance(goodput.get("fraction"), (int, float)):
-        out["kforge/goodput"] = goodput["fraction"]
-    if isinstance(summary.get("findings"), list):
-        out["kforge/findings"] = len(summary["findings"])
+    values = run_view(summary).values
+    for key, name in (("restarts", "restarts"), ("goodput", "goodput.fraction"), ("findings", "findings")):
+        if values[name] is not None and (key != "restarts" or isinstance(summary.get("restarts"), list)):
+            out[f"kforge/{key}"] = values[name]
     out.update({f"nonfinite/{tag}": n for tag, n in history.nonfinite_counts().items()})
     return out
 

@@ -2,6 +2,7 @@
 
 import streamlit as st
 
+from kforge_dash import column_registry as reg
 from kforge_dash import text
 from kforge_dash.browse import detail as prep_detail
 from kforge_dash.browse import diagnosis as prep_diagnosis
@@ -11,6 +12,7 @@ from kforge_dash.browse import findings_figures, tables
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse.views import common, hang_card
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
+from kforge_dash.run_view import run_view
 from kforge_dash.text import md_text
 
 MAX_OPEN_FINDINGS = 6  # shown at once; the rest in an expander
@@ -67,25 +69,18 @@ run = runs[name]
 s = run.summary
 hang_card.render(s)  # a hung job: what the person paged reads first
 
-train_s, clock_s = text.wall_times(s)
-goodput = s.get("goodput") if isinstance(s.get("goodput"), dict) else {}
-c = st.columns(4)
-c[0].metric("steps", text.count(s.get("steps")))
-c[1].metric("ranks", text.count(s.get("world_size")))
-head = text.headline(s)  # the same text as the CLI screen and kforge-report
-c[2].metric(text.MEAN_MFU, head[text.MEAN_MFU], help=text.MFU_HELP)
-c[3].metric(f"{text.FINAL_LOSS} (mean of ranks)", head[text.FINAL_LOSS], help=f"{text.LOSS_HELP}; here {s.get('final_loss')!r}")
-c = st.columns(4)
-c[0].metric(text.TRAINING_TIME, text.duration(train_s), help=text.WALL_TIMES_HELP)
-c[1].metric(text.JOB_WALL_CLOCK, text.duration(clock_s), help=text.WALL_TIMES_HELP)
-c[2].metric("goodput", head["goodput"])
-c[3].metric("restarts", len(s.get("restarts") or []))
+view = run_view(s)  # the same words and text as the CLI screen and kforge-report
+for names in (("steps", "world_size", "mean_mfu", "final_loss"),
+              ("wall_time_s", "goodput.total_s", "goodput.fraction", "restarts")):
+    for col, field in zip(st.columns(4), names):
+        raw = f"; here {s.get(field)!r}" if field == "final_loss" else ""  # the value as recorded (nan, 15 digits)
+        col.metric(reg.label(field), view.text(field), help=reg.help_of(field) + raw)
 # Where MFU's two inputs came from: a wrong one makes every MFU figure quietly wrong.
-# Hardware here, not as a metric: "NVIDIA H100 80GB HBM3 ×8" does not fit a metric's quarter of the page.
-st.caption(f"Hardware: {md_text(text.device_label(s))} · MFU inputs: {md_text(text.flops_origin(s))}")
+# The device here, not as a metric: "NVIDIA H100 80GB HBM3 ×8" does not fit a metric's quarter of the page.
+st.caption(f"{reg.label('device').capitalize()}: {md_text(view.device)} · MFU inputs: {md_text(view.mfu_inputs)}")
 
 st.subheader("Findings")
-cards = prep_findings.finding_cards(s)
+cards = view.cards
 if "findings" not in s:
     st.info("Ingested before findings existed: re-ingest the run (kforge-ingest) to see them.")
 elif not cards:
@@ -106,8 +101,8 @@ for i, card in enumerate(cards[:MAX_FINDINGS]):
 if len(cards) > MAX_FINDINGS:
     more.caption(f"{len(cards) - MAX_FINDINGS:,} more, the least severe: every finding is in "
                  f"{md_text(run.name)}/ingested/summary.json and in kforge-report.")
-if prep_diagnosis.what_if_text(s):  # from summary.json what_if: the run without its stragglers
-    st.info(md_text(prep_diagnosis.what_if_text(s)), icon=":material/timer:")  # host names: as text
+if view.what_if:  # from summary.json what_if: the run without its stragglers
+    st.info(md_text(view.what_if), icon=":material/timer:")  # host names: as text
 waterfall, mfu_fall = prep_findings.goodput_waterfall(s), prep_diagnosis.mfu_waterfall(s)
 left, right = st.columns(2) if mfu_fall is not None else (st.container(), None)
 if waterfall is not None:

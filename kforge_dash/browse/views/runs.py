@@ -3,9 +3,10 @@
 import pandas as pd
 import streamlit as st
 
+from kforge_dash import column_registry as reg
 from kforge_dash import text
 from kforge_dash.browse import runs as prep_runs
-from kforge_dash.browse import tables
+from kforge_dash.browse import runs_table, tables
 from kforge_dash.browse.views import common
 from kforge_dash.text import md_text
 
@@ -18,39 +19,27 @@ if not runs:
     st.stop()
 
 cfg = st.column_config
-FORMATS = {
-    "wall_time_h": lambda h: text.duration(h * 3600), "final_loss": text.loss, "best_loss": text.loss,
-    "mean_mfu": text.percent, "peak_mem_gib": lambda g: text.gib(g * text.GIB), "tokens": text.count,
-    "steps": text.count, "gpus": text.count, "restarts": text.count, "warnings": text.count,
-    "goodput": text.percent, "findings": text.count,
-}
 # Columns without a gap stay numbers (they sort as numbers; the Styler only says how they read);
 # a column with a gap is shown as text with "—" (Streamlit would print "None").
 # The table fits a 1400 px window: the page's side margins narrowed, columns that say the same on every
-# row said once above it (runs.table_columns), findings and warnings next to the names.
+# row said once above it (runs_table.table_columns), findings and warnings next to the names.
 # The sidebar holds only the page links here: narrower, so the table's last column (tags) fits 1280 px too.
 st.html("<style>.stMainBlockContainer { padding-left: 1.5rem; padding-right: 1.5rem; }\n"
         "section[data-testid='stSidebar'] { width: 240px !important; min-width: 240px !important; }</style>")
-data = prep_runs.runs_table(runs)
-if (note := prep_runs.runs_table_note(data)) is not None:
+data = runs_table.runs_table(runs)
+if (note := runs_table.runs_table_note(data)) is not None:
     st.caption(md_text(note))
-rows = tables.with_missing_as_dash(data.to_dicts(), FORMATS)
+formats = runs_table.formats(data)  # the column registry's: the same text as kforge-report's runs table
+rows = tables.with_missing_as_dash(data.to_dicts(), formats)
 table = pd.DataFrame(rows, columns=data.columns)
-numeric = {c: f for c, f in FORMATS.items() if c in table and pd.api.types.is_numeric_dtype(table[c])}
+numeric = {c: f for c, f in formats.items() if c in table and pd.api.types.is_numeric_dtype(table[c])}
 shown = table.style.format(numeric, na_rep=text.MISSING)
 st.dataframe(
     # every run on the page up to 30 (Streamlit's default shows 10 and scrolls inside the table), then a tall table
-    shown, hide_index=True, key="runs_table", column_order=prep_runs.table_columns(data),
+    shown, hide_index=True, key="runs_table", column_order=runs_table.table_columns(data),
     height="content" if len(table) <= 30 else 1000,
-    column_config={
-        "wall_time_h": cfg.Column(text.TRAINING_TIME, help=text.WALL_TIMES_HELP),
-        "final_loss": cfg.Column(text.FINAL_LOSS, help=text.LOSS_HELP),
-        "best_loss": cfg.Column(text.BEST_LOSS, help=text.LOSS_HELP),
-        "mean_mfu": cfg.Column(text.MEAN_MFU, help=text.MFU_HELP),
-        "peak_mem_gib": cfg.Column("peak mem"), "gpus": cfg.Column("ranks"), "device": cfg.Column("hardware"),
-        "goodput": cfg.Column("goodput", help=f"productive share of the {text.JOB_WALL_CLOCK} (Run detail shows both times)"),
-        "findings": cfg.Column("findings", help="spikes, NaNs, stragglers ... (Run detail lists them)"),
-    },
+    # labels and tooltips from the column registry, as kforge-report's
+    column_config={c: cfg.Column(reg.label(c), help=reg.help_of(c)) for c in data.columns},
 )
 
 st.subheader("Config diff")
