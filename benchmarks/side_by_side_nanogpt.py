@@ -207,7 +207,7 @@ def loss_check(run: Path, log: NanoLog) -> tuple[int, int]:
 def row(label: str, nano: Side, kf: Side, old_s: float) -> list[str]:
     return [label, f"{nano.time_s:.3f}", f"{kf.time_s:.3f}", f"{kf.time_s / nano.time_s:.4f}",
             f"{nano.tokens_per_s:,.0f}", f"{kf.tokens_per_s:,.0f}", f"{kf.tokens_per_s / nano.tokens_per_s:.4f}",
-            f"{nano.mfu * 100:.5f}", f"{kf.mfu * 100:.5f}", f"{kf.mfu / nano.mfu:.4f}", f"{old_s / nano.time_s:.4f}"]
+            f"{nano.mfu * 100:.4g}", f"{kf.mfu * 100:.4g}", f"{kf.mfu / nano.mfu:.4f}", f"{old_s / nano.time_s:.4f}"]
 
 
 # all iterations; from the 2nd (the ranks in step after the first all-reduce); from the 6th (where
@@ -233,9 +233,9 @@ def one_run(nanogpt: Path, work: Path, args: argparse.Namespace, i: int) -> tupl
     model = json.loads(next(run.glob("rank-00000/*/meta.json")).read_text())["model"]
     print(f"run {i}: {work / f'run-{i}'}: rank 0's loss equals nanoGPT's print on {equal}/{n} iterations; "
           f"summary.json wall_time_s {summary['wall_time_s']:.3f}, mean_tokens_per_sec {summary['mean_tokens_per_sec']:,.0f}, "
-          f"mean_mfu {summary['mean_mfu'] * 100:.5f} %; nanoGPT's last printed running mfu {log.mfu_ema_pct[-1]:.2f} %; "
-          f"N: nanoGPT {n_params:,}, kforge recorded {model.get('n_params'):,}; the ranks' mean first start is "
-          f"{start * 1e3:.1f} ms after rank 0's, their mean last end {end * 1e3:+.1f} ms from rank 0's: "
+          f"mean_mfu {summary['mean_mfu'] * 100:.4g} %; nanoGPT's last printed running mfu {log.mfu_ema_pct[-1]:.2f} %; "
+          f"N: nanoGPT {n_params:,}, kforge recorded {model.get('n_params'):,}; the ranks' mean first start "
+          f"{start * 1e3:+.1f} ms from rank 0's, their mean last end {end * 1e3:+.1f} ms: "
           f"kforge/nanoGPT time over all iterations expected {explained:.4f}, measured {ratios['all'][0]:.4f}", flush=True)
     return rows, {"ratios": ratios, "loss_equal": equal, "loss_n": n}
 
