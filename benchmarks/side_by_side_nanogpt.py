@@ -119,7 +119,7 @@ def parse_log(text: str) -> NanoLog:
             dt.append(float(m.group(3)) / 1000)
             mfu.append(float(m.group(4)))
     if tokens_per_iter is None or not iters:
-        raise SystemExit("no nanoGPT log lines found (see the log in the work folder)")
+        raise SystemExit(f"no nanoGPT log lines found in rank 0's stdout:\n{text[-2000:]}")
     return NanoLog(tokens_per_iter, iters, loss, dt, mfu)
 
 
@@ -134,19 +134,23 @@ def run_once(nanogpt: Path, work: Path, args: argparse.Namespace, seed: int) -> 
     overrides = dict(CONFIG, dataset="synthetic", out_dir=str(work / "out"), device="cpu", dtype="float32",
                      compile=False, backend="gloo", max_iters=args.iters, eval_interval=10**9, eval_iters=2,
                      log_interval=1, decay_lr=False, always_save_checkpoint=False)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.world}", "train.py",
+    logs = work / "torchrun-logs"  # each rank's stdout in a file of its own: block-buffered ranks sharing a pipe interleave
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.world}",
+           f"--log-dir={logs}", "--redirects=3", "train.py",
            *(f"--{k}={v}" for k, v in overrides.items())]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "KFORGE_RUN": str(run), "KFORGE_JITTER_MS": str(args.jitter_ms),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
-    (work / "nanogpt.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode:
-        raise SystemExit(f"torchrun failed ({proc.returncode}); log: {work / 'nanogpt.log'}\n{proc.stderr[-2000:]}")
+    rank0 = [p.read_text() for p in sorted(logs.glob("*/attempt_0/0/stdout.log"))]
+    (work / "nanogpt.log").write_text("".join(rank0))
+    if proc.returncode or len(rank0) != 1:
+        errs = "".join(p.read_text()[-2000:] for p in sorted(logs.glob("*/attempt_0/*/stderr.log")))
+        raise SystemExit(f"torchrun failed ({proc.returncode}, {len(rank0)} rank-0 logs)\n{proc.stderr[-2000:]}\n{errs}")
     ingest = subprocess.run([sys.executable, "-m", "kforge_dash.cli.ingest", str(run), "--no-tensorboard", "--quiet"],
                             env=env, capture_output=True, text=True, timeout=600)
     if ingest.returncode:
         raise SystemExit(f"kforge-ingest failed: {ingest.stderr[-2000:]}")
-    return parse_log(proc.stdout), run
+    return parse_log(rank0[0]), run
 
 
 def nanogpt_mfu(nanogpt: Path, fwdbwd: int, dt: float) -> tuple[float, int]:
