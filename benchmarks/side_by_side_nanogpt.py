@@ -211,7 +211,7 @@ def loss_check(run: Path, log: NanoLog) -> tuple[int, int]:
 def row(label: str, nano: Side, kf: Side, old_s: float) -> list[str]:
     return [label, f"{nano.time_s:.3f}", f"{kf.time_s:.3f}", f"{kf.time_s / nano.time_s:.4f}",
             f"{nano.tokens_per_s:,.0f}", f"{kf.tokens_per_s:,.0f}", f"{kf.tokens_per_s / nano.tokens_per_s:.4f}",
-            f"{nano.mfu * 100:.4g}", f"{kf.mfu * 100:.4g}", f"{kf.mfu / nano.mfu:.4f}", f"{old_s / nano.time_s:.4f}"]
+            f"{nano.mfu * 100:#.4g}", f"{kf.mfu * 100:#.4g}", f"{kf.mfu / nano.mfu:.4f}", f"{old_s / nano.time_s:.4f}"]
 
 
 # all iterations; from the 2nd (the ranks in step after the first all-reduce); from the 6th (where
