@@ -20,6 +20,13 @@ tokens_per_iter (its own print) x iterations / Σdt, MFU = its own GPT.estimate_
 gradient_accumulation_steps x iterations, Σdt) (6N + 12·L·H·Q·T per token, 312 TFLOPS). kforge
 gets the same FLOPs through Recorder(model=dict(n_params=N, n_layers=L, dim=H·Q, seq_len=T)) and
 Recorder(peak_tflops=312): 6·N + 12·L·D·S is the same formula.
+
+Rows per run: all iterations, from the 2nd (the ranks in step after the first all-reduce), from
+the 6th (where nanoGPT's EMA starts). Over all iterations the two differ by the ranks' start skew
+(nanoGPT's Σdt is rank 0's clock from its first iteration; kforge's training time the ranks' mean
+first start -> last end, docs/CONTRACT.md): each run prints the ratio that skew predicts beside
+the measured one. The last column is the step time kforge used before issue 27 (Σ of each step's
+slowest own start_step->end_step) over nanoGPT's Σdt. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
