@@ -107,6 +107,12 @@ def _scan_one(item: PartToRead, spec: ReadSpec, lo: int, hi: int) -> pl.LazyFram
     return pl.scan_parquet(part.path, glob=False).filter(cond).select(exprs)
 
 
+def scan_part(item: PartToRead, spec: ReadSpec) -> pl.LazyFrame:
+    """Every row of one part file that the plan keeps (its launch's cut-off applied), in write order,
+    with every output column (absent ones null) and ``_row``, its row's index in the file."""
+    return _scan_one(item._replace(skip_rows=0), spec, -(1 << 62), 1 << 62).with_row_index("_row")
+
+
 _PIECE_ROWS = 16_384  # rows of a big part file counted as one place a window may end
 
 

@@ -1,0 +1,96 @@
+"""An in-process rollback (one Recorder: steps 1-150, the step-100 checkpoint reloaded, steps 101-200) is a
+restart like a relaunch: a restarts entry, wasted progress, the restart finding, the superseded steps kept and
+drawn (docs/restarts.md "Rollbacks in one process"); a plain duplicate keeps its warning."""
+
+import os
+import warnings
+
+import polars as pl
+import pytest
+from findings_fixtures import Clock, install
+from ingest_fixtures import close_all, open_ranks, read_outputs
+
+from kforge_dash.ingest.options import IngestOptions
+from kforge_dash.ingest.run import ingest_run
+
+
+def _rollback_run(run, monkeypatch, *, world=2, chunk_rows=None):
+    """Steps 1-150 (loss = step), reload step 100, steps 101-200 (loss = 1000 + step); 1 s steps on one clock."""
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(run, world, flush_every_steps=40)
+    clock.t += 5.0
+    for n, s in enumerate(list(range(1, 151)) + list(range(101, 201))):
+        second = n >= 150
+        for rec in recs.values():
+            rec.start_step()
+        clock.t += 1.0
+        for rec in recs.values():
+            rec.end_step(s, loss=(1000.0 if second else 0.0) + s, tokens=10)
+    close_all(recs)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows) if chunk_rows else None)
+    return [str(w.message) for w in got]
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 60])
+def test_an_in_process_rollback_is_a_restart_with_its_superseded_steps_kept(tmp_path, monkeypatch, chunk_rows):
+    run = str(tmp_path / "rb")
+    said = _rollback_run(run, monkeypatch, chunk_rows=chunk_rows)
+    steps, ranks, summary = read_outputs(run)
+    assert not any("recorded more than once" in w for w in said + summary["warnings"])
+    (r,) = summary["restarts"]
+    assert r["in_process"] is True and r["why"] == "rollback" and r["attempt"] == 0 and r["ranks"] == [0, 1]
+    assert (r["resumed_at_step"], r["previous_last_step"], r["superseded_steps"]) == (101, 150, 50)
+    assert r["wasted_s"] == pytest.approx(50.0)
+    # the kept line: 1-100 of the first pass, 101-200 of the second; step 101's period no longer holds the 50 s
+    assert steps["step"].to_list() == list(range(1, 201))
+    assert steps["loss"].to_list() == [float(s) for s in range(1, 101)] + [1000.0 + s for s in range(101, 201)]
+    assert steps["step_time_s"].to_list() == pytest.approx([1.0] * 200)
+    assert summary["wall_time_s"] == pytest.approx(200.0)
+    # goodput: the 50 superseded seconds are wasted progress, and everything adds up
+    g = summary["goodput"]
+    assert g["buckets"]["wasted_progress"] == pytest.approx(50.0) and g["wasted_steps"] == 50
+    assert g["productive_s"] + sum(g["buckets"].values()) == pytest.approx(g["total_s"])
+    assert g["total_s"] == pytest.approx(255.0)
+    (f,) = [f for f in summary["findings"] if f["kind"] == "restart"]
+    assert (f["first_step"], f["last_step"]) == (101, 150) and "rolled back" in f["message"]
+    assert "50 steps recomputed (50.0 s of wasted progress)" in f["message"]
+    # the superseded steps, kept once (not a second copy of the run)
+    sup = pl.read_parquet(os.path.join(run, "ingested", "superseded.parquet"))
+    loss = sup.filter(pl.col("tag") == "loss").sort("step")
+    assert loss["step"].to_list() == list(range(101, 151)) and loss["value"].to_list() == [float(s) for s in range(101, 151)]
+    assert set(sup["reason"].to_list()) == {"rollback"} and set(sup["superseded_at_step"].to_list()) == {101}
+    assert ranks.height == 400
+
+
+def test_the_superseded_branch_is_drawn_faint_from_the_step_it_rolled_back_to(tmp_path, monkeypatch):
+    from kforge_dash.browse.figures import metric_figure
+    from kforge_dash.browse.series import RunSource, prepare_compare
+    from kforge_dash.contract import read_summary_file
+
+    run = str(tmp_path / "rb")
+    _rollback_run(run, monkeypatch, world=1)
+    src = RunSource("rb", __import__("pathlib").Path(run, "ingested", "steps.parquet"),
+                    read_summary_file(os.path.join(run, "ingested", "summary.json")))
+    data = prepare_compare([src], ["loss"])
+    fig = metric_figure(data, "loss", {"rb": "#1f77b4"})
+    (branch,) = [t for t in fig.data if t.name and "superseded" in t.name]
+    assert list(branch.x) == list(range(100, 151))  # leaves the kept line at step 100
+    assert list(branch.y)[0] == 100.0 and list(branch.y)[-1] == 150.0
+    assert branch.opacity < 1 and "rollback" in branch.hovertemplate and "launch 0" in branch.hovertemplate
+
+
+def test_a_plain_duplicate_keeps_its_warning_and_is_no_restart(tmp_path, monkeypatch):
+    run = str(tmp_path / "dup")
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(run, 1)
+    for s in (1, 2, 2, 3):
+        recs[0].start_step()
+        clock.t += 1.0
+        recs[0].end_step(s, loss=float(s), tokens=10)
+    close_all(recs)
+    with pytest.warns(UserWarning, match="rank 0: 1 steps recorded more than once in attempt 0"):
+        ingest_run(run)
+    _, _, summary = read_outputs(run)
+    assert summary["restarts"] == [] and not os.path.exists(os.path.join(run, "ingested", "superseded.parquet"))
