@@ -94,3 +94,17 @@ def test_a_plain_duplicate_keeps_its_warning_and_is_no_restart(tmp_path, monkeyp
         ingest_run(run)
     _, _, summary = read_outputs(run)
     assert summary["restarts"] == [] and not os.path.exists(os.path.join(run, "ingested", "superseded.parquet"))
+
+
+def test_the_run_page_shows_the_lineage_table_and_the_branch(tmp_path, monkeypatch):
+    from dash_fixtures import detail_page
+
+    _rollback_run(str(tmp_path / "rb"), monkeypatch, world=1)
+    monkeypatch.undo()  # the recorder's clocks back (the page reads files only)
+    at = detail_page(tmp_path, monkeypatch, "rb")
+    assert not at.exception
+    (table,) = [d for d in at.dataframe if "segment" in d.value.columns]
+    rows = table.value.to_dict("records")
+    assert [r["segment"] for r in rows] == ["launch 0", "launch 0, rollback 1"]
+    assert (rows[1]["first_step"], rows[1]["resumed_from"], rows[1]["recomputed"], rows[1]["why"]) == (101, "100", "50", "rollback")
+    assert any("superseded" in str(c.proto.spec) for c in at.get("plotly_chart"))

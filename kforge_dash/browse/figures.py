@@ -130,6 +130,13 @@ def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, lo
             hoverinfo="skip" if faint else None,
             hovertemplate=None if faint else hover,
         ))
+    for b in data.branches:  # the steps a restart superseded: faint, leaving the kept line where it went back to
+        if b.metric == metric:
+            fig.add_trace(go.Scatter(
+                x=_compact(b.x), y=b.y * scale if scale != 1.0 else b.y, customdata=b.step, mode="lines",
+                name=text(f"{b.run}: superseded"), legendgroup=text(b.run), showlegend=False, opacity=0.35,
+                line=dict(color=colours.get(b.run), width=1, dash="dot"),
+                hovertemplate=f"{text(b.run)}: {text(b.text)}<br>%{{y:{fmt}}} · step %{{customdata}}<extra></extra>"))
     for m in data.markers:
         if m.metric != metric:
             continue

@@ -288,7 +288,7 @@ def _restarts_html(s: dict) -> str:
     restarts = s.get("restarts") or []
     if not restarts:
         return "<p>No restarts.</p>"
-    keys = ["attempt", "resumed_at_step", "previous_last_step", "superseded_steps"]
+    keys = ["attempt", "resumed_at_step", "previous_last_step", "superseded_steps", "why"]
     rows = [[text.MISSING if r.get(k) is None else r.get(k) for k in keys] for r in restarts]
     return f"<h4>Restarts ({len(rows)})</h4>" + _table(["attempt", "resumed at step", "previous last step",
                                                         "steps recomputed"], rows)
