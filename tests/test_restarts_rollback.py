@@ -106,5 +106,28 @@ def test_the_run_page_shows_the_lineage_table_and_the_branch(tmp_path, monkeypat
     (table,) = [d for d in at.dataframe if "segment" in d.value.columns]
     rows = table.value.to_dict("records")
     assert [r["segment"] for r in rows] == ["launch 0", "launch 0, rollback 1"]
-    assert (rows[1]["first_step"], rows[1]["resumed_from"], rows[1]["recomputed"], rows[1]["why"]) == (101, "100", "50", "rollback")
+    got = (rows[1]["first_step"], rows[1]["resumed_from"], rows[1]["recomputed"], rows[1]["why"])
+    assert got == (101, "100", "50", "rollback")
     assert any("superseded" in str(c.proto.spec) for c in at.get("plotly_chart"))
+
+
+def test_tensorboard_and_wandb_carry_the_kept_line_and_the_lineage_as_text(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from kforge_dash.export.history import load_history
+    from kforge_dash.export.run import export_run
+    from kforge_dash.export.wandb import wandb_summary
+
+    run = str(tmp_path / "rb")
+    _rollback_run(run, monkeypatch, world=1)
+    assert export_run(run, wandb=False).tensorboard.ok
+    acc = EventAccumulator(run, size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    loss = [(e.step, e.value) for e in acc.Scalars("1_train/loss")]
+    assert [s for s, _ in loss] == list(range(1, 201)) and loss[100][1] == 1101.0  # the kept line, once per step
+    (entry,) = acc.Tensors("lineage")
+    said = entry.tensor_proto.string_val[0].decode()
+    assert entry.step == 101 and "rollback in launch 0" in said and "resumed at step 101 after step 150" in said
+    assert "50 steps run again" in said
+    lineage = wandb_summary(load_history(run))["kforge/lineage"]
+    assert "rollback in launch 0" in lineage and "after step 150" in lineage

@@ -277,8 +277,8 @@ def _restart_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker
     pos = np.clip(np.searchsorted(step, at), 0, len(step) - 1)
     height = _finite_neighbour(y, np.isfinite(y), pos)
     hover = [
-        f"{'rollback in' if r.get('in_process') else 'restart:'} attempt {r.get('attempt')} resumed at step {r.get('resumed_at_step')}"
-        f" (previous attempt reached {r.get('previous_last_step')}"
+        f"{'rollback in' if r.get('in_process') else 'restart:'} attempt {r.get('attempt')} resumed at step "
+        f"{r.get('resumed_at_step')} ({'it' if r.get('in_process') else 'previous attempt'} reached {r.get('previous_last_step')}"
         + (f", {text.counted(r['superseded_steps'], 'step')} superseded)" if isinstance(r.get("superseded_steps"), int) else ")")
         for r in restarts if r.get("resumed_at_step") is not None
     ]

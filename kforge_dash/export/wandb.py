@@ -51,6 +51,7 @@ from urllib.parse import urlparse
 
 from kforge_dash.contract import WANDB_DIR, ingested_dir
 from kforge_dash.export.history import History
+from kforge_dash.export.tb_findings import lineage_text
 from kforge_dash.optional import require
 
 DEFAULT_PROJECT = "kforge"
@@ -86,6 +87,8 @@ def wandb_summary(history: History) -> dict:
     out = {f"kforge/{k}": summary[k] for k in SUMMARY_KEYS if k in summary}
     if isinstance(summary.get("restarts"), list):
         out["kforge/restarts"] = len(summary["restarts"])
+        if (lineage := lineage_text(summary)) is not None:
+            out["kforge/lineage"] = lineage  # the restarts as text: the history is the kept line
     goodput = summary.get("goodput")
     if isinstance(goodput, dict) and isinstance(goodput.get("fraction"), (int, float)):
         out["kforge/goodput"] = goodput["fraction"]

@@ -58,7 +58,8 @@ __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce
 
 # Bump when the outputs' meaning changes: a new version re-ingests unchanged shards.
 INGEST_VERSION = "9"  # 9: in-process rollbacks are restarts (restarts[].in_process, why, ranks, wasted_s),
-# superseded.parquet, the periods of the steps after a rollback without the superseded steps' time; 8: steps.parquet step_time_s the period between step ends (mean over ranks), the ranks' own
+# superseded.parquet, the periods of the steps after a rollback without the superseded steps' time;
+# 8: steps.parquet step_time_s the period between step ends (mean over ranks), the ranks' own
 # times as step_work_s/_min_s/_median_s; goodput's between_steps bucket; findings cost_s, grad_norm_spike,
 # immaterial findings info, what-if over found stragglers;
 # hang, desync and replica_divergence findings, hang evidence in the fingerprint;
