@@ -14,8 +14,9 @@ from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 
 
-def _rollback_run(run, monkeypatch, *, world=2, chunk_rows=None):
-    """Steps 1-150 (loss = step), reload step 100, steps 101-200 (loss = 1000 + step); 1 s steps on one clock."""
+def _rollback_run(run, monkeypatch, *, world=2, chunk_rows=None, log_loss=False):
+    """Steps 1-150 (loss = step), reload step 100, steps 101-200 (loss = 1000 + step); 1 s steps on one clock.
+    ``log_loss``: the loss given by Recorder.log after end_step (as framework adapters do), not by end_step."""
     clock = install(monkeypatch, Clock())
     recs = open_ranks(run, world, flush_every_steps=40)
     clock.t += 5.0
@@ -25,7 +26,10 @@ def _rollback_run(run, monkeypatch, *, world=2, chunk_rows=None):
             rec.start_step()
         clock.t += 1.0
         for rec in recs.values():
-            rec.end_step(s, loss=(1000.0 if second else 0.0) + s, tokens=10)
+            loss = (1000.0 if second else 0.0) + s
+            rec.end_step(s, tokens=10, **({} if log_loss else {"loss": loss}))
+            if log_loss:
+                rec.log(s, loss=loss)
     close_all(recs)
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
@@ -33,10 +37,10 @@ def _rollback_run(run, monkeypatch, *, world=2, chunk_rows=None):
     return [str(w.message) for w in got]
 
 
-@pytest.mark.parametrize("chunk_rows", [None, 60])
-def test_an_in_process_rollback_is_a_restart_with_its_superseded_steps_kept(tmp_path, monkeypatch, chunk_rows):
+@pytest.mark.parametrize(("chunk_rows", "log_loss"), [(None, False), (60, False), (None, True)])
+def test_an_in_process_rollback_is_a_restart_with_its_superseded_steps_kept(tmp_path, monkeypatch, chunk_rows, log_loss):
     run = str(tmp_path / "rb")
-    said = _rollback_run(run, monkeypatch, chunk_rows=chunk_rows)
+    said = _rollback_run(run, monkeypatch, chunk_rows=chunk_rows, log_loss=log_loss)
     steps, ranks, summary = read_outputs(run)
     assert not any("recorded more than once" in w for w in said + summary["warnings"])
     (r,) = summary["restarts"]
@@ -131,3 +135,33 @@ def test_tensorboard_and_wandb_carry_the_kept_line_and_the_lineage_as_text(tmp_p
     assert "50 steps run again" in said
     lineage = wandb_summary(load_history(run))["kforge/lineage"]
     assert "rollback in launch 0" in lineage and "after step 150" in lineage
+
+
+@pytest.mark.parametrize("seen", [50, 150, 180])
+def test_an_append_gives_what_a_full_ingest_gives(tmp_path, monkeypatch, seen):
+    """Ingested while it ran (after ``seen`` of its 250 end_step calls) and again at the end: the same steps,
+    restarts and superseded points as one ingest of the whole run (no period fixed twice)."""
+    run = str(tmp_path / "rb")
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(run, 2, flush_every_steps=10)
+    order = list(range(1, 151)) + list(range(101, 201))
+    for n, s in enumerate(order):
+        for rec in recs.values():
+            rec.start_step()
+        clock.t += 1.0
+        for rec in recs.values():
+            rec.end_step(s, loss=(1000.0 if n >= 150 else 0.0) + s, tokens=10)
+        if n + 1 == seen:
+            for rec in recs.values():
+                rec.flush()
+            ingest_run(run)
+    close_all(recs)
+    ingest_run(run)
+    steps, _, summary = read_outputs(run)
+    sup = pl.read_parquet(os.path.join(run, "ingested", "superseded.parquet"))
+    ingest_run(run, options=IngestOptions(force=True))
+    steps2, _, summary2 = read_outputs(run)
+    assert steps.select("step", "step_time_s", "loss").equals(steps2.select("step", "step_time_s", "loss"))
+    assert summary["restarts"] == summary2["restarts"] and summary["restarts"][0]["wasted_s"] == pytest.approx(50.0)
+    assert summary["goodput"]["buckets"] == pytest.approx(summary2["goodput"]["buckets"])
+    assert sup.equals(pl.read_parquet(os.path.join(run, "ingested", "superseded.parquet")))
