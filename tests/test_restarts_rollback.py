@@ -165,3 +165,33 @@ def test_an_append_gives_what_a_full_ingest_gives(tmp_path, monkeypatch, seen):
     assert summary["restarts"] == summary2["restarts"] and summary["restarts"][0]["wasted_s"] == pytest.approx(50.0)
     assert summary["goodput"]["buckets"] == pytest.approx(summary2["goodput"]["buckets"])
     assert sup.equals(pl.read_parquet(os.path.join(run, "ingested", "superseded.parquet")))
+
+
+def test_the_steps_a_relaunch_superseded_are_kept_and_named_by_it(tmp_path, monkeypatch):
+    """Launch 0 ends steps 1-30 and closes; launch 1 resumes from the step-20 checkpoint: launch 0's rows of
+    steps 21-30 (never read by the row pass) are kept as superseded by the relaunch, and drawn."""
+    from kforge_dash.browse.figures import metric_figure
+    from kforge_dash.browse.series import RunSource, prepare_compare
+
+    run = str(tmp_path / "re")
+    clock = install(monkeypatch, Clock())
+    for launch, steps in ((0, range(1, 31)), (1, range(21, 41))):
+        recs = open_ranks(run, 2)
+        for s in steps:
+            for rec in recs.values():
+                rec.start_step()
+            clock.t += 1.0
+            for rec in recs.values():
+                rec.end_step(s, loss=100.0 * launch + s, tokens=10)
+        close_all(recs)
+        clock.t += 10.0
+    ingest_run(run)
+    steps, _, summary = read_outputs(run)
+    assert [(r["attempt"], r["why"], r["in_process"]) for r in summary["restarts"]] == [(1, "relaunch", False)]
+    sup = pl.read_parquet(os.path.join(run, "ingested", "superseded.parquet")).filter(pl.col("tag") == "loss")
+    assert sup["step"].to_list() == list(range(21, 31)) and sup["value"].to_list() == [float(s) for s in range(21, 31)]
+    assert set(sup["reason"]) == {"relaunch"} and set(sup["attempt"]) == {0} and set(sup["superseded_at_step"]) == {21}
+    src = RunSource("re", __import__("pathlib").Path(run, "ingested", "steps.parquet"), summary)
+    (branch,) = [t for t in metric_figure(prepare_compare([src], ["loss"]), "loss", {}).data
+                 if "superseded" in (t.name or "")]
+    assert list(branch.x) == list(range(20, 31)) and "superseded by launch 1 (relaunch)" in branch.hovertemplate

@@ -64,7 +64,10 @@ def branches(name: str, steps_path, summary: dict, metrics: list[str], kept: pl.
     starts = [a.get("start_time") for a in summary.get("attempts") or [] if a.get("start_time") is not None]
     start = min(starts) if starts else None  # series.run_start_time (which imports this module)
     out = []
-    for (metric, at, attempt), g in sup.sort("step").group_by("tag", "superseded_at_step", "attempt", maintain_order=True):
+    if "attempt" not in sup.columns:  # kforge-import's file has none: one launch
+        sup = sup.with_columns(attempt=pl.lit(0, pl.Int64))
+    keys = ("tag", "superseded_at_step", "attempt", "reason")
+    for (metric, at, attempt, reason), g in sup.sort("step").group_by(*keys, maintain_order=True):
         if step_range is not None:
             g = g.filter(pl.col("step").is_between(step_range.first, step_range.last))
         x = _x(axis, g["step"].to_numpy(), g["time"].to_numpy(), start)
@@ -76,16 +79,20 @@ def branches(name: str, steps_path, summary: dict, metrics: list[str], kept: pl.
             step = np.r_[anchor["step"].to_numpy(), step]
             y = np.r_[anchor[metric].cast(pl.Float64).to_numpy(), y]
             x = np.r_[anchor["__x"].to_numpy().astype(x.dtype) if axis != "step" else anchor["step"].to_numpy(), x]
-        out.append(Branch(name, metric, x, y, step, _hover(summary, at, attempt, int(g["step"].max()))))
+        out.append(Branch(name, metric, x, y, step, _hover(summary, at, attempt, reason, int(g["step"].max()))))
     return out
 
 
-def _hover(summary: dict, at: int, attempt, last: int) -> str:
-    r = next((r for r in summary.get("restarts") or [] if r.get("resumed_at_step") == at
-              and (attempt is None or r.get("attempt") == attempt)), {})
-    if r.get("in_process"):
-        return f"superseded by a rollback in launch {r.get('attempt')} (resumed at step {at}, steps {at}–{last} run again)"
-    return f"superseded by launch {r.get('attempt', attempt)} ({r.get('why') or 'relaunch'}, resumed at step {at})"
+def _hover(summary: dict, at: int, attempt, reason, last: int) -> str:
+    """What superseded a branch: the rollback in its launch, or the launch that resumed at ``at``."""
+    restarts = summary.get("restarts") or []
+    if reason == "rollback":
+        return f"steps {at}–{last} of launch {attempt}, superseded by its rollback to step {at} (run again)"
+    r = next((r for r in restarts if not r.get("in_process") and r.get("resumed_at_step") == at), None)
+    if r is None:
+        return f"steps {at}–{last} of launch {attempt}, superseded ({reason})"
+    return (f"steps {at}–{last} of launch {attempt}, superseded by launch {r.get('attempt')} "
+            f"({r.get('why') or 'relaunch'}), which resumed at step {at}")
 
 
 LINEAGE_COLUMNS = {"segment": pl.String, "first_step": pl.Int64, "last_step": pl.Int64, "resumed_from": pl.Int64,

@@ -27,16 +27,17 @@ The rows are read again only for those (rank, attempt)s: a run without repeats c
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
 
 from kforge_dash.contract import SUPERSEDED_FILE
-from kforge_dash.ingest.read import scan_part
+from kforge_dash.ingest.read import PartToRead, scan_part
 from kforge_record.atomic import atomic_path
 
 ROLLBACK = "rollback"  # superseded.parquet ``reason`` and restarts[].why of an in-process rollback
+RELAUNCH = "relaunch"  # superseded.parquet ``reason`` of rows a later launch superseded
 _IDS = ("step", "rank", "attempt", "time", "_pos", "_event")
 
 
@@ -75,12 +76,40 @@ def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
         if dup:
             out.duplicates[key] = dup
         frames.append(sup)
-    if not events:
-        return out
     out.restarts = [_entry(k, e) for k, e in sorted(events.items())]
-    sup = pl.concat(frames, how="vertical_relaxed")
-    out.superseded = _long(sup, plan.spec.cols)
+    parts = [_long(pl.concat(frames, how="vertical_relaxed"), plan.spec.cols, ROLLBACK)] if frames else []
+    parts += [x for x in (_relaunched(plan, L, bad) for L in plan.launches) if x is not None]
+    out.superseded = pl.concat(parts, how="vertical").sort("attempt", "superseded_at_step", "tag", "step") if parts \
+        else None
     return out
+
+
+def _relaunched(plan, L, bad: dict) -> pl.DataFrame | None:
+    """The rows of launch ``L`` at or past its cut-off (the step a later launch resumed at), which the
+    row pass never reads: superseded by that relaunch (reason ``relaunch``). Only its parts that reach
+    the cut-off are read."""
+    cut = plan.spec.cutoff.get(L.index)
+    if cut is None:
+        return None
+    spec = replace(plan.spec, cutoff={**plan.spec.cutoff, L.index: None})
+    frames = []
+    for a in sorted(L.attempts, key=lambda a: a.rank):
+        items = [PartToRead(p, a.rank, L.index) for p in sorted(a.parts, key=lambda p: os.path.basename(p.path))
+                 if p.num_rows and p.max_step is not None and p.max_step >= cut and p.path not in bad]
+        if not items:
+            continue
+        try:
+            df = _rows(items, spec).filter(pl.col("step") >= cut)
+        except (pl.exceptions.PolarsError, OSError):  # unreadable: the row pass warns about its parts
+            continue
+        ended = df.filter(pl.col("step_time_s").is_not_null()).sort("time", "_pos", nulls_last=True)
+        rows = ended.with_row_index("_i").with_columns(_event=pl.lit(cut, pl.Int64))
+        rows = _fold_logs(rows, df.filter(pl.col("step_time_s").is_null()), ended).drop("_i")
+        if rows.height:
+            frames.append(rows.unique(["step"], keep="last", maintain_order=True))
+    if not frames:
+        return None
+    return _long(pl.concat(frames, how="vertical_relaxed"), spec.cols, RELAUNCH)
 
 
 def _rows(items: list, spec) -> pl.DataFrame:
@@ -159,17 +188,16 @@ def _entry(key: tuple, e: dict) -> dict:
             "ranks": sorted(e["ranks"]), "wasted_s": 0.0}
 
 
-def _long(sup: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
-    """superseded.parquet: one point per (rollback, step, column), the mean over ranks."""
-    vals = [c for c in cols if c not in ("step", "rank", "attempt", "time") and c in sup.columns]
+def _long(sup: pl.DataFrame, cols: list[str], reason: str) -> pl.DataFrame:
+    """superseded.parquet: one point per (restart, step, column), the mean over ranks."""
+    vals = [c for c in cols if c not in ("step", "rank", "attempt", "time", "_counts") and c in sup.columns]
     per = sup.group_by("attempt", "_event", "step").agg(
         pl.col("time").max(), *[pl.col(c).cast(pl.Float64).mean() for c in vals])
     return (per.unpivot(index=["attempt", "_event", "step", "time"], on=vals, variable_name="tag")
             .filter(pl.col("value").is_not_null())
             .select(pl.col("tag"), pl.col("step"), pl.col("time"), pl.col("value").cast(pl.Float64),
-                    pl.lit(ROLLBACK).alias("reason"), pl.col("_event").alias("superseded_at_step"),
-                    pl.col("attempt"))
-            .sort("attempt", "superseded_at_step", "tag", "step"))
+                    pl.lit(reason).alias("reason"), pl.col("_event").alias("superseded_at_step"),
+                    pl.col("attempt")))
 
 
 def apply_fix(steps: pl.DataFrame, lineage: Lineage, *, from_step: int | None, fresh: bool = True) -> pl.DataFrame:
