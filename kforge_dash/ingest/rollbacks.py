@@ -39,6 +39,7 @@ from kforge_record.atomic import atomic_path
 ROLLBACK = "rollback"  # superseded.parquet ``reason`` and restarts[].why of an in-process rollback
 RELAUNCH = "relaunch"  # superseded.parquet ``reason`` of rows a later launch superseded
 _IDS = ("step", "rank", "attempt", "time", "_pos", "_event")
+_ENDS = ("step", "time", "step_time_s")
 
 
 @dataclass
@@ -67,9 +68,13 @@ def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
     for key, n in sorted(repeats.items()):
         if not n or key not in by:
             continue
-        df = _rows(sorted(by[key], key=lambda f: os.path.basename(f.part.path)), plan.spec)
-        got = _one(df, key, events, out.period_fix)
-        if got is None:
+        items = sorted(by[key], key=lambda f: os.path.basename(f.part.path))
+        try:  # the step and times first: a plain duplicate costs no more
+            got = _went_back(_rows(items, plan.spec, _ENDS)) and _one(_rows(items, plan.spec), key, events,
+                                                                       out.period_fix)
+        except (pl.exceptions.PolarsError, OSError):  # unreadable now: the row pass warned about its parts
+            got = None
+        if not got:
             out.duplicates[key] = n
             continue
         dup, sup = got
@@ -112,11 +117,20 @@ def _relaunched(plan, L, bad: dict) -> pl.DataFrame | None:
     return _long(pl.concat(frames, how="vertical_relaxed"), spec.cols, RELAUNCH)
 
 
-def _rows(items: list, spec) -> pl.DataFrame:
-    """Every kept row of one (rank, attempt), with ``_pos``: its place in write order."""
+def _rows(items: list, spec, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
+    """Every kept row of one (rank, attempt) (only ``columns``, when given), with ``_pos``: its place in
+    write order."""
     frames = [scan_part(f, spec).with_columns(_pos=pl.col("_row").cast(pl.Int64) + (i << 32)).drop("_row")
               for i, f in enumerate(items)]
+    if columns is not None:
+        frames = [f.select(*columns, "_pos") for f in frames]
     return pl.concat(pl.collect_all(frames), how="vertical")
+
+
+def _went_back(df: pl.DataFrame) -> bool:
+    """Whether a row that ended a step ended one below the step ended just before it (end-time order)."""
+    s = df.filter(pl.col("step_time_s").is_not_null()).sort("time", "_pos", nulls_last=True)["step"].to_numpy()
+    return bool(np.any(s[1:] < s[:-1]))
 
 
 def _one(df: pl.DataFrame, key: tuple, events: dict, fix: list):
@@ -146,22 +160,35 @@ def _one(df: pl.DataFrame, key: tuple, events: dict, fix: list):
         start = t[j] - st[j]
         e["time"] = start if e["time"] is None else min(e["time"], start)
     own = np.r_[st[0], np.diff(t)]  # each row's period in end-time order
-    kept_before, pending, event = False, 0.0, None
-    for i in np.flatnonzero(by_rollback | ~superseded).tolist():  # a superseded row's seconds: in the next kept row's period
-        if by_rollback[i]:
-            if kept_before:
-                pending += own[i]
-                event = (int(s[drops[which[i]]]), int(s[drops[which[i]] - 1]))
-        else:
-            if pending:
-                fix.append((rank, att, int(s[i]), float(pending), *event))
-            kept_before, pending, event = True, 0.0, None
-    plain = superseded & ~by_rollback
-    dup = int(np.unique(s[plain]).size)
+    _held(rank, att, s, own, by_rollback, superseded, drops[np.maximum(which, 0)], fix)
+    dup = int(np.unique(s[superseded & ~by_rollback]).size)
     rows = ended.with_row_index("_i").filter(pl.Series(by_rollback)).with_columns(
-        _event=pl.Series([int(s[drops[w]]) for w in which[by_rollback]], dtype=pl.Int64))
+        _event=pl.Series(s[drops[which[by_rollback]]], dtype=pl.Int64))
     rows = _fold_logs(rows, df.filter(pl.col("step_time_s").is_null()), ended)
     return dup, rows.drop("_i")
+
+
+def _held(rank: int, att: int, s, own, by_rollback, superseded, drop_of, fix: list) -> None:
+    """The seconds of rows a rollback superseded, held by the period of the next kept row (one with a kept
+    row before them: the first kept row of a (rank, attempt) has its own step time as its period): one
+    ``fix`` entry per such kept row, with the rollback of the last of them (``drop_of``: each row's)."""
+    seq = np.flatnonzero(by_rollback | ~superseded)  # in end-time order
+    rb = by_rollback[seq]
+    kept = np.flatnonzero(~rb)  # places in seq of the kept rows
+    if not kept.size:
+        return
+    k = np.flatnonzero(rb)
+    k = k[k > kept[0]]
+    to = np.searchsorted(kept, k)  # the next kept row of each
+    k, to = k[to < kept.size], to[to < kept.size]
+    if not k.size:
+        return
+    held = np.bincount(to, weights=own[seq[k]], minlength=kept.size)
+    last = np.full(kept.size, -1)
+    np.maximum.at(last, to, k)
+    for j in np.unique(to).tolist():
+        d = drop_of[seq[last[j]]]
+        fix.append((rank, att, int(s[seq[kept[j]]]), float(held[j]), int(s[d]), int(s[d - 1])))
 
 
 def _fold_logs(rows: pl.DataFrame, logs: pl.DataFrame, ended: pl.DataFrame) -> pl.DataFrame:
