@@ -21,7 +21,12 @@ tells a rollback from a plain duplicate and keeps what the rollback superseded (
   much to take off each step's ``step_time_s`` (the mean over its ranks), and each rollback's
   ``wasted_s`` is what it took off (goodput books it as ``wasted_progress``).
 
-The rows are read again only for those (rank, attempt)s: a run without repeats costs nothing.
+The rows a relaunch superseded (an earlier launch's rows at or past the step a later launch resumed at,
+which the row pass never reads: plan.py's cut-off) go to the same file with ``reason`` ``relaunch``.
+
+Rows are read again only for the (rank, attempt)s with repeats (their step and time columns first: a plain
+duplicate costs no more) and for the parts of a relaunched launch that reach its cut-off: a run with
+neither costs nothing. ``benchmarks/bench_rollback_ingest.py`` measures the rest.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ _ENDS = ("step", "time", "step_time_s")
 
 @dataclass
 class Lineage:
-    """What the rollbacks of a run are (empty: none)."""
+    """What the rollbacks of a run are, and what its restarts superseded (empty: none)."""
 
     restarts: list[dict] = field(default_factory=list)  # summary "restarts" entries, in_process: true
     # (rank, attempt) -> steps recorded more than once that no rollback explains (the duplicate warning)
@@ -57,7 +62,7 @@ class Lineage:
 
 def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
     """The rollbacks of the (rank, attempt)s in ``repeats`` (rows.Rows.repeats), read from ``plan``'s
-    parts (not those in ``bad``, which failed to decode)."""
+    parts (not those in ``bad``, which failed to decode), and the rows relaunches superseded."""
     out = Lineage()
     by = {}
     for f in plan.files:
