@@ -1,12 +1,14 @@
 """A run's lineage: the segments of its timeline (launches and in-process rollbacks) and the steps each
 restart superseded, drawn faint as a branch leaving the kept line (docs/restarts.md "Lineage").
 
-The superseded steps come from ``RUN/ingested/superseded.parquet`` (kforge_dash/ingest/rollbacks.py; the
-format of kforge-import's ``RUN/imported/superseded.parquet``): ``tag`` is the steps.parquet column.
+The superseded steps come from ``RUN/ingested/superseded.parquet`` (kforge_dash/ingest/rollbacks.py; ``tag``
+is the steps.parquet column) and, for an imported run, from kforge-import's ``RUN/imported/superseded.parquet``
+(the same format; its tags mapped to columns by ``source.json``; its purged points only).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,8 +16,10 @@ import numpy as np
 import polars as pl
 
 from kforge_dash.contract import SUPERSEDED_FILE
+from kforge_record.regular_file import open_regular
 
 WHY = ("relaunch", "kill", "rollback", "overlap")  # summary restarts[].why
+IMPORTED_DIR = "imported"  # kforge-import's RUN/imported/ (kforge_dash/importers/shards.py)
 
 
 @dataclass(frozen=True)
@@ -30,17 +34,41 @@ class Branch:
     text: str  # what superseded them (hover)
 
 
-def read_superseded(steps_path: str | Path, metrics: list[str]) -> pl.DataFrame | None:
-    """The superseded points of ``metrics`` beside ``steps_path`` (None: none, or an unreadable file)."""
-    path = Path(steps_path).with_name(SUPERSEDED_FILE)
+IMPORTED_REASONS = ("purge_step", "out_of_order")  # kforge-import's restarts (not its repeated_step points)
+
+
+def _read(path: Path) -> pl.DataFrame | None:
     if not path.is_file():
         return None
     try:
-        df = pl.read_parquet(path, glob=False)
+        return pl.read_parquet(path, glob=False)
     except (pl.exceptions.PolarsError, OSError):
         return None  # the charts stand without it
-    df = df.filter(pl.col("tag").is_in(metrics))
-    return df if df.height else None
+
+
+def _imported(run_dir: Path) -> pl.DataFrame | None:
+    """kforge-import's superseded points (RUN/imported/), their tags as the columns source.json maps them to."""
+    df = _read(run_dir / IMPORTED_DIR / SUPERSEDED_FILE)
+    if df is None or not df.height:
+        return None
+    try:
+        with open_regular(run_dir / IMPORTED_DIR / "source.json") as f:
+            columns = json.load(f).get("columns") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (df.filter(pl.col("reason").is_in(IMPORTED_REASONS) & pl.col("tag").is_in(list(columns)))
+            .with_columns(pl.col("tag").replace_strict(columns, default=None), attempt=pl.lit(0, pl.Int64)))
+
+
+def read_superseded(steps_path: str | Path, metrics: list[str]) -> pl.DataFrame | None:
+    """The superseded points of ``metrics``: ingest's beside ``steps_path``, and an imported run's
+    (None: none, or unreadable files)."""
+    steps_path = Path(steps_path)
+    cols = ["tag", "step", "time", "value", "reason", "superseded_at_step", "attempt"]
+    got = [df.select(cols) for df in (_read(steps_path.with_name(SUPERSEDED_FILE)), _imported(steps_path.parent.parent))
+           if df is not None and set(cols) <= set(df.columns)]
+    df = pl.concat(got, how="vertical_relaxed").filter(pl.col("tag").is_in(metrics)) if got else None
+    return df if df is not None and df.height else None
 
 
 def _x(axis: str, steps: np.ndarray, times: np.ndarray, start: float | None):
@@ -64,8 +92,6 @@ def branches(name: str, steps_path, summary: dict, metrics: list[str], kept: pl.
     starts = [a.get("start_time") for a in summary.get("attempts") or [] if a.get("start_time") is not None]
     start = min(starts) if starts else None  # series.run_start_time (which imports this module)
     out = []
-    if "attempt" not in sup.columns:  # kforge-import's file has none: one launch
-        sup = sup.with_columns(attempt=pl.lit(0, pl.Int64))
     keys = ("tag", "superseded_at_step", "attempt", "reason")
     for (metric, at, attempt, reason), g in sup.sort("step").group_by(*keys, maintain_order=True):
         if step_range is not None:
@@ -88,6 +114,8 @@ def _hover(summary: dict, at: int, attempt, reason, last: int) -> str:
     restarts = summary.get("restarts") or []
     if reason == "rollback":
         return f"steps {at}–{last} of launch {attempt}, superseded by its rollback to step {at} (run again)"
+    if reason in IMPORTED_REASONS:
+        return f"steps {at}–{last} of the imported log, purged by its tracker at step {at} ({reason})"
     r = next((r for r in restarts if not r.get("in_process") and r.get("resumed_at_step") == at), None)
     if r is None:
         return f"steps {at}–{last} of launch {attempt}, superseded ({reason})"
