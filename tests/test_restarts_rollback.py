@@ -195,3 +195,12 @@ def test_the_steps_a_relaunch_superseded_are_kept_and_named_by_it(tmp_path, monk
     (branch,) = [t for t in metric_figure(prepare_compare([src], ["loss"]), "loss", {}).data
                  if "superseded" in (t.name or "")]
     assert list(branch.x) == list(range(20, 31)) and "superseded by launch 1 (relaunch)" in branch.hovertemplate
+
+
+def test_the_report_draws_the_branch_and_lists_the_rollback(tmp_path, monkeypatch):
+    from kforge_dash.browse.report import build_report
+
+    _rollback_run(str(tmp_path / "rb"), monkeypatch, world=1)
+    page = build_report([tmp_path]).html
+    assert "superseded by its rollback to step 101" in page and "rb: superseded" in page
+    assert "<td>rollback</td>" in page  # the restarts table's why

@@ -351,7 +351,7 @@ def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = Non
         f"{options.max_points:,} points per line (MinMaxLTTB keeps every local extreme); drag to zoom, "
         "double-click to reset; the camera button saves a chart as PNG; a run's button above the charts hides or "
         "shows it on every chart. Key: ◆ restart · × NaN · ▲/▼ ±inf · "
-        "★ loss or grad-norm spike (a finding, at its raw peak)</p>"
+        "★ loss or grad-norm spike (a finding, at its raw peak) · faint dotted: steps a restart superseded</p>"
         + "".join(f"<p class=warn>{_esc(n)}</p>" for n in notes)
         + f"<h2>Charts</h2>{charts}<script>{_TOGGLE}{_DRAW}{_DRAW_RUN_FIGURES}</script>"
         + f"<h2>Runs</h2>{runs_table_html(chosen)}<h2>Config diff</h2>{config_diff_html(chosen)}"

@@ -74,9 +74,10 @@ def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
         if not n or key not in by:
             continue
         items = sorted(by[key], key=lambda f: os.path.basename(f.part.path))
-        try:  # the step and times first: a plain duplicate costs no more
-            got = _went_back(_rows(items, plan.spec, _ENDS)) and _one(_rows(items, plan.spec), key, events,
-                                                                       out.period_fix)
+        try:  # the steps and times first (a plain duplicate costs no more), every column of the rolled-back steps
+            light = _rows(items, plan.spec, columns=_ENDS)
+            got = _went_back(light) and _one(light, lambda lo, hi, i=items: _rows(i, plan.spec, steps=(lo, hi)),
+                                             key, events, out.period_fix)
         except (pl.exceptions.PolarsError, OSError):  # unreadable now: the row pass warned about its parts
             got = None
         if not got:
@@ -109,12 +110,12 @@ def _relaunched(plan, L, bad: dict) -> pl.DataFrame | None:
         if not items:
             continue
         try:
-            df = _rows(items, spec).filter(pl.col("step") >= cut)
+            df = _rows(items, spec, steps=(cut, 1 << 62))
         except (pl.exceptions.PolarsError, OSError):  # unreadable: the row pass warns about its parts
             continue
         ended = df.filter(pl.col("step_time_s").is_not_null()).sort("time", "_pos", nulls_last=True)
-        rows = ended.with_row_index("_i").with_columns(_event=pl.lit(cut, pl.Int64))
-        rows = _fold_logs(rows, df.filter(pl.col("step_time_s").is_null()), ended).drop("_i")
+        rows = _fold_logs(ended.with_columns(_event=pl.lit(cut, pl.Int64)), df.filter(pl.col("step_time_s").is_null()),
+                          ended)
         if rows.height:
             frames.append(rows.unique(["step"], keep="last", maintain_order=True))
     if not frames:
@@ -122,10 +123,12 @@ def _relaunched(plan, L, bad: dict) -> pl.DataFrame | None:
     return _long(pl.concat(frames, how="vertical_relaxed"), spec.cols, RELAUNCH)
 
 
-def _rows(items: list, spec, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
-    """Every kept row of one (rank, attempt) (only ``columns``, when given), with ``_pos``: its place in
-    write order."""
-    frames = [scan_part(f, spec).with_columns(_pos=pl.col("_row").cast(pl.Int64) + (i << 32)).drop("_row")
+def _rows(items: list, spec, *, columns: tuple[str, ...] | None = None, steps: tuple[int, int] | None = None
+          ) -> pl.DataFrame:
+    """The kept rows of one (rank, attempt) (only ``columns``, when given; only steps lo..hi, when given), with
+    ``_pos``: its place in write order."""
+    lo, hi = steps if steps is not None else (-(1 << 62), (1 << 62) - 1)
+    frames = [scan_part(f, spec, lo, hi + 1).with_columns(_pos=pl.col("_row").cast(pl.Int64) + (i << 32)).drop("_row")
               for i, f in enumerate(items)]
     if columns is not None:
         frames = [f.select(*columns, "_pos") for f in frames]
@@ -138,10 +141,11 @@ def _went_back(df: pl.DataFrame) -> bool:
     return bool(np.any(s[1:] < s[:-1]))
 
 
-def _one(df: pl.DataFrame, key: tuple, events: dict, fix: list):
-    """(plain duplicate steps, superseded rows with ``_event``) of one (rank, attempt), or None
-    when it did not roll back. Adds its rollbacks to ``events`` and its kept rows' fixes to ``fix``."""
-    ended = df.filter(pl.col("step_time_s").is_not_null()).sort("time", "_pos", nulls_last=True)
+def _one(light: pl.DataFrame, fetch, key: tuple, events: dict, fix: list):
+    """(plain duplicate steps, superseded rows with ``_event``) of one (rank, attempt), or None when it did
+    not roll back, from its rows' steps and times (``light``); ``fetch(lo, hi)``: every column of its rows of
+    steps lo..hi. Adds its rollbacks to ``events`` and its kept rows' fixes to ``fix``."""
+    ended = light.filter(pl.col("step_time_s").is_not_null()).sort("time", "_pos", nulls_last=True)
     s = ended["step"].to_numpy()
     drops = np.flatnonzero(s[1:] < s[:-1]) + 1  # rows that went back
     if not drops.size:
@@ -167,10 +171,12 @@ def _one(df: pl.DataFrame, key: tuple, events: dict, fix: list):
     own = np.r_[st[0], np.diff(t)]  # each row's period in end-time order
     _held(rank, att, s, own, by_rollback, superseded, drops[np.maximum(which, 0)], fix)
     dup = int(np.unique(s[superseded & ~by_rollback]).size)
-    rows = ended.with_row_index("_i").filter(pl.Series(by_rollback)).with_columns(
-        _event=pl.Series(s[drops[which[by_rollback]]], dtype=pl.Int64))
-    rows = _fold_logs(rows, df.filter(pl.col("step_time_s").is_null()), ended)
-    return dup, rows.drop("_i")
+    gone = pl.DataFrame({"_pos": ended["_pos"].to_numpy()[by_rollback], "_event": s[drops[which[by_rollback]]]},
+                        schema={"_pos": pl.Int64, "_event": pl.Int64})
+    full = fetch(int(s[by_rollback].min()), int(s[by_rollback].max()))
+    ended_full = full.filter(pl.col("step_time_s").is_not_null())
+    rows = ended_full.join(gone, on="_pos", how="inner")
+    return dup, _fold_logs(rows, full.filter(pl.col("step_time_s").is_null()), ended_full)
 
 
 def _held(rank: int, att: int, s, own, by_rollback, superseded, drop_of, fix: list) -> None:
@@ -197,19 +203,18 @@ def _held(rank: int, att: int, s, own, by_rollback, superseded, drop_of, fix: li
 
 
 def _fold_logs(rows: pl.DataFrame, logs: pl.DataFrame, ended: pl.DataFrame) -> pl.DataFrame:
-    """Recorder.log values of superseded rows: a log row belongs to the ended row of its step nearest
-    to it in write order; the ended row's own values win, the last logged fills the rest."""
+    """Recorder.log values of superseded ``rows``: a log row belongs to the ended row of its step nearest
+    to it in write order (``_pos``); the ended row's own values win, the last logged fills the rest."""
     if not logs.height or not rows.height:
         return rows
-    at = ended.select("step", "_pos").with_row_index("_i").sort("_pos")
-    logs = logs.sort("_pos").join_asof(at.rename({"_pos": "_at"}).with_columns(_pos=pl.col("_at")), on="_pos",
-                                       by="step", strategy="nearest")
-    logs = logs.filter(pl.col("_i").is_in(rows["_i"].implode()))
+    at = ended.select("step", pl.col("_pos").alias("_at")).with_columns(_pos=pl.col("_at")).sort("_pos")
+    logs = logs.sort("_pos").join_asof(at, on="_pos", by="step", strategy="nearest")
+    logs = logs.filter(pl.col("_at").is_in(rows["_pos"].implode()))
     if not logs.height:
         return rows
-    vals = [c for c in rows.columns if c not in (*_IDS, "_i", "step_time_s")]
-    agg = logs.group_by("_i").agg([pl.col(c).drop_nulls().last() for c in vals])
-    joined = rows.join(agg, on="_i", how="left", suffix="__log")
+    vals = [c for c in rows.columns if c not in (*_IDS, "step_time_s")]
+    agg = logs.group_by("_at").agg([pl.col(c).drop_nulls().last() for c in vals])
+    joined = rows.join(agg, left_on="_pos", right_on="_at", how="left", suffix="__log")
     return joined.with_columns([pl.coalesce(c, f"{c}__log").alias(c) for c in vals]).select(rows.columns)
 
 
@@ -222,7 +227,8 @@ def _entry(key: tuple, e: dict) -> dict:
 
 def _long(sup: pl.DataFrame, cols: list[str], reason: str) -> pl.DataFrame:
     """superseded.parquet: one point per (restart, step, column), the mean over ranks."""
-    vals = [c for c in cols if c not in ("step", "rank", "attempt", "time", "_counts") and c in sup.columns]
+    # tokens left out: a mean of per-rank counts is no step's tokens (steps.parquet sums them)
+    vals = [c for c in cols if c not in ("step", "rank", "attempt", "time", "tokens", "_counts") and c in sup.columns]
     per = sup.group_by("attempt", "_event", "step").agg(
         pl.col("time").max(), *[pl.col(c).cast(pl.Float64).mean() for c in vals])
     return (per.unpivot(index=["attempt", "_event", "step", "time"], on=vals, variable_name="tag")
