@@ -113,6 +113,7 @@ def test_the_run_page_shows_the_lineage_table_and_the_branch(tmp_path, monkeypat
     got = (rows[1]["first_step"], rows[1]["resumed_from"], rows[1]["recomputed"], rows[1]["why"])
     assert got == (101, "100", "50", "rollback")
     assert any("superseded" in str(c.proto.spec) for c in at.get("plotly_chart"))
+    assert any("rolled back in its own process" in str(c.proto.spec) for c in at.get("plotly_chart"))  # restart chart
 
 
 def test_tensorboard_and_wandb_carry_the_kept_line_and_the_lineage_as_text(tmp_path, monkeypatch):

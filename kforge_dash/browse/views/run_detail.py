@@ -192,7 +192,7 @@ else:
         "steps_ran": st.column_config.NumberColumn("steps it ran")})
 
 st.subheader("Restarts")
-st.plotly_chart(prep_figures.timeline_figure(d.timeline), key="timeline")
+st.plotly_chart(prep_figures.timeline_figure(d.timeline, s.get("restarts") or []), key="timeline")
 # A column with a gap is text there ("—" for none): its numbers still right-aligned, as in the columns without.
 shown_timeline = d.timeline.drop("attempt_ids")  # the ids below, as wrapped text: a table cell cut them at every width
 st.dataframe(tables.frame_missing_as_dash(shown_timeline, str), hide_index=True, key="restarts", column_config={
