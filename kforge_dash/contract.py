@@ -17,6 +17,9 @@ STEPS_FILE = "steps.parquet"
 RANKS_FILE = "ranks.parquet"
 SUMMARY_FILE = "summary.json"
 OPTIONS_FILE = "options.json"  # the options kept with the run (kforge_dash/ingest/kept.py)
+# Steps a rollback superseded (kforge_dash/ingest/rollbacks.py); kforge-import writes the same format to
+# RUN/imported/ (docs/CONTRACT.md): tag, step, time, value, reason, superseded_at_step (+ attempt here)
+SUPERSEDED_FILE = "superseded.parquet"
 MANIFEST_FILE = "manifest.parquet"  # ingest's own footer cache, safe to delete
 LOCK_FILE = ".ingest.lock"
 # ranks.parquet's key-value metadata: a JSON list of the float columns that may hold NaN/inf (every

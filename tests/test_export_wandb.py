@@ -102,7 +102,10 @@ def test_history_config_summary_and_run_id(tmp_path, clean_wandb_env):
     s = got["summary"]
     # The summary keeps what a W&B user compares across runs; the rest is in config (above).
     ours = {k: v for k, v in s.items() if k.startswith("kforge/")}
-    assert ours == {**{f"kforge/{k}": summary[k] for k in compared}, "kforge/restarts": len(summary["restarts"])}
+    lineage = {"kforge/lineage": s["kforge/lineage"]} if summary["restarts"] else {}  # the restarts as text
+    assert ours == {**{f"kforge/{k}": summary[k] for k in compared}, "kforge/restarts": len(summary["restarts"]),
+                    **lineage}
+    assert not summary["restarts"] or "resumed at step" in s["kforge/lineage"]
     # The run starts when the training did (the first launch), and runs as long as it did.
     start = datetime.datetime.fromisoformat(r["start_time"].replace("Z", "+00:00")).timestamp()
     first_start = min(a["start_time"] for a in summary["attempts"])

@@ -69,6 +69,14 @@ def test_values_restart_and_tags_match_event_accumulator_bit_for_bit(tmp_path):
     assert {(r["tag"], r["step"]) for r in sup} == {(t, s) for t in ("train/loss", "lr", "eval/acc")
                                                     for s in range(PURGE_STEP, FIRST_LAST + 1)}
     assert {r["reason"] for r in sup} == {"purge_step"} and {r["superseded_at_step"] for r in sup} == {PURGE_STEP}
+    # ... and drawn as a faint branch off the kept line where TensorBoard purged them (docs/restarts.md "Lineage")
+    from kforge_dash.browse.figures import metric_figure
+    from kforge_dash.browse.series import RunSource, prepare_compare
+
+    src = RunSource("a", root / "exp__a" / "ingested" / "steps.parquet",
+                    json.loads((root / "exp__a" / "ingested" / "summary.json").read_text()))
+    (branch,) = [t for t in metric_figure(prepare_compare([src], ["loss"]), "loss", {}).data if "superseded" in (t.name or "")]
+    assert list(branch.x) == list(range(PURGE_STEP - 1, FIRST_LAST + 1)) and "purged" in branch.hovertemplate
 
     summary = json.loads((root / "exp__a" / "ingested" / "summary.json").read_text())
     assert "imported:tensorboard" in summary["tags"]

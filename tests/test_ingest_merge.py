@@ -156,7 +156,7 @@ def test_restart_latest_attempt_wins_and_is_reported(tmp_path, monkeypatch):
     assert summary["attempts"][0]["last_step"] == 30 and summary["attempts"][1]["first_step"] == 21
     assert summary["restarts"] == [{
         "attempt": 1, "resumed_at_step": 21, "previous_last_step": 30, "superseded_steps": 10,
-        "time": summary["attempts"][1]["start_time"],
+        "time": summary["attempts"][1]["start_time"], "in_process": False, "why": "relaunch",
     }]
 
 

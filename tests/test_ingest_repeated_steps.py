@@ -1,12 +1,12 @@
-"""Steps recorded more than once (an in-process rollback, a duplicate end_step: the last row kept, with a
-warning) and log rows with no ended step (a log-only window, a log-only run)."""
+"""Steps recorded more than once (an in-process rollback: a restart, test_restarts_rollback.py; a duplicate
+end_step: the last row kept, with a warning) and log rows with no ended step (a log-only window, a log-only run)."""
 
 import polars as pl
 import pytest
 from findings_fixtures import Clock, install
 from ingest_fixtures import close_all, open_ranks, read_outputs, run_steps
 
-from kforge_dash.ingest.options import IngestOptions, IngestWarning
+from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.pipeline import ingest_path
 
@@ -55,8 +55,7 @@ def test_an_in_process_rollback_keeps_the_last_row_of_each_step(tmp_path, monkey
     run_steps(monkeypatch, recs, list(range(1, 11)) + list(range(6, 13)), values=values,
               step_time=lambda r, s: 1.0 if calls[r] < 10 else 2.0)
     close_all(recs)
-    with pytest.warns(IngestWarning, match="5 steps recorded more than once"):
-        out = ingest_path(run, tensorboard=True, wandb=False, chunk_rows=chunk_rows)[0]
+    out = ingest_path(run, tensorboard=True, wandb=False, chunk_rows=chunk_rows)[0]
     steps, ranks, summary = read_outputs(run)
     assert steps["step"].to_list() == list(range(1, 13))
     assert steps["loss"].to_list() == [float(s) for s in range(1, 6)] + [100.0 + s for s in range(6, 13)]
@@ -65,8 +64,9 @@ def test_an_in_process_rollback_keeps_the_last_row_of_each_step(tmp_path, monkey
     assert ranks.height == 24 and steps["n_ranks"].to_list() == [2] * 12
     for r in (0, 1):
         assert ranks.filter(pl.col("rank") == r)["step"].to_list() == list(range(1, 13))
-        assert sum(w == f"rank {r}: 5 steps recorded more than once in attempt 0; the last kept"
-                   for w in summary["warnings"]) == 1
+    assert not [w for w in summary["warnings"] if "recorded more than once" in w]  # a rollback: a restart
+    (restart,) = summary["restarts"]
+    assert (restart["resumed_at_step"], restart["previous_last_step"], restart["why"]) == (6, 10, "rollback")
     assert out.summary["exports"]["tensorboard"]["ok"] is True  # steps strictly increase
 
 
@@ -81,13 +81,14 @@ def test_a_rollback_that_redoes_only_some_steps_is_put_back_in_step_order(tmp_pa
 
     run_steps(monkeypatch, recs, list(range(1, 11)) + [3, 4, 5], step_time=lambda r, s: 1.0, values=values)
     close_all(recs)
-    with pytest.warns(IngestWarning, match="3 steps recorded more than once"):
-        ingest_run(run)
+    ingest_run(run)
     steps, ranks, summary = read_outputs(run)
     want = [100.0 + s if s in (3, 4, 5) else float(s) for s in range(1, 11)]
     assert steps["loss"].to_list() == want and ranks["loss"].to_list() == want
     assert ranks["step"].to_list() == list(range(1, 11)) and summary["tokens"] == 100
-    assert "rank 0: 3 steps recorded more than once in attempt 0; the last kept" in summary["warnings"]
+    # a rollback to step 3 from step 10 (steps 6-10 of the first pass stay on the kept line: no later row)
+    assert [(r["resumed_at_step"], r["previous_last_step"], r["superseded_steps"]) for r in summary["restarts"]] == [(3, 10, 8)]
+    assert not [w for w in summary["warnings"] if "recorded more than once" in w]
 
 
 def test_duplicate_end_step_keeps_the_last_with_a_warning(tmp_path, monkeypatch):

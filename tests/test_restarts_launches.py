@@ -37,7 +37,8 @@ def _check_no_step_lost(steps, summary):
     assert ended["loss"].to_list() == [float(s) for s in range(1, 21)] + [100.0 + s for s in range(21, 31)]
     assert summary["tokens"] == 30 * 10 and summary["wall_time_s"] == 20 * 1.0 + 10 * 2.0
     assert summary["restarts"] == [{"attempt": 1, "resumed_at_step": 21, "previous_last_step": 20,
-                                    "superseded_steps": 0, "time": summary["attempts"][1]["start_time"]}]
+                                    "superseded_steps": 0, "time": summary["attempts"][1]["start_time"],
+                                    "in_process": False, "why": "relaunch"}]
 
 
 def test_an_eval_logged_at_the_resume_step_does_not_supersede_it(tmp_path, monkeypatch):

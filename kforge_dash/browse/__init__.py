@@ -6,6 +6,7 @@
     smoothing.py  each series smoothed by its own density
     groups.py     groups of runs: mean line and min-max / ±std band
     zoom.py       a box dragged on a chart as a step range to re-read
+    lineage.py    a run's lineage: segments of launches and rollbacks, superseded steps as faint branches
     ranks.py      the run-detail page's data: heatmaps, per-rank phases and memory
     figures.py    plotly figures from that data (names escaped as plotly text)
     tables.py     tables for display: a missing value as "—", the config diff as text (numbers: kforge_dash/text.py)

@@ -130,6 +130,13 @@ def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, lo
             hoverinfo="skip" if faint else None,
             hovertemplate=None if faint else hover,
         ))
+    for b in data.branches:  # the steps a restart superseded: faint, leaving the kept line where it went back to
+        if b.metric == metric:
+            fig.add_trace(go.Scatter(
+                x=_compact(b.x), y=b.y * scale if scale != 1.0 else b.y, customdata=b.step, mode="lines",
+                name=text(f"{b.run}: superseded"), legendgroup=text(b.run), showlegend=False, opacity=0.35,
+                line=dict(color=colours.get(b.run), width=1, dash="dot"),
+                hovertemplate=f"{text(b.run)}: {text(b.text)}<br>%{{y:{fmt}}} · step %{{customdata}}<extra></extra>"))
     for m in data.markers:
         if m.metric != metric:
             continue
@@ -265,20 +272,22 @@ def phase_figure(breakdown) -> go.Figure:
 
 
 _COLORS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3")  # plotly's own, one per launch
-_SEGMENT_PATTERN = {"kept": "", "recomputed": "/", "unrecorded": "."}
+_SEGMENT_PATTERN = {"kept": "", "recomputed": "/", "unrecorded": ".", "rolled back": "\\"}
 _SEGMENT_TEXT = {"kept": "steps {a}–{b} recorded and kept", "recomputed": "steps {a}–{b} run again by a later launch",
-                 "unrecorded": "steps {a}–{b} trained, not recorded (its heartbeat)"}
+                 "unrecorded": "steps {a}–{b} trained, not recorded (its heartbeat)",
+                 "rolled back": "steps {a}–{b} rolled back in its own process and run again"}
 
 
-def timeline_figure(timeline) -> go.Figure:
+def timeline_figure(timeline, rollbacks=()) -> go.Figure:
     """Each attempt (launch) as a bar over the steps it ran, up to the step its heartbeat reached: the steps it
-    kept, those a later launch ran again and those it trained but never recorded marked (launch_segments)."""
+    kept, those a later launch ran again, those it trained but never recorded and those it rolled back in its
+    own process (``rollbacks``: summary ``restarts`` entries) marked (launch_segments)."""
     from kforge_dash.browse.launch_segments import launch_segments
 
     fig = go.Figure()
     started = {r["attempt"]: r["start_time"] for r in timeline.iter_rows(named=True)}
     shown: set[str] = set()
-    for seg in launch_segments(timeline):
+    for seg in launch_segments(timeline, rollbacks):
         label = f"attempt {seg.attempt}"
         fig.add_trace(go.Bar(
             y=[label], x=[seg.last - seg.first + 1], base=[seg.first], orientation="h",

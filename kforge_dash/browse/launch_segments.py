@@ -7,7 +7,9 @@ looked like a clean hand-off while the table said 51 steps were run again):
 
 - ``kept``: first_step .. the step before the next launch resumed (or its end), recorded;
 - ``recomputed``: from where a later launch resumed to where this one reached (recorded or not): ran twice;
-- ``unrecorded``: past its last row up to the resume (or its end): trained, no row (no later launch redid them).
+- ``unrecorded``: past its last row up to the resume (or its end): trained, no row (no later launch redid them);
+- ``rolled back``: steps the launch ran, then went back over in its own process and ran again (summary
+  ``restarts`` with ``in_process``: ingest/rollbacks.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-KINDS = ("kept", "recomputed", "unrecorded")
+KINDS = ("kept", "recomputed", "unrecorded", "rolled back")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,8 +29,9 @@ class Segment:
     last: int
 
 
-def launch_segments(timeline: pl.DataFrame) -> list[Segment]:
-    """``timeline``: browse.ranks.restart_timeline (one row per launch, with ``reached_step``)."""
+def launch_segments(timeline: pl.DataFrame, rollbacks=()) -> list[Segment]:
+    """``timeline``: browse.ranks.restart_timeline (one row per launch, with ``reached_step``); ``rollbacks``:
+    summary ``restarts`` entries of in-process rollbacks (each drawn over the launch that made it)."""
     rows = timeline.sort("attempt").to_dicts()
     out: list[Segment] = []
     for i, r in enumerate(rows):
@@ -47,4 +50,8 @@ def launch_segments(timeline: pl.DataFrame) -> list[Segment]:
                 out.append(Segment(attempt=a, kind="unrecorded", first=last + 1, last=keep_to))
         if redo is not None and redo <= end:
             out.append(Segment(attempt=a, kind="recomputed", first=max(first, redo), last=end))
+    for r in rollbacks:
+        if r.get("in_process") and isinstance(r.get("resumed_at_step"), int) and isinstance(r.get("previous_last_step"), int):
+            out.append(Segment(attempt=r["attempt"], kind="rolled back", first=r["resumed_at_step"],
+                               last=max(r["resumed_at_step"], r["previous_last_step"])))
     return out

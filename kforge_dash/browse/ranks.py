@@ -339,7 +339,7 @@ def _ids_text(ids: list[str]) -> str | None:
 def restart_timeline(summary: dict) -> pl.DataFrame:
     """One row per attempt (launch): step range (rows; ``reached_step``: its heartbeat), start time, world size,
     and where it resumed."""
-    resumed = {r.get("attempt"): r for r in summary.get("restarts") or []}
+    resumed = {r.get("attempt"): r for r in summary.get("restarts") or [] if not r.get("in_process")}  # (relaunches)
     rows = []
     for a in summary.get("attempts") or []:
         r = resumed.get(a.get("attempt"), {})

@@ -282,7 +282,7 @@ def _restarts_html(s: dict) -> str:
     restarts = s.get("restarts") or []
     if not restarts:
         return "<p>No restarts.</p>"
-    keys = ["attempt", "resumed_at_step", "previous_last_step", "superseded_steps"]
+    keys = ["attempt", "resumed_at_step", "previous_last_step", "superseded_steps", "why"]
     rows = [[text.MISSING if r.get(k) is None else r.get(k) for k in keys] for r in restarts]
     return f"<h4>Restarts ({len(rows)})</h4>" + _table(["attempt", "resumed at step", "previous last step",
                                                         "steps recomputed"], rows)
@@ -345,7 +345,7 @@ def build_report(paths: list[str | os.PathLike], *, runs: list[str] | None = Non
         f"{options.max_points:,} points per line (MinMaxLTTB keeps every local extreme); drag to zoom, "
         "double-click to reset; the camera button saves a chart as PNG; a run's button above the charts hides or "
         "shows it on every chart. Key: ◆ restart · × NaN · ▲/▼ ±inf · "
-        "★ loss or grad-norm spike (a finding, at its raw peak)</p>"
+        "★ loss or grad-norm spike (a finding, at its raw peak) · faint dotted: steps a restart superseded</p>"
         + "".join(f"<p class=warn>{_esc(n)}</p>" for n in notes)
         + f"<h2>Charts</h2>{charts}<script>{_TOGGLE}{_DRAW}{_DRAW_RUN_FIGURES}</script>"
         + f"<h2>Runs</h2>{runs_table_html(chosen)}<h2>Config diff</h2>{config_diff_html(chosen)}"

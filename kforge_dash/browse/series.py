@@ -23,6 +23,7 @@ import polars as pl
 from tsdownsample import MinMaxLTTBDownsampler
 
 from kforge_dash import text
+from kforge_dash.browse import lineage
 from kforge_dash.browse.findings import spike_spans
 from kforge_dash.browse.smoothing import MIN_SMOOTH_POINTS, series_weight, smooth_columns  # noqa: F401 (re-exported)
 from kforge_dash.contract import EMA_COLUMNS
@@ -161,6 +162,7 @@ class CompareData:
     series: list[Series] = field(default_factory=list)
     markers: list[Marker] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. a run without token counts
+    branches: list[lineage.Branch] = field(default_factory=list)  # steps restarts superseded, drawn faint
 
     def points(self) -> int:
         return sum(len(s.x) for s in self.series)
@@ -275,13 +277,12 @@ def _restart_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker
     pos = np.clip(np.searchsorted(step, at), 0, len(step) - 1)
     height = _finite_neighbour(y, np.isfinite(y), pos)
     hover = [
-        f"restart: attempt {r.get('attempt')} resumed at step {r.get('resumed_at_step')}"
-        f" (previous attempt reached {r.get('previous_last_step')}"
+        f"{'rollback in' if r.get('in_process') else 'restart:'} attempt {r.get('attempt')} resumed at step "
+        f"{r.get('resumed_at_step')} ({'it' if r.get('in_process') else 'previous attempt'} reached {r.get('previous_last_step')}"
         + (f", {text.counted(r['superseded_steps'], 'step')} superseded)" if isinstance(r.get("superseded_steps"), int) else ")")
         for r in restarts if r.get("resumed_at_step") is not None
     ]
     return Marker(run, metric, "restart", x[pos], height, step[pos], hover)
-
 
 
 def _spike_markers(run: str, metric: str, summary: dict, x, y, step) -> Marker | None:
@@ -393,6 +394,7 @@ def prepare_compare(
             if m not in f.schema:
                 absent.setdefault(m, []).append(f.src.name)
         _run_lines(data, f, absent, max_points=max_points)
+        data.branches += lineage.branches(f.src.name, f.src.steps_path, f.src.summary, metrics, f.df, x_axis, step_range)
     where = "" if step_range is None else f" in steps {step_range.first}..{step_range.last}"
     data.notes += [f"no {m} in {', '.join(names)}{where}" for m, names in absent.items()]
     return data

@@ -51,6 +51,7 @@ from urllib.parse import urlparse
 
 from kforge_dash.contract import WANDB_DIR, ingested_dir
 from kforge_dash.export.history import History
+from kforge_dash.export.tb_findings import lineage_text
 from kforge_dash.optional import require
 from kforge_dash.run_view import run_view
 
@@ -91,6 +92,8 @@ def wandb_summary(history: History) -> dict:
     for key, name in (("restarts", "restarts"), ("goodput", "goodput.fraction"), ("findings", "findings")):
         if values[name] is not None and (key != "restarts" or isinstance(summary.get("restarts"), list)):
             out[f"kforge/{key}"] = values[name]
+    if isinstance(summary.get("restarts"), list) and (lineage := lineage_text(summary)) is not None:
+        out["kforge/lineage"] = lineage  # the restarts as text: the history is the kept line
     out.update({f"nonfinite/{tag}": n for tag, n in history.nonfinite_counts().items()})
     return out
 

@@ -20,6 +20,7 @@
     accumulate.py the per-step reductions of a window read in batches, added up
     rows.py       the row pass: every window, into ranks.parquet and per-step rows
     merge.py      old kept rows merged with new ones (append)
+    rollbacks.py  steps that went back within an attempt: in-process restarts, superseded.parquet, their wasted time
     append.py     the plan of an append and its old outputs
     reduce.py     per-step reductions over ranks
     period.py     the job's step time: the period between step ends, each rank on its own clock, across windows

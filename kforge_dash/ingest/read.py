@@ -80,9 +80,11 @@ def output_columns(parts: list) -> tuple[list[str], dict[str, str]]:
     return ["step", "rank", "attempt", *FIXED_NAMES[1:], *phases, *scalars], rename
 
 
-def _scan_one(item: PartToRead, spec: ReadSpec, lo: int, hi: int) -> pl.LazyFrame:
+def _scan_one(item: PartToRead, spec: ReadSpec, lo: int, hi: int, *, row_index: bool = False) -> pl.LazyFrame:
     """One part file as a lazy frame with every output column (absent ones null) and its step
-    window. The filter is pushed into the Parquet reader: rows outside it are never built."""
+    window. The filter is pushed into the Parquet reader: rows outside it are never built.
+    ``row_index``: with ``_row``, each row's index in the file (as its reader counts it, so the filter is
+    still pushed down)."""
     part, rank, launch = item.part, item.rank, item.launch
     recorded = spec.recorded_name
     exprs = []
@@ -101,10 +103,16 @@ def _scan_one(item: PartToRead, spec: ReadSpec, lo: int, hi: int) -> pl.LazyFram
     if cutoff is not None:
         cond = cond & (pl.col("step") < cutoff)
     # glob=False: a run directory may be named like a pattern (sweep[lr=3e-4]); a path is a path.
-    if item.skip_rows:  # the head of a merged part that an append read before (coverage.py)
+    if item.skip_rows or row_index:  # the head of a merged part that an append read before (coverage.py)
         lf = pl.scan_parquet(part.path, glob=False, row_index_name="_row")
-        return lf.filter(cond & (pl.col("_row") >= item.skip_rows)).select(exprs)
+        return lf.filter(cond & (pl.col("_row") >= item.skip_rows)).select(*exprs, *(["_row"] if row_index else []))
     return pl.scan_parquet(part.path, glob=False).filter(cond).select(exprs)
+
+
+def scan_part(item: PartToRead, spec: ReadSpec, lo: int = -(1 << 62), hi: int = 1 << 62) -> pl.LazyFrame:
+    """The rows of one part file in steps [lo, hi) that the plan keeps (its launch's cut-off applied), in
+    write order, with every output column (absent ones null) and ``_row``, its row's index in the file."""
+    return _scan_one(item._replace(skip_rows=0), spec, lo, hi, row_index=True)
 
 
 _PIECE_ROWS = 16_384  # rows of a big part file counted as one place a window may end

@@ -140,8 +140,23 @@ def _restarts(launches: list[Launch], first_ended: dict, reach: dict, overlaps: 
         out.append({"attempt": M.index, "resumed_at_step": first, "previous_last_step": prev,
                     # step numbers the earlier launch(es) had reached and this one redid
                     "superseded_steps": max(0, prev - first + 1),
-                    "time": min((a.start_time for a in M.attempts if a.start_time is not None), default=None)})
+                    "time": min((a.start_time for a in M.attempts if a.start_time is not None), default=None),
+                    "in_process": False, "why": _why(launches[M.index - 1], M, ahead)})
     return out
+
+
+def _why(L: Launch, M: Launch, ahead: dict) -> str:
+    """Why launch M followed launch L: ``overlap`` (L still wrote when M started), ``kill`` (a rank of L
+    left no end.json: SIGKILL, OOM, a node lost) or ``relaunch`` (L closed: done, SIGTERM, an exception)."""
+    if (L.index, M.index) in ahead:
+        return "overlap"
+    return "kill" if any(a.end is None for a in L.attempts) else "relaunch"
+
+
+def with_rollbacks(restarts: list[dict], rollbacks: list[dict]) -> list[dict]:
+    """summary "restarts": the relaunches and the in-process rollbacks (rollbacks.py), by launch, then time."""
+    return sorted([*restarts, *rollbacks], key=lambda r: (r["attempt"], r["in_process"], r["time"] is None,
+                                                         r["time"] or 0.0, r["resumed_at_step"]))
 
 
 def attempt_end(a) -> float | None:

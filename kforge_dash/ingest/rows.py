@@ -32,6 +32,7 @@ class Rows:
     bad: dict[str, str]  # part path -> warning: failed to decode, left out
     wrote: bool  # ranks.parquet was written, and steps.parquet needs writing
     appended: bool  # only new part files were read, on top of the last outputs
+    periods_from: int | None = None  # the first step whose period this pass computed (None: every step)
 
 
 def read_rows(plan: IngestPlan, progress, warnings: list[str], windows=None) -> Rows:
@@ -76,7 +77,6 @@ def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: l
         head = old_steps_head(append.steps_path, append.start, RUN_DERIVED_COLUMNS)
         recheck_bad(plan.cache.known_bad, acc.bad, warnings)
         if append.start is None:  # no new rows: the outputs stand, only the summary is redone
-            _warn_repeats(acc.repeats, warnings)
             return Rows(head, acc.rank_ids, acc.repeats, acc.bad, wrote=False, appended=True)
         acc.step_parts.append(head)
         head_periods = head.select("step", "step_time_s")  # the kept steps' periods stand
@@ -89,7 +89,6 @@ def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: l
         n_new = _write_windows(plan, ranks_tmp, files, extra, append, acc, warnings, progress, windows)
         if not n_new and append is None:  # (an append keeps the old rows, even if every new part is bad)
             raise IngestError(f"{plan.run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
-    _warn_repeats(acc.repeats, warnings)
     if acc.periods.out_of_order:  # steps ended out of order across windows: all at once (period.py)
         periods = exact_periods(os.path.join(plan.out_dir, RANKS_FILE))
     else:
@@ -98,7 +97,8 @@ def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: l
             periods = pl.concat([head_periods, periods], how="vertical_relaxed")
     steps = _stack_steps(acc.step_parts, plan.spec.cols, append is not None)
     return Rows(steps.join(periods, on="step", how="left").sort("step"), acc.rank_ids, acc.repeats,
-                acc.bad, wrote=True, appended=append is not None)
+                acc.bad, wrote=True, appended=append is not None,
+                periods_from=None if append is None or acc.periods.out_of_order else append.start)
 
 
 def _stack_steps(step_parts: list[pl.DataFrame], cols: list[str], appended: bool) -> pl.DataFrame:
@@ -178,7 +178,3 @@ def _windows_here(spans, files: list, plan: IngestPlan, acc: _Acc, old_ranks_pat
     finally:
         reducer.close()
 
-
-def _warn_repeats(repeats: dict, warnings: list[str]) -> None:
-    for (rank, att), n in sorted(repeats.items()):
-        warnings.append(f"rank {rank}: {n} steps recorded more than once in attempt {att}; the last kept")

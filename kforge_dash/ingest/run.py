@@ -48,6 +48,7 @@ from kforge_dash.ingest.plan import IngestInputs, IngestPlan, make_plan  # noqa:
 from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402  (public here too: see __all__)
 from kforge_dash.ingest.reduce import ema_expr, reduce_steps  # noqa: E402
 from kforge_dash.ingest.restarts import killed_since  # noqa: E402
+from kforge_dash.ingest.rollbacks import Lineage, apply_fix, find_rollbacks, warn_duplicates, write_superseded  # noqa: E402
 from kforge_dash.ingest.rows import Rows, read_rows  # noqa: E402
 from kforge_dash.ingest.summary import SummaryInput, build_summary  # noqa: E402
 from kforge_dash.ingest.temps import remove_stale_temps  # noqa: E402
@@ -57,7 +58,9 @@ from kforge_dash.progress import NullProgress  # noqa: E402
 __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce_steps", "WindowTask"]
 
 # Bump when the outputs' meaning changes: a new version re-ingests unchanged shards.
-INGEST_VERSION = "8"  # 8: steps.parquet step_time_s the period between step ends (mean over ranks), the ranks' own
+INGEST_VERSION = "9"  # 9: in-process rollbacks are restarts (restarts[].in_process, why, ranks, wasted_s),
+# superseded.parquet, the periods of the steps after a rollback without the superseded steps' time;
+# 8: steps.parquet step_time_s the period between step ends (mean over ranks), the ranks' own
 # times as step_work_s/_min_s/_median_s; goodput's between_steps bucket; findings cost_s, grad_norm_spike,
 # immaterial findings info, what-if over found stragglers;
 # hang, desync and replica_divergence findings, hang evidence in the fingerprint;
@@ -133,15 +136,18 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress, wi
         return IngestResult(run_dir, prev, True, options=decided)
     plan = make_plan(inputs, warnings, force=opts.force, chunk_rows=opts.chunk_rows)
     rows = read_rows(plan, progress, warnings, windows)
+    lineage = find_rollbacks(plan, rows.repeats, rows.bad)  # steps that went back: in-process restarts
+    warn_duplicates(lineage.duplicates, warnings)
     flops = {launch.index: launch_flops(launch, warnings, flops_per_token=decided.flops_per_token,
                                         peak_tflops=decided.peak_tflops)
              for launch in plan.launches if launch.parts()}
-    steps = _derive(rows.steps, plan.launches, flops, decided.alpha)
-    _write_outputs(plan, rows, steps)
+    steps = _derive(apply_fix(rows.steps, lineage, from_step=rows.periods_from, fresh=rows.wrote), plan.launches, flops,
+                    decided.alpha)
+    _write_outputs(plan, rows, steps, lineage)
     summary = build_summary(SummaryInput(
         run_dir=run_dir, steps=steps, launches=plan.launches, flops=flops, first_ended=plan.first_ended,
         last_ended=plan.last_ended, ranks=sorted(rows.rank_ids), attempts=plan.attempts, alpha=decided.alpha,
-        warnings=warnings, input_digest=inputs.digest))
+        warnings=warnings, input_digest=inputs.digest, rollbacks=tuple(lineage.restarts)))
     # findings, goodput: read from the outputs just written
     summary.update(analyse_run(out_dir, steps, plan.launches, summary, decided.findings, warnings))
     write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), summary)
@@ -178,11 +184,13 @@ def _unchanged_summary(inputs: IngestInputs) -> dict | None:
     return None
 
 
-def _write_outputs(plan: IngestPlan, rows: Rows, steps: pl.DataFrame) -> None:
-    """steps.parquet (ranks.parquet is written by the row pass), then the manifest that describes both."""
+def _write_outputs(plan: IngestPlan, rows: Rows, steps: pl.DataFrame, lineage: Lineage) -> None:
+    """steps.parquet (ranks.parquet is written by the row pass), superseded.parquet, then the manifest
+    that describes both."""
     if rows.wrote:
         with atomic_path(os.path.join(plan.out_dir, STEPS_FILE)) as steps_tmp:
             steps.write_parquet(steps_tmp, compression="zstd", statistics=True)
+    write_superseded(plan.out_dir, lineage)
     plan.cache.mark_bad(rows.bad)
     inputs = plan.inputs
     save_manifest(plan.out_dir, plan.cache, {

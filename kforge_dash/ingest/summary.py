@@ -11,7 +11,7 @@ import polars as pl
 
 from kforge_dash.contract import EMA_METRICS, OUTPUT_SCHEMA_VERSION
 from kforge_dash.ingest.launches import lead_meta, start_of, world_size_of
-from kforge_dash.ingest.restarts import launch_timeline
+from kforge_dash.ingest.restarts import launch_timeline, with_rollbacks
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class SummaryInput:
     alpha: float
     warnings: list[str]  # the run's warnings so far; build_summary adds its own and keeps the list
     input_digest: str  # written as "fingerprint" (docs/CONTRACT.md)
+    rollbacks: tuple = ()  # "restarts" entries of in-process rollbacks (rollbacks.py)
 
 
 def build_summary(inp: SummaryInput) -> dict:
@@ -50,7 +51,7 @@ def build_summary(inp: SummaryInput) -> dict:
         "world_size": world_size_of(cur),
         "ranks": inp.ranks,
         "attempts": _attempt_entries(inp, timeline.reach),
-        "restarts": timeline.restarts,
+        "restarts": with_rollbacks(timeline.restarts, list(inp.rollbacks)),
         "unrecorded": timeline.unrecorded,
         "overlaps": timeline.overlaps,
         **_step_figures(inp.steps),

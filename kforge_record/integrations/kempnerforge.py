@@ -36,6 +36,7 @@ from types import SimpleNamespace
 from kforge_record import env
 from kforge_record.integrations._common import plain
 from kforge_record.integrations.kempnerforge_config import ShapeError, default_run_dir, field, log_interval, model_shape
+from kforge_record.integrations.kempnerforge_replicas import NoReplicas, local_params, replica_name
 from kforge_record.model import flops_per_token
 from kforge_record.recorder import Recorder
 from kforge_record.warn import Warner
@@ -130,6 +131,8 @@ class MetricsTracker:
         self.recorder = Recorder(run_dir, **kw)
         self._backends: list = []
         self._fpt = flops_per_token(self.recorder.model)[0]
+        self._config = config
+        self._replicas = None  # (model, every, checksum name): watch_replicas
         self._t_start = perf_counter()
         if self.recorder.rank == 0:
             metrics = field(config, "metrics")
@@ -155,6 +158,33 @@ class MetricsTracker:
         """``with tracker.phase("data"):`` (kforge only): a phase timer of the current step."""
         return self.recorder.phase(name)
 
+    def watch_replicas(self, model, every: int | None = None) -> bool:
+        """(kforge only) Record ``model``'s parameter checksum (kforge_record.replica.param_checksum: one
+        memory-bound read of the parameters on their device, no sync) every ``every`` steps (default: the
+        log interval), under the name of this rank's replica group in ``config.distributed``
+        (kempnerforge_replicas.py), for ingest's ``replica_divergence`` check. False, warned, when the
+        layout has no replicas to compare (plain FSDP: dp_replicate 1). Call it after the model is sharded."""
+        try:
+            name = replica_name(self._config, self.recorder.rank, self.recorder.world_size)
+        except NoReplicas as e:
+            self._warn("replicas", f"no parameter checksum recorded: {e}")
+            return False
+        self._replicas = (model, every or self.log_interval, name)
+        return True
+
+    def _checksum(self, step: int) -> dict:
+        if self._replicas is None or step % self._replicas[1]:
+            return {}
+        from kforge_record.replica import param_checksum
+
+        model, _, name = self._replicas
+        try:
+            value = param_checksum(local_params(model))
+        except Exception as e:  # never into the loop
+            self._warn(f"checksum:{type(e).__name__}", f"the parameter checksum could not be taken: {e!r}")
+            return {}
+        return {} if value is None else {name: value}
+
     def end_step(self, step: int, loss=None, grad_norm=None, lr=None, tokens_in_step=None, **scalars):
         """Record the step (raw values, no device sync). On a log step (``step % log_interval == 0``,
         and step 1) return KempnerForge's ``StepMetrics`` on every rank, filled as KempnerForge
@@ -163,7 +193,8 @@ class MetricsTracker:
         that reads loss, grad norm and lr with ``.item()`` (a device sync) on log steps only, as
         KempnerForge itself does. Other steps: None. Never raises into the loop."""
         t = perf_counter()
-        self.recorder.end_step(step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens_in_step, **scalars)
+        self.recorder.end_step(step, loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens_in_step,
+                               **{**scalars, **self._checksum(step)})
         if self._kf is None:
             return None
         try:

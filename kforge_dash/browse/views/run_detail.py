@@ -9,6 +9,7 @@ from kforge_dash.browse import diagnosis as prep_diagnosis
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import findings_figures, tables
+from kforge_dash.browse import lineage as prep_lineage
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse.views import common, hang_card
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
@@ -186,7 +187,7 @@ else:
         "steps_ran": st.column_config.NumberColumn("steps it ran")})
 
 st.subheader("Restarts")
-st.plotly_chart(prep_figures.timeline_figure(d.timeline), key="timeline")
+st.plotly_chart(prep_figures.timeline_figure(d.timeline, s.get("restarts") or []), key="timeline")
 # A column with a gap is text there ("—" for none): its numbers still right-aligned, as in the columns without.
 shown_timeline = d.timeline.drop("attempt_ids")  # the ids below, as wrapped text: a table cell cut them at every width
 st.dataframe(tables.frame_missing_as_dash(shown_timeline, str), hide_index=True, key="restarts", column_config={
@@ -194,6 +195,17 @@ st.dataframe(tables.frame_missing_as_dash(shown_timeline, str), hide_index=True,
     for c, label in TIMELINE_LABELS.items()})
 st.caption("Attempt ids (the launches' folders): " + " · ".join(
     f"attempt {a}: {md_text(ids)}" for a, ids in zip(d.timeline["attempt"], d.timeline["attempt_ids"]) if ids))
+lineage = prep_lineage.lineage_table(s)
+if any(r.get("in_process") for r in s.get("restarts") or []) or lineage.height > 1:
+    st.markdown("**Lineage**: each segment of the run's timeline, a launch or what followed a rollback in one")
+    st.dataframe(tables.frame_missing_as_dash(lineage, str), hide_index=True, key="lineage",
+                 column_config={"resumed_from": "resumed from step", "recomputed": "steps recomputed",
+                                "wall_lost_s": st.column_config.NumberColumn("wall lost (s)", format="%.1f")})
+    srcs = common.sources({run.name: run}, [run.name])
+    branch_data = common.compare_data(srcs, ["loss"], x_axis="step", smoothing=0.0) if srcs else None
+    if branch_data is not None and branch_data.branches:
+        st.plotly_chart(prep_figures.metric_figure(branch_data, "loss", {run.name: "#1f77b4"}), key="lineage_chart")
+        st.caption("The kept line, and faint the steps each restart superseded (hover: what superseded them).")
 
 st.subheader("Non-finite steps")
 if d.nonfinite.is_empty():

@@ -13,7 +13,9 @@ The timeline is cut into consecutive pieces, each in exactly one bucket, so
   shards without it, the recorder's ``start_time``) to the start of its first step (its end minus
   its step time).
 - ``wasted_progress``: an earlier launch's time after its last kept step, i.e. the steps a later
-  launch recomputed after resuming from an older checkpoint (``wasted_steps`` counts them). Steps
+  launch recomputed after resuming from an older checkpoint (``wasted_steps`` counts them), and the
+  steps a launch rolled back in its own process (ingest/rollbacks.py: their time, ``wasted_s``, is out
+  of the kept steps' periods). Steps
   a killed launch ended after its last flushed row are known from its heartbeat
   (kforge_record/heartbeat.py): the time from its last row to its heartbeat is shared out pro
   rata by steps, those a later launch recomputed to ``wasted_progress``, those none redid
@@ -186,6 +188,7 @@ def goodput(facts: RunFacts, med: pl.DataFrame) -> dict | None:
         la = _book_start(L.index, t, start, kept)
         if kept.height:
             _book_steps(la, kept, med)
+        _book_rollbacks(la, summary, L.index)
         later = [att[M.index]["first_step"] for M in live[i + 1:] if att.get(M.index, {}).get("first_step") is not None]
         _book_end(la, L, att.get(L.index, {}), caps.get(L.index), min(later) if later else None, last=i == len(live) - 1)
         t = la.t
@@ -255,14 +258,24 @@ def _book_steps(la: _Launch, kept: pl.DataFrame, med: pl.DataFrame) -> None:
     la.last_eval = bool(cut["_eval"][-1])
 
 
+def _book_rollbacks(la: _Launch, summary: dict, index: int) -> None:
+    """The steps the launch ran and then rolled back in its own process (summary ``restarts`` with
+    ``in_process``, ingest/rollbacks.py): their time, taken out of the kept steps' periods, is
+    ``wasted_progress``; their steps are ``wasted_steps``."""
+    for r in summary.get("restarts") or []:
+        if r.get("in_process") and r["attempt"] == index:
+            la.wasted_steps += r["superseded_steps"]
+            la.book("wasted_progress", max(0.0, r.get("wasted_s") or 0.0))
+
+
 def _book_end(la: _Launch, L, mine: dict, cap, cutoff: int | None, *, last: bool) -> None:
     """After the launch's last kept step: the steps a later launch recomputed (from ``cutoff``),
     the heartbeat's unrecorded steps, and the tail to its last record."""
     last_row, end = last_record(L)
     last_row, end, beat, reached = _capped(L, mine, last_row, end, cap)
-    if cutoff is not None and reached is not None:
-        la.wasted_steps = max(0, reached - cutoff + 1)
-    if la.wasted_steps and last_row is not None and last_row > la.t:
+    redone = max(0, reached - cutoff + 1) if cutoff is not None and reached is not None else 0
+    la.wasted_steps += redone
+    if redone and last_row is not None and last_row > la.t:
         la.book("wasted_progress", last_row - la.t)
     if beat is not None and beat > la.t:  # ended steps its rows do not hold (a kill): from the heartbeat
         w = _recomputed_share(mine.get("last_step"), reached, cutoff)

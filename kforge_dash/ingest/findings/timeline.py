@@ -119,6 +119,9 @@ def restart_findings(facts: RunFacts, good: dict | None) -> list[Finding]:
     out = []
     for r in facts.summary.get("restarts") or []:
         k = r["attempt"]
+        if r.get("in_process"):
+            out.append(_rollback_finding(facts, r))
+            continue
         before = [a for i, a in per.items() if i < k]
         # down: the previous launch's shutdown after its last record, then the wait for this one
         down = (before[-1]["shutdown_s"] if before else 0.0) + (per[k]["downtime_before_s"] if k in per else 0.0)
@@ -140,6 +143,20 @@ def restart_findings(facts: RunFacts, good: dict | None) -> list[Finding]:
                      f"{down:.1f} s down between launches; checkpoint more often to lose less."),
         ))
     return out
+
+
+def _rollback_finding(facts: RunFacts, r: dict) -> Finding:
+    """A launch that went back to an earlier step in its own process (ingest/rollbacks.py): no downtime."""
+    n, k = r["superseded_steps"], r["attempt"]
+    ranks = tuple(r.get("ranks") or facts.ranks_of(k))
+    return Finding(
+        kind="restart", severity="info", first_step=r["resumed_at_step"],
+        last_step=r["previous_last_step"] if n else r["resumed_at_step"], ranks=ranks, hosts=facts.hosts_of(ranks, {k}),
+        score=0.0,
+        message=(f"Launch {k} rolled back in its own process at step {r['previous_last_step']} and resumed at step "
+                 f"{r['resumed_at_step']} (a checkpoint reloaded): {n} step{'s' if n != 1 else ''} recomputed "
+                 f"({r.get('wasted_s') or 0.0:.1f} s of wasted progress), no downtime."),
+    )
 
 
 def _resumed_by(i: int, firsts: dict) -> int | None:

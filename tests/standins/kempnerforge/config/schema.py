@@ -51,8 +51,19 @@ class CheckpointConfig:
 
 
 @dataclass
+class DistributedConfig:
+    dp_shard: int = -1  # -1: the ranks the other dims leave
+    dp_replicate: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+
+
+@dataclass
 class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
