@@ -113,6 +113,13 @@ _ENTRIES = (
     _C("tokens_per_sec_ema", "tokens/s (EMA)", "tokens/s", "rate", "exponential moving average of tokens/s"),
     _C("mfu_ema", "MFU (EMA)", "%", "percent", "exponential moving average of MFU"),
     _C("step_time_s_ema", "step time (EMA)", "s", "duration", "exponential moving average of the step time"),
+    # superseded.parquet: what a rollback, a relaunch or an imported log's purge replaced (docs/restarts.md)
+    _C("tag", "metric", None, "text", "superseded.parquet: the metric (a steps.parquet column or a logged tag)"),
+    _C("value", "value", None, "number", "superseded.parquet: the superseded value (mean over ranks)"),
+    _C("reason", "superseded by", None, "text", "superseded.parquet: rollback or relaunch "
+       "(kforge-ingest); purge_step, out_of_order or repeated_step (kforge-import)"),
+    _C("superseded_at_step", "resumed at step", None, "count", "superseded.parquet: the step the kept line went "
+       "back to"),
     # summary.json fields the pages, the report and the CLI screen show (a list: its count)
     _C("run", "run", None, "text", "the run folder's name"),
     _C("status", "status", None, "text", "ingested; stale (shards newer than the last ingest); not ingested; unreadable"),
