@@ -1,5 +1,5 @@
 """A torchrun worker for tests/test_ingest_period_ddp.py: DDP over gloo, each rank's own work
-jittered and some time between end_step and the next start_step; every rank also times itself
+jittered, the last rank starting 0.3 s late, and some time between end_step and the next start_step; every rank also times itself
 nanoGPT-style (dt between consecutive iterations' ends, on its own clock) into OUT/rank-R.json.
 
     python -m torch.distributed.run --standalone --nproc-per-node N period_child.py RUN OUT STEPS
@@ -31,6 +31,8 @@ def main(run_dir: str, out_dir: str, steps: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     dts = []
     with Recorder(run_dir, install_sigterm_handler=False, flush_every_steps=10) as rec:
+        if rank == dist.get_world_size() - 1:
+            time.sleep(0.3)  # reaches the loop late (a slow start): the others wait for it in the first step
         t_first = t0 = time.time()
         for step in range(1, steps + 1):
             rec.start_step()

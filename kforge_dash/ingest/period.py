@@ -3,11 +3,14 @@
 Per (rank, attempt), its rows that ended a step (``step_time_s`` not null, a finite ``time``) in
 the order of their end times (ties by step): a row's period is its end time minus the end time
 of the row before it; the first row of a (rank, attempt) has no end before it, and its period is
-its own ``start_step`` -> ``end_step`` time (``step_time_s``). A step's job step time
-(steps.parquet ``step_time_s``) is the mean of its ranks' periods. Summed over the steps, the
-means telescope to the ranks' mean elapsed time from their first step's start to their last
-step's end, the time between ``end_step`` and the next ``start_step`` included, and clock skew
-between hosts cancels (each difference is taken on one clock). Ordered by end time, not by
+the longest ``start_step`` -> ``end_step`` time (``step_time_s``) of that first step over the
+attempt's ranks: the job's first step began when its first rank began it (a rank that reached the
+loop late waits for nobody, the others wait for it in the first collective). A step's job step
+time (steps.parquet ``step_time_s``) is the mean of its ranks' periods. Summed over the steps,
+the means telescope to the elapsed time from the first rank's first step start to the ranks' last
+step end (their step ends line up under data parallelism), the time between ``end_step`` and the
+next ``start_step`` included, and clock skew between hosts cancels (each difference is taken on
+one clock). Ordered by end time, not by
 step: steps ended out of order (a shuffled order, an in-process rollback) each get the time
 since the end before them, so every second is counted once.
 
@@ -100,6 +103,7 @@ class PeriodAcc:
         window = [lp for lp in window if lp is not None]
         if not window:
             return
+        starts: dict[tuple[int, int], list[tuple[LocalPeriods, int]]] = {}  # (attempt, step) -> its ranks' first rows
         for lp in window:
             for i, r, a, t_first, t_last in zip(lp.first.tolist(), lp.rank.tolist(), lp.attempt.tolist(),
                                                 lp.first_time.tolist(), lp.last_time.tolist()):
@@ -107,7 +111,13 @@ class PeriodAcc:
                 if before is not None:
                     lp.period[i] = t_first - before
                     self.out_of_order |= t_first < before
+                else:
+                    starts.setdefault((a, int(lp.step[i])), []).append((lp, i))
                 self.last[(r, a)] = t_last if before is None else max(before, t_last)
+        for rows in starts.values():  # an attempt's first step began when its first rank began it
+            longest = max(lp.period[i] for lp, i in rows)
+            for lp, i in rows:
+                lp.period[i] = longest
         if len(window) == 1:
             steps, period = window[0].step, window[0].period
         else:  # the batches' rows in one sum per step, in row order: the bits of one read of the window
