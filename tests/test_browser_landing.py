@@ -128,7 +128,11 @@ def test_nothing_moves_when_plotly_replaces_the_previews_and_no_empty_box_shows(
     with serve(root, tmp_path / "server.log") as url:
         page, left = new_page(browser, width=1280, height=HEIGHT)
         held: list = []
-        page.context.route("**/*PlotlyChart*.js", held.append)  # plotly.js's chunk waits until released
+
+        def hold(route):  # plotly.js's chunk waits until released
+            held.append(route)
+
+        page.context.route("**/*PlotlyChart*.js", hold)
         page.goto(url + "/")
         page.wait_for_function(PREVIEWS, arg=4)
         page.get_by_text("Drawing ", exact=False).first.wait_for()
@@ -137,7 +141,7 @@ def test_nothing_moves_when_plotly_replaces_the_previews_and_no_empty_box_shows(
         before = page.evaluate(GEOMETRY)
         note_before = page.get_by_text("Drawing ", exact=False).first.bounding_box()["y"]
         assert before["skeletons"] == 0, before
-        page.context.unroute("**/*PlotlyChart*.js")
+        page.context.unroute("**/*PlotlyChart*.js", hold)
         for r in held:
             r.continue_()
         page.wait_for_function(DRAWN, arg=4)
@@ -155,7 +159,10 @@ HOVER = """cell => { const gd = document.querySelector('.st-key-' + cell + ' .js
     const box = gd.querySelector('.hoverlayer .legend'), plot = gd.querySelector('.nsewdrag');
     const r = e => { const q = e.getBoundingClientRect(); return [q.left, q.top, q.right, q.bottom]; };
     if (!box) return null;
+    const parts = [box, ...box.querySelectorAll('*')];  // plotly's hover takes no pointer events: hit-test it
+    parts.forEach(e => { e.style.pointerEvents = 'visiblePainted'; });
     const [l, t, rt, b] = r(box), hit = document.elementFromPoint((l + rt) / 2, (t + b) / 2);
+    parts.forEach(e => { e.style.pointerEvents = ''; });
     return {box: [l, t, rt, b], plot: r(plot), rows: box.querySelectorAll('.traces').length,
             painted: !!hit && box.contains(hit)}; }"""
 
