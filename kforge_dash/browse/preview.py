@@ -9,7 +9,6 @@ No plotly here, no Streamlit: plain text out of the prepared series.
 
 from __future__ import annotations
 
-import base64
 import html
 import math
 
@@ -93,16 +92,9 @@ def preview_svg(data: CompareData, metric: str, colours: dict[str, str], dashes:
         faint = s.kind == "raw" and any(o.run == s.run and o.kind == "smoothed" for o, _, _ in lines)
         own = (dashes or {}).get(s.run, "solid")
         dash = SVG_DASHES.get("dash" if own == "solid" and s.run in same else own)
-        # whole pixels of a 460-px drawing: sample_runs' loss preview 47.7 -> 32.4 kB (43 kB as base64 <img>)
-        pts = " ".join(f"{a:.0f},{b:.0f}" for a, b in zip(px(x), py(y)))
+        pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px(x), py(y)))
         out.append(f'<polyline points="{pts}" fill="none" stroke="{colours.get(s.run, "#0072B2")}" '
                    f'stroke-width="{1 if faint else 1.8}" stroke-opacity="{0.3 if faint else 1}"'
                    + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
     out.append("</svg>")
     return "".join(out)
-
-
-def preview_img(svg: str) -> str:
-    """The SVG as an <img> for st.markdown: Markdown is in Streamlit's first bundle, st.image's code is a
-    chunk the browser fetches on the first image, next to plotly.js's (benchmarks/bench_dash_browser.py)."""
-    return f'<img alt="" style="width:100%" src="data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode()}">'

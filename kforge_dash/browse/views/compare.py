@@ -255,7 +255,7 @@ def _preview(cell, data, metric, n: int) -> None:
     svg = prep_preview.preview_svg(data, metric, colours, dashes, log_y=log_y, scale=1 / prep_figures.GIB
                                    if metric.startswith("mem_") and metric.endswith("_bytes") else 1.0)
     if svg is not None:
-        cell.container(key=f"preview-{n}").markdown(prep_preview.preview_img(svg), unsafe_allow_html=True)
+        cell.container(key=f"preview-{n}").image(svg)
 
 
 def _chart(cell, data, metric, *, tag) -> None:
