@@ -109,3 +109,83 @@ def test_thirteen_runs_get_thirteen_distinct_colours_none_grey_and_markers_name_
         texts = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(gd => gd._fullData
             .filter(d => d.mode === 'markers' && d.marker.symbol === 'diamond').flatMap(d => Array.from(d.text)))""")
         assert texts and all(t.startswith("r00: restart") for t in texts), texts
+
+
+# Each cell's top and height, and the top of the page's note under the charts.
+GEOMETRY = """() => ({cells: [...document.querySelectorAll('[class*=st-key-cell-]')].map(c => {
+    const r = c.getBoundingClientRect(); return [c.className.match(/st-key-cell-\\d+/)[0], r.top, r.height]; }),
+  skeletons: [...document.querySelectorAll('[class*=st-key-cell-] [data-testid=stSkeleton]')].filter(
+    e => e.getBoundingClientRect().height > 0).length})"""
+PREVIEWS = """n => [...document.querySelectorAll('[class*=st-key-preview-] img')].filter(
+    i => i.complete && i.naturalWidth > 0).length >= n"""
+
+
+def test_nothing_moves_when_plotly_replaces_the_previews_and_no_empty_box_shows(browser, tmp_path):
+    """While plotly.js loads (held here until the previews are measured) each chart's place is already
+    its final size with the static preview in it: no grey placeholder, and no chart or note below it
+    moves when the plotly charts arrive (it moved ~400 px down, then back up)."""
+    root = copy_and_ingest_sample_runs(tmp_path / "runs")
+    with serve(root, tmp_path / "server.log") as url:
+        page, left = new_page(browser, width=1280, height=HEIGHT)
+        held: list = []
+
+        def hold(route):  # plotly.js's chunk waits until released
+            held.append(route)
+
+        page.context.route("**/*PlotlyChart*.js", hold)
+        page.goto(url + "/")
+        page.wait_for_function(PREVIEWS, arg=4)
+        page.get_by_text("Drawing ", exact=False).first.wait_for()
+        still(page, 500)
+        assert held and page.locator(".js-plotly-plot").count() == 0
+        before = page.evaluate(GEOMETRY)
+        note_before = page.get_by_text("Drawing ", exact=False).first.bounding_box()["y"]
+        assert before["skeletons"] == 0, before
+        page.context.unroute("**/*PlotlyChart*.js", hold)
+        for r in held:
+            r.continue_()
+        page.wait_for_function(DRAWN, arg=4)
+        settled(page)
+        after = page.evaluate(GEOMETRY)
+        assert [c[0] for c in after["cells"]] == [c[0] for c in before["cells"]]
+        for (name, top0, h0), (_, top1, h1) in zip(before["cells"], after["cells"]):
+            assert abs(top1 - top0) <= 2 and abs(h1 - h0) <= 2, (name, (top0, h0), (top1, h1))
+        assert abs(page.get_by_text("Drawing ", exact=False).first.bounding_box()["y"] - note_before) <= 2
+        assert left == []
+
+
+# The hovered chart's unified hover box, its plot area and whether the box is what is painted at its centre.
+HOVER = """cell => { const gd = document.querySelector('.st-key-' + cell + ' .js-plotly-plot');
+    const box = gd.querySelector('.hoverlayer .legend'), plot = gd.querySelector('.nsewdrag');
+    const r = e => { const q = e.getBoundingClientRect(); return [q.left, q.top, q.right, q.bottom]; };
+    if (!box) return null;
+    const parts = [box, ...box.querySelectorAll('*')];  // plotly's hover takes no pointer events: hit-test it
+    parts.forEach(e => { e.style.pointerEvents = 'visiblePainted'; });
+    const [l, t, rt, b] = r(box), hit = document.elementFromPoint((l + rt) / 2, (t + b) / 2);
+    parts.forEach(e => { e.style.pointerEvents = ''; });
+    return {box: [l, t, rt, b], plot: r(plot), rows: box.querySelectorAll('.traces').length,
+            painted: !!hit && box.contains(hit)}; }"""
+
+
+def test_hover_box_sits_beside_its_chart_not_over_its_lines(browser, tmp_path):
+    """At 1280 px the unified hover (one row per run) of a chart in either column lies outside that
+    chart's plot area, wholly in the window, and is painted on top (not clipped by the chart's frame)."""
+    root = copy_and_ingest_sample_runs(tmp_path / "runs")
+    names = sample_run_names()
+    with serve(root, tmp_path / "server.log") as url:
+        page, left = new_page(browser, width=1280, height=HEIGHT)
+        page.goto(url + "/")
+        page.wait_for_function(DRAWN, arg=4)
+        settled(page)
+        for cell in ("cell-0", "cell-1"):  # the first chart of the left and of the right column
+            plot = page.locator(f".st-key-{cell} .nsewdrag").bounding_box()
+            page.mouse.move(plot["x"] + plot["width"] / 2, plot["y"] + plot["height"] / 2)
+            page.wait_for_function("c => (" + HOVER + ")(c) !== null", arg=cell)
+            got = page.evaluate(HOVER, cell)
+            (bl, bt, br, bb), (pl, pt, pr, pb) = got["box"], got["plot"]
+            assert br <= pl or bl >= pr or bb <= pt or bt >= pb, (cell, got)  # no overlap with the plot area
+            assert 0 <= bl and br <= 1280 and 0 <= bt and bb <= HEIGHT, (cell, got)
+            assert got["painted"] and got["rows"] == len(names), (cell, got)
+            page.mouse.move(5, 5)
+            page.wait_for_function("c => (" + HOVER + ")(c) === null", arg=cell)
+        assert left == []

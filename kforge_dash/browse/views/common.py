@@ -76,17 +76,34 @@ def _swatch(style: prep_runs.RunStyle) -> str:
     return f"repeating-linear-gradient(90deg, {style.colour} 0 {on}px, transparent {on}px {on + off}px)"
 
 
-# A chart's static preview (browse/preview.py) takes no room of its own: it lies over the place of the
-# plotly chart that follows it in the cell, until that chart has drawn its lines.
-PREVIEW_CSS = ("[class*='st-key-preview-'] { height: 0; overflow: visible; position: relative; z-index: 2; }\n"
-               "[class*='st-key-cell-']:has(.js-plotly-plot) [class*='st-key-preview-'] { display: none; }")
+# A chart's static preview (browse/preview.py) takes no room of its own: it lies over the place the
+# plotly chart that follows it in the cell has reserved (its height, known before plotly.js is), until that
+# chart has drawn its lines; the chart's loading placeholder (a grey skeleton bar) is not shown. So nothing
+# below the charts moves when plotly.js arrives (tests/test_browser_landing.py measures it).
+_CELL, _PREVIEW = "[class*='st-key-cell-']", "[class*='st-key-preview-']"
+PREVIEW_CSS = (f"{_CELL} {{ position: relative; }}\n"
+               f"{_CELL} > {_PREVIEW}, {_CELL} > :has({_PREVIEW}) {{ position: absolute; top: 0; left: 0; right: 0; "
+               "z-index: 2; }\n"
+               f"{_CELL} [data-testid='stSkeleton'] {{ display: none; }}\n"
+               f"{_CELL}:has(.js-plotly-plot) {_PREVIEW} {{ display: none; }}")
+# The unified hover (one row per run) sits beside its chart, not over the lines it explains: to the right
+# of a chart in the left column, to the left of one in the right column, its top at the plot's top (CSS
+# transform outranks the transform attribute plotly sets). Where the columns stack (< 640 px) plotly places it.
+_COL, _BOX = "[data-testid='stColumn']", f"{_CELL} .hoverlayer .legend"
+HOVER_CSS = ("@media (min-width: 640px) {\n"
+             f"{_CELL} [data-testid='stElementContainer'], {_CELL} .js-plotly-plot, {_CELL} .main-svg "
+             "{ overflow: visible !important; }\n"
+             f"{_COL}:has({_CELL}):hover {{ z-index: 5; }}\n"
+             f"{_BOX} {{ transform-box: view-box; transform: translate(calc(100% + 6px), 40px) !important; }}\n"
+             f"{_COL} + {_COL} {_BOX} {{ transform-box: fill-box; transform: translate(calc(-100% - 6px), 40px) !important; }}\n"
+             "}")
 
 
 def legend_css(styles: list[prep_runs.RunStyle], *, pills_key: str, tags_key: str | None = None) -> str:
     """Colours the legend's pills (st.pills keyed `pills_key`, one per entry in order) and the tags of
     a multiselect (`tags_key`) with each entry's own colour. Only colours and positions go into the
     CSS, never a name from disk."""
-    rules = [".stMainBlockContainer { padding-top: 2.5rem; }", PREVIEW_CSS,  # the charts start higher on the first screen
+    rules = [".stMainBlockContainer { padding-top: 2.5rem; }", PREVIEW_CSS, HOVER_CSS,  # charts higher on the first screen
              f".st-key-{pills_key} button {{ border-width: 2px; background-color: transparent !important; "
              "color: inherit !important; }",
              f".st-key-{pills_key} button[aria-pressed='false'] p {{ opacity: 0.45; text-decoration: line-through; }}"]
