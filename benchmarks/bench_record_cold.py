@@ -19,8 +19,10 @@ and value pool, imported, not copied):
     python benchmarks/bench_record_cold.py --ref main   # A/B: this tree's recorder against main's, ~2 min
 
 With ``--ref`` the contenders are the two kforge cases for this tree and for REF (its
-kforge_record taken with ``git archive``, as bench_record_ab.py does), beside the floor: no
-wandb or TensorBoard, 500 steps each per repeat, 15 repeats, in a new random order every repeat.
+kforge_record taken with ``git archive``, as bench_record_ab.py does), beside three floors (the
+dict, an empty function called with the fields, ``start_step`` + an ``end_step`` with an empty
+body): no wandb or TensorBoard, 500 steps each per repeat, 15 repeats, in a new random order
+every repeat.
 
 Contenders run one after another within a repeat, in an order that rotates every repeat; each
 figure is the median over repeats of that repeat's mean (and median) µs per step.
@@ -44,7 +46,16 @@ from time import perf_counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_record import FIELDS, POOL, _check_recorder, _new_recorder, make_pool, torch, wandb_offline_run  # noqa: E402
+from bench_record import (  # noqa: E402
+    FIELDS,
+    POOL,
+    Recorder,
+    _check_recorder,
+    _new_recorder,
+    make_pool,
+    torch,
+    wandb_offline_run,
+)
 from bench_record_ab import PACKAGE, extract_ref  # noqa: E402
 
 WAIT_S = 0.001  # between two steps' logging calls: a (very short) training step
@@ -58,6 +69,42 @@ def cold_floor(pool, steps, tmp):
         rows.append({"step": step, **m})
         out.append(perf_counter() - t0)
         time.sleep(WAIT_S)
+    return out
+
+
+def _empty(step, loss=None, grad_norm=None, lr=None, tokens=None, **scalars):
+    pass
+
+
+def cold_call(pool, steps, tmp):
+    out = []
+    for step in range(1, steps + 1):
+        m = pool[step & (POOL - 1)]
+        t0 = perf_counter()
+        _empty(step, **m)
+        out.append(perf_counter() - t0)
+        time.sleep(WAIT_S)
+    return out
+
+
+class _EmptyEnd(Recorder):
+    def end_step(self, /, step, loss=None, grad_norm=None, lr=None, tokens=None, **scalars):
+        pass
+
+
+def cold_kforge_empty(pool, steps, tmp):
+    """start_step + an end_step with an empty body (its signature): what the API's call costs."""
+    d, rec = _new_recorder(tmp, cls=_EmptyEnd)
+    out = []
+    for step in range(1, steps + 1):
+        m = pool[step & (POOL - 1)]
+        t0 = perf_counter()
+        rec.start_step()
+        rec.end_step(step, **m)
+        out.append(perf_counter() - t0)
+        time.sleep(WAIT_S)
+    rec.close()
+    shutil.rmtree(d)
     return out
 
 
@@ -150,7 +197,8 @@ def ab_contenders(ref: str, tmp: str) -> tuple:
     extract_ref(ref, tmp)
     sys.path.insert(0, tmp)
     A = importlib.import_module(PACKAGE).Recorder
-    out = [CONTENDERS[0]]
+    out = [CONTENDERS[0], ("floor: an empty function called with the fields", cold_call),
+           ("floor: start_step + an empty end_step", cold_kforge_empty)]
     for case, fn in (("start_step + 3 phase() + end_step", cold_kforge),
                      (f"start_step + end_step, {len(FIELDS) + 1} fields", cold_kforge_11)):
         out += [(f"kforge {case} (this tree)", fn), (f"kforge {case} ({ref})", functools.partial(fn, cls=A))]
@@ -202,7 +250,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    kforge = contenders[1][0]
+    kforge = contenders[3 if args.ref else 1][0]
     k_mean, k_med = statistics.median(means[kforge]), statistics.median(medians[kforge])
     print()
     print(f"Per-step cost, cold: one step's logging every {WAIT_S * 1e3:g} ms (time.sleep between, untimed), "
@@ -217,7 +265,7 @@ def main() -> None:
         print()
         print(f"| case | this tree / {args.ref}, mean | median |")
         print("|---|---:|---:|")
-        for (label, _), (ref_label, _) in zip(contenders[1::2], contenders[2::2]):
+        for (label, _), (ref_label, _) in zip(contenders[3::2], contenders[4::2]):
             b, a = (statistics.median(means[x]) for x in (label, ref_label))
             mb, ma = (statistics.median(medians[x]) for x in (label, ref_label))
             print(f"| {label.removesuffix(' (this tree)')} | {b / a:.2f} | {mb / ma:.2f} |")

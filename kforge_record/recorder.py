@@ -173,8 +173,8 @@ class Recorder:
 
     def end_step(self, /, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
         """Record one step. Values: Python numbers, numpy scalars or 1-element tensors (any device)."""
-        # No lock and no _captured() call on this path (hand-overs take the lock: _handoff): cold,
-        # 17.5 µs a step against main's 21.6 (0.81x): python benchmarks/bench_record_cold.py --ref main
+        # No lock and no _captured() call on this path (hand-overs take the lock: _handoff): cold, 16.4-17.5
+        # µs a step against 19.2-21.6 (0.81-0.86x): python benchmarks/bench_record_cold.py --ref f738344
         try:
             t = perf_counter()
             step_time = t - self._t_step
@@ -228,8 +228,8 @@ class Recorder:
         """The phase times pending now, taken off ``pending``: a copy, then exactly that many off the
         front (see phase.py). The one token in ``_taker`` makes it exclusive without a lock (list.pop
         is atomic, with or without a GIL): an end_step on another thread (or in a signal handler)
-        meanwhile takes none, and they land in its next step. -2.9 µs of 25 a step cold, with 3
-        phases: python benchmarks/bench_record_cold.py --ref 63d8c82"""
+        meanwhile takes none, and they land in its next step. Cold, with 3 phases, 23.2 µs a step
+        against 25.8 with the lock (0.90x): python benchmarks/bench_record_cold.py --ref 63d8c82"""
         taker = self._taker
         try:
             taker.pop()
