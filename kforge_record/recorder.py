@@ -184,7 +184,6 @@ class Recorder:
                 if step is None:
                     self._take_pending(self._pending, keep=False)  # they belong to the refused step
                     return
-            # The captures inline (no call, no 5-tuple): floats and None pass as they are.
             if loss.__class__ is not float and loss is not None:
                 loss = capture(loss)
             if grad_norm.__class__ is not float and grad_norm is not None:
@@ -225,19 +224,20 @@ class Recorder:
             self._warn(f"end_step:{type(e).__name__}", f"end_step failed and the step was not recorded: {e!r}")
 
     def _take_pending(self, pending: list, keep: bool = True) -> list | None:
-        """The phase times pending now, taken off ``pending``: a copy, then exactly that many off the
-        front (see phase.py). The one token in ``_taker`` makes it exclusive without a lock (list.pop
-        is atomic, with or without a GIL): an end_step on another thread (or in a signal handler)
-        meanwhile takes none, and they land in its next step. Cold, with 3 phases, 23.2 µs a step
-        against 25.8 with the lock (0.90x): python benchmarks/bench_record_cold.py --ref 63d8c82"""
+        """The phase times pending now, taken off ``pending``: a copy, then exactly that many off the front
+        (phase.py). The one token in ``_taker`` makes it exclusive without a lock (list.pop is atomic, with or
+        without a GIL): an end_step on another thread (or in a signal handler) meanwhile takes none, and they
+        land in its next. Cold, 3 phases: 23.2 µs a step, 25.8 with the lock: bench_record_cold.py --ref 63d8c82"""
         taker = self._taker
         try:
             taker.pop()
         except IndexError:
             return None
-        phases = pending[:]  # neither can raise: the token always goes back
-        del pending[:len(phases)]
-        taker.append(None)
+        try:
+            phases = pending[:]
+            del pending[:len(phases)]
+        finally:  # a KeyboardInterrupt in between: the token still goes back
+            taker.append(None)
         return phases if keep else None
 
     def log(self, /, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:

@@ -193,3 +193,21 @@ def test_phase_times_from_another_thread_land_in_exactly_one_step(tmp_path, monk
         assert sum(v for v in col if v is not None) == n_timed, f"attempt {attempt}"
         assert len([v for v in col if v is not None]) > 10  # the two threads did interleave
         assert rec.dropped_rows == 0
+
+
+def test_an_end_step_while_another_takes_the_phase_times_leaves_them_to_the_next_step(tmp_path):
+    """Phase times are taken under a token, not the lock: an end_step that finds the token held (by
+    another thread's end_step, or the one a signal handler interrupted) takes none, and they land,
+    once, in the next step."""
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, install_sigterm_handler=False)
+    with rec.phase("data"):
+        pass
+    held = rec._taker.pop()  # as another thread's end_step holds it, between its copy and its delete
+    rec.end_step(1, loss=1.0)
+    rec._taker.append(held)
+    rec.end_step(2, loss=2.0)
+    rec.end_step(3, loss=3.0)
+    rec.close()
+    table = _table(rec)
+    data = dict(zip(table.column("step").to_pylist(), table.column("time/data_s").to_pylist()))
+    assert data[1] is None and data[2] is not None and data[2] >= 0 and data[3] is None
