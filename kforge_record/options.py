@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import operator
 import os
 from dataclasses import dataclass
@@ -10,7 +9,6 @@ from dataclasses import dataclass
 from . import env
 from .checks import check_flag, check_int, check_positive
 from .model import ModelSpec
-from .schema import SCHEMA_VERSION
 
 STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
 # A part write costs a few ms whatever its size (two fsyncs): 256 rows of slack let a writer keep
@@ -111,35 +109,3 @@ def as_step(step) -> int | None:
     except TypeError:
         return None
     return i if STEP_MIN <= i <= STEP_MAX else None
-
-
-def run_meta(o: RecorderOptions, *, run_dir: str, rank: int, world_size: int, local_rank: int | None, pid: int,
-             attempt_id: str, now: _dt.datetime, launch: dict) -> dict:
-    """The attempt's meta.json (docs/CONTRACT.md): who, where, with what, and the options."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "run_name": os.path.basename(os.path.abspath(run_dir)),
-        "rank": rank,
-        "world_size": world_size,
-        "local_rank": env.detect_local_rank() if local_rank is None else local_rank,
-        "host": env.hostname(),
-        "pid": pid,
-        "attempt_id": attempt_id,
-        "launch": launch,
-        "start_time": now.timestamp(),
-        "process_start_time": env.process_start_time(),
-        "process": env.process_identity(),
-        "device": env.device_info(),
-        "versions": env.versions(),
-        "counts_tokens": o.counts_tokens,
-        "model": o.model.to_dict() if o.model else None,
-        "peak_tflops": o.peak_tflops,
-        "hparams": o.hparams,
-        "tags": list(o.tags),
-        "flush_every_steps": o.flush_every_steps,
-        "flush_every_s": o.flush_every_s,
-        "memory_every_steps": o.memory_every_steps,
-        "hw_every_s": o.hw_every_s,
-        "hang_after_s": o.hang_after_s,  # None: adaptive (hang.py), 0: off
-        "fr": env.flight_recorder_env(),  # where PyTorch's own dumps go (ingest reads them too)
-    }

@@ -10,12 +10,11 @@ Where a GPU synchronisation can happen, exactly:
   for that copy, on the calling thread.
 
 Several threads may call ``end_step``/``log``/``flush`` on one Recorder (an eval thread logging
-while the loop runs). ``end_step`` adds its row with one ``list.append`` and takes no lock unless
-phase times are pending; every hand-over of the buffer (and ``log``, ``flush``, ``close``) takes a
-lock, re-entrant for the SIGTERM handler (it runs on the main thread inside whatever it
-interrupted). A row appended to a buffer just handed over (its thread read the buffer before the
-swap) is taken by the writer at its next take (inbox.py). Phase timers take no lock (phase.py);
-one timer (one phase name) is for one thread at a time.
+while the loop runs). ``end_step`` takes no lock: one ``list.append`` adds its row, and a row
+appended to a buffer just handed over is taken by the writer at its next take (inbox.py); hand-overs,
+``log``, ``flush`` and ``close`` take a lock, re-entrant for the SIGTERM handler (it runs on the main
+thread inside whatever it interrupted). Phase timers take no lock (phase.py); one timer (one phase
+name) is for one thread at a time.
 """
 
 from __future__ import annotations
@@ -31,9 +30,9 @@ from . import env, heartbeat, lifecycle
 from .convert import capture, capture_all, rows_to_table, safe_repr
 from .hang import HangWatch
 from .model import ModelSpec
-from .options import STEP_MAX, STEP_MIN, RecorderOptions, as_step, checked_run_dir, rank_and_world, run_meta
-from .phase import NO_PHASE, Phase
-from .schema import phase_column, rank_dir_name
+from .options import STEP_MAX, STEP_MIN, RecorderOptions, as_step, checked_run_dir, rank_and_world
+from .phase import NO_PHASE, Phase, take_pending
+from .schema import SCHEMA_VERSION, phase_column, rank_dir_name
 from .warn import Warner
 from .writer import ShardWriter, claim_attempt_dir
 
@@ -105,14 +104,43 @@ class Recorder:
                                             stamp=now.strftime("%H%M%S%f"))
         self.attempt_dir = os.path.join(rank_dir, self.attempt_id)
         self._cuda = env.cuda_in_use()
-        self._meta = run_meta(self._opts, run_dir=self.run_dir, rank=self.rank, world_size=self.world_size,
-                              local_rank=local_rank, pid=self._pid, attempt_id=self.attempt_id, now=now, launch=launch)
+        self._meta = self._initial_meta(now, launch, local_rank)
         self._init_loop_state()
         self._hb_step, self._hb_time = heartbeat.open_heartbeat(self.attempt_dir, self._warn)
         self._start_writer()
         self._hang = None if self._opts.hang_after_s == 0 else HangWatch(self, self._opts.hang_after_s)
         self._closed = False
         self._register(install_sigterm_handler)
+
+    def _initial_meta(self, now: _dt.datetime, launch: dict, local_rank: int | None) -> dict:
+        o = self._opts
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "run_name": os.path.basename(os.path.abspath(self.run_dir)),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local_rank": env.detect_local_rank() if local_rank is None else local_rank,
+            "host": env.hostname(),
+            "pid": self._pid,
+            "attempt_id": self.attempt_id,
+            "launch": launch,
+            "start_time": now.timestamp(),
+            "process_start_time": env.process_start_time(),
+            "process": env.process_identity(),
+            "device": env.device_info(),
+            "versions": env.versions(),
+            "counts_tokens": o.counts_tokens,
+            "model": o.model.to_dict() if o.model else None,
+            "peak_tflops": o.peak_tflops,
+            "hparams": o.hparams,
+            "tags": list(o.tags),
+            "flush_every_steps": o.flush_every_steps,
+            "flush_every_s": o.flush_every_s,
+            "memory_every_steps": o.memory_every_steps,
+            "hw_every_s": o.hw_every_s,
+            "hang_after_s": o.hang_after_s,  # None: adaptive (hang.py), 0: off
+            "fr": env.flight_recorder_env(),  # where PyTorch's own dumps go (ingest reads them too)
+        }
 
     def _init_loop_state(self) -> None:
         o = self._opts
@@ -126,7 +154,7 @@ class Recorder:
         self._lock = threading.RLock()
         self._rows: list[tuple] = []
         self._pending: list[tuple[str, float]] = []  # (column, seconds) from phase timers (phase.py)
-        self._taker = [None]  # the token a phase-time taker holds (_take_pending)
+        self._taker = [None]  # the token a phase-time taker holds (phase.take_pending)
         self._phase_objs: dict[str, Phase] = {}
         self._names_ok: set[str] = set()  # scalar names checked once, then accepted at C speed
         self._t_step = perf_counter()  # start of the current step (start_step or previous end_step)
@@ -182,7 +210,7 @@ class Recorder:
             if step.__class__ is not int or not 0 <= step < 1 << 30:  # small ints compare fastest; others: below
                 step = self._checked_step(step, "end_step")
                 if step is None:
-                    self._take_pending(self._pending, keep=False)  # they belong to the refused step
+                    take_pending(self._pending, self._taker)  # they belong to the refused step: dropped
                     return
             if loss.__class__ is not float and loss is not None:
                 loss = capture(loss)
@@ -203,7 +231,7 @@ class Recorder:
                 scalars = None
             phases = self._pending
             if phases:
-                phases = self._take_pending(phases)
+                phases = take_pending(phases, self._taker)
             else:
                 phases = None
             left = self._mem_left - 1
@@ -223,23 +251,6 @@ class Recorder:
         except Exception as e:  # the loop must go on
             self._warn(f"end_step:{type(e).__name__}", f"end_step failed and the step was not recorded: {e!r}")
 
-    def _take_pending(self, pending: list, keep: bool = True) -> list | None:
-        """The phase times pending now, taken off ``pending``: a copy, then exactly that many off the front
-        (phase.py). The one token in ``_taker`` makes it exclusive without a lock (list.pop is atomic, with or
-        without a GIL): an end_step on another thread (or in a signal handler) meanwhile takes none, and they
-        land in its next. Cold, 3 phases: 23.2 µs a step, 25.8 with the lock: bench_record_cold.py --ref 63d8c82"""
-        taker = self._taker
-        try:
-            taker.pop()
-        except IndexError:
-            return None
-        try:
-            phases = pending[:]
-            del pending[:len(phases)]
-        finally:  # a KeyboardInterrupt in between: the token still goes back
-            taker.append(None)
-        return phases if keep else None
-
     def log(self, /, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
         """Values for a step that already ended (or not yet): an eval loss, or the loss, grad norm,
         lr and tokens that the loop knows only after ``end_step`` (a framework's logging hook).
@@ -255,28 +266,19 @@ class Recorder:
                 self._rows.append((step, time.time(), None, loss, grad_norm, lr, tokens, None, None, None, scalars, None))
                 t = perf_counter()
                 if len(self._rows) >= self._flush_every_steps or t >= self._flush_due:
-                    self._handoff_locked(t)
+                    self._handoff(t)
         except Exception as e:
             self._warn(f"log:{type(e).__name__}", f"log failed: {e!r}")
 
     def _captured(self, loss, grad_norm, lr, tokens, scalars: dict) -> tuple:
-        """(loss, grad_norm, lr, tokens, scalars or None) as a row holds them: Python floats (ints
-        for tokens) and None as they are, anything else captured (convert.capture: a tensor kept
-        as a detached reference, never synchronised); scalars with bad names dropped (warned)."""
-        if loss.__class__ is not float and loss is not None:
-            loss = capture(loss)
-        if grad_norm.__class__ is not float and grad_norm is not None:
-            grad_norm = capture(grad_norm)
-        if lr.__class__ is not float and lr is not None:
-            lr = capture(lr)
-        if tokens.__class__ is not int and tokens is not None:
-            tokens = capture(tokens)
-        if not scalars:
-            return loss, grad_norm, lr, tokens, None
-        if not self._names_ok.issuperset(scalars):
-            scalars = self._checked_names(scalars)
-        capture_all(scalars)
-        return loss, grad_norm, lr, tokens, scalars
+        """(loss, grad_norm, lr, tokens, scalars or None) as a row holds them: numbers and None as they
+        are, tensors captured (convert.capture: kept as a detached reference, never synchronised);
+        scalars with bad names dropped (warned). end_step does the same inline."""
+        if scalars:
+            if not self._names_ok.issuperset(scalars):
+                scalars = self._checked_names(scalars)
+            capture_all(scalars)
+        return capture(loss), capture(grad_norm), capture(lr), capture(tokens), scalars or None
 
     def _checked_step(self, step, call: str) -> int | None:
         """``step`` as an int; None, warned and counted, when it is not one (see options.as_step)."""
@@ -302,23 +304,20 @@ class Recorder:
         return kept
 
     def _handoff(self, t: float) -> None:
-        with self._lock:
-            self._handoff_locked(t)
-
-    def _handoff_locked(self, t: float) -> None:
-        self._flush_due = t + self._flush_every_s
-        if self._closed:
-            self._warn("after-close", "end_step after close(): these steps are not recorded")
-            self._rows = []
-        elif os.getpid() != self._pid:
-            self._warn("forked", f"end_step/log in a forked child (pid {os.getpid()}) of the process that built the "
-                       "Recorder: not recorded (a child never writes its parent's shard; build a Recorder in the child)")
-            self._rows = []
-        else:
-            # Submit, then empty the buffer: a signal handler flushing in between submits the same
-            # list again, which the writer ignores, so no window is lost or written twice.
-            self._writer.submit(self._rows)
-            self._rows = []
+        with self._lock:  # end_step's hand-over takes it here; log's holds it already (re-entrant)
+            self._flush_due = t + self._flush_every_s
+            if self._closed:
+                self._warn("after-close", "end_step after close(): these steps are not recorded")
+                self._rows = []
+            elif os.getpid() != self._pid:
+                self._warn("forked", f"end_step/log in a forked child (pid {os.getpid()}) of the process that built the "
+                           "Recorder: not recorded (a child never writes its parent's shard; build a Recorder in the child)")
+                self._rows = []
+            else:
+                # Submit, then empty the buffer: a signal handler flushing in between submits the same
+                # list again, which the writer ignores, so no window is lost or written twice.
+                self._writer.submit(self._rows)
+                self._rows = []
 
     def _memory(self):
         if not self._cuda:
