@@ -201,8 +201,8 @@ class Recorder:
 
     def end_step(self, /, step: int, loss=None, grad_norm=None, lr=None, tokens=None, **scalars) -> None:
         """Record one step. Values: Python numbers, numpy scalars or 1-element tensors (any device)."""
-        # No lock and no _captured() call on this path (hand-overs take the lock: _handoff): cold, 16.4-17.5
-        # µs a step against 19.2-21.6 (0.81-0.86x): python benchmarks/bench_record_cold.py --ref f738344
+        # No lock and no _captured() call on this path (hand-overs take the lock: _handoff): cold, 0.81-0.86x
+        # f738344's median µs a step in 4 runs (27.0 vs 31.5): python benchmarks/bench_record_cold.py --ref f738344
         try:
             t = perf_counter()
             step_time = t - self._t_step
