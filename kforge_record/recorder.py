@@ -271,14 +271,16 @@ class Recorder:
             self._warn(f"log:{type(e).__name__}", f"log failed: {e!r}")
 
     def _captured(self, loss, grad_norm, lr, tokens, scalars: dict) -> tuple:
-        """(loss, grad_norm, lr, tokens, scalars or None) as a row holds them: numbers and None as they
-        are, tensors captured (convert.capture: kept as a detached reference, never synchronised);
-        scalars with bad names dropped (warned). end_step does the same inline."""
+        """(loss, grad_norm, lr, tokens, scalars or None) as a row holds them, as end_step has them inline:
+        floats (ints for tokens) and None as they are, anything else captured (convert.capture)."""
         if scalars:
             if not self._names_ok.issuperset(scalars):
                 scalars = self._checked_names(scalars)
             capture_all(scalars)
-        return capture(loss), capture(grad_norm), capture(lr), capture(tokens), scalars or None
+        return (loss if loss is None or loss.__class__ is float else capture(loss),
+                grad_norm if grad_norm is None or grad_norm.__class__ is float else capture(grad_norm),
+                lr if lr is None or lr.__class__ is float else capture(lr),
+                tokens if tokens is None or tokens.__class__ is int else capture(tokens), scalars or None)
 
     def _checked_step(self, step, call: str) -> int | None:
         """``step`` as an int; None, warned and counted, when it is not one (see options.as_step)."""
@@ -364,9 +366,8 @@ class Recorder:
             atexit.unregister(self._close_at_exit)
 
     def _finish(self, reason: str) -> None:
-        """Hand over what is buffered and have the writer write end.json and stop. Safe to re-enter
-        from a signal handler that interrupted a close(): the writer takes the first close and
-        answers the second at once."""
+        """Hand over what is buffered and have the writer write end.json and stop. Safe to re-enter from a signal
+        handler that interrupted a close(): the writer takes the first close and answers the second at once."""
         try:
             with self._lock:
                 self._writer.submit(self._rows)
@@ -377,8 +378,7 @@ class Recorder:
             self._warn(f"close:{type(e).__name__}", f"close failed: {e!r}")
 
     def _forked(self) -> None:
-        """In a forked child: no parent rows and a fresh lock (one held at the fork by a thread
-        that is not in the child stays held)."""
+        """In a forked child: no parent rows, a fresh lock (one held at the fork by a thread not in the child stays held)."""
         self._lock = threading.RLock()
         self._rows = []
         del self._pending[:]  # the same list: the phase timers hold it
