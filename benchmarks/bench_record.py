@@ -126,9 +126,9 @@ def run_floor(pool, steps, tmp):
     return _result(c0, c1, c2)
 
 
-def _new_recorder(tmp, merge_parts=True):
+def _new_recorder(tmp, merge_parts=True, cls=None):
     d = tempfile.mkdtemp(dir=tmp)
-    rec = Recorder(os.path.join(d, "run"), flush_every_steps=FLUSH_EVERY_STEPS, install_sigterm_handler=False,
+    rec = (cls or Recorder)(os.path.join(d, "run"), flush_every_steps=FLUSH_EVERY_STEPS, install_sigterm_handler=False,
                    merge_parts=merge_parts)
     return d, rec
 

@@ -106,6 +106,13 @@ def _fake_gpu() -> None:
     sys.modules["pynvml"] = m
 
 
+def extract_ref(ref: str, root: str) -> None:
+    """``ref``'s kforge_record as package ``kforge_record_ab_ref`` under ``root`` (put ``root`` on sys.path)."""
+    archive = subprocess.run(["git", "-C", HERE, "archive", ref, "kforge_record"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", root], input=archive.stdout, check=True)
+    os.rename(os.path.join(root, "kforge_record"), os.path.join(root, PACKAGE))
+
+
 def _recorders(ref_root: str, tmp: str, hw_every_s: float | None) -> dict:
     """{(side, case): Recorder}: side A from the earlier commit, side B from this tree."""
     sys.path.insert(0, ref_root)
@@ -134,9 +141,7 @@ def main() -> None:
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kforge-ab-")
     try:
-        archive = subprocess.run(["git", "-C", HERE, "archive", args.ref, "kforge_record"], check=True, capture_output=True)
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-        os.rename(os.path.join(tmp, "kforge_record"), os.path.join(tmp, PACKAGE))
+        extract_ref(args.ref, tmp)
         recs = _recorders(tmp, tmp, args.hw_every_s)
         pools = {"end_step": _pool(), "log": _pool()}
         import torch

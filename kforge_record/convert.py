@@ -50,6 +50,13 @@ def capture(v):
         return v
 
 
+def capture_all(scalars: dict) -> None:
+    """``capture`` every value of ``scalars`` that is not a float or None, in place."""
+    for k, v in scalars.items():
+        if v.__class__ is not float and v is not None:
+            scalars[k] = capture(v)
+
+
 def rows_to_table(rows: list[tuple], warn: Warner) -> pa.Table:
     """Rows as the recorder buffers them: the fixed columns, then the scalars (a dict or None),
     then the phase times (a list of (column, seconds) or None)."""

@@ -99,6 +99,21 @@ def cuda_in_use() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized() and torch.cuda.is_available())
 
 
+def cuda_memory() -> tuple[int, int, int]:
+    """(allocated, peak allocated since the previous sample, reserved) bytes: the caching allocator's
+    host-side counters, no device synchronisation. Resetting the peak is what makes mem_peak_bytes
+    "peak since the previous sample"; it also resets what your own torch.cuda.max_memory_allocated()
+    reports (memory_every_steps=0 turns sampling off)."""
+    cuda = sys.modules["torch"].cuda
+    stats = cuda.memory_stats_as_nested_dict()
+    cuda.reset_peak_memory_stats()
+    return (
+        stats["allocated_bytes"]["all"]["current"],
+        stats["allocated_bytes"]["all"]["peak"],
+        stats["reserved_bytes"]["all"]["current"],
+    )
+
+
 def process_start_time() -> float | None:
     """Unix time this process started (Linux: /proc), None where unknown.
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 
@@ -28,7 +29,11 @@ class Inbox:
         self._warn = warn
         # Re-entrant: a SIGTERM handler runs on the main thread, possibly inside put().
         self._cond = threading.Condition(threading.RLock())
-        self._batches: list[list[tuple]] = []
+        self._batches: list[tuple[list[tuple], int]] = []  # (rows, how many put() counted)
+        # Lists taken already, looked at again at every take: end_step appends without a lock, so a
+        # thread that read the recorder's buffer just before a hand-over swapped it may append to a
+        # list after it was handed over (its row is then taken here, at the next take).
+        self._taken: collections.deque[list[tuple]] = collections.deque(maxlen=16)
         self.waiting_rows = 0  # here, not yet taken by the writer
         self.pending_rows = 0  # here + taken and not yet done
         self._busy_since = time.monotonic()  # when the writer last took or finished a batch
@@ -40,7 +45,7 @@ class Inbox:
         with self._cond:
             if not self.pending_rows:  # the writer was idle: the stall clock starts now
                 self._busy_since = time.monotonic()
-            self._batches.append(rows)
+            self._batches.append((rows, len(rows)))
             self.waiting_rows += len(rows)
             self.pending_rows += len(rows)
             if self.pending_rows > self.lag_rows:
@@ -65,10 +70,12 @@ class Inbox:
 
     def _drop_oldest_past_bound(self) -> None:
         while self.waiting_rows > self.max_rows and len(self._batches) > 1:
-            old = self._batches.pop(0)
-            self.waiting_rows -= len(old)
-            self.pending_rows -= len(old)
-            self.dropped += len(old)
+            old, n = self._batches.pop(0)
+            del old[:n]  # the writer never takes them (rows appended later stay, for the next take)
+            self._taken.append(old)
+            self.waiting_rows -= n
+            self.pending_rows -= n
+            self.dropped += n
 
     # -- writer thread ---------------------------------------------------------------------
     def take(self) -> list[tuple]:
@@ -76,13 +83,23 @@ class Inbox:
         with self._cond:
             batches, self._batches, self.waiting_rows = self._batches, [], 0
             self._busy_since = time.monotonic()
-        rows = [row for batch in batches for row in batch]
-        for batch in batches:
-            # The training thread keeps the last list it handed over (ShardWriter.submit, to know
-            # it again): emptied here, its rows (and the tensors they hold) are freed by this
+            taken = tuple(self._taken)
+            self._taken.extend(batch for batch, _ in batches)
+        rows: list[tuple] = []
+        counted = sum(n for _, n in batches)  # what put() counted: waiting_rows and pending_rows hold these
+        for batch in (*taken, *(batch for batch, _ in batches)):
+            # Copy, then exactly that many off the front: a row appended in between stays for the
+            # next take. The training thread keeps the last list it handed over (ShardWriter.submit,
+            # to know it again): emptied here, its rows (and the tensors they hold) are freed by this
             # thread once written, not by end_step at the next hand-over: 500 held tensors of a
             # 100-step window cost that end_step 18 µs. Empty, it is still ignored if handed again.
-            batch.clear()
+            if batch:
+                n = len(batch)
+                rows += batch[:n]
+                del batch[:n]
+        if len(rows) != counted:  # late rows (see _taken): counted now, so that done() balances
+            with self._cond:
+                self.pending_rows += len(rows) - counted
         return rows
 
     def done(self, n: int) -> None:
