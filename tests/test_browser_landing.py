@@ -163,7 +163,9 @@ HOVER = """cell => { const gd = document.querySelector('.st-key-' + cell + ' .js
     parts.forEach(e => { e.style.pointerEvents = 'visiblePainted'; });
     const [l, t, rt, b] = r(box), hit = document.elementFromPoint((l + rt) / 2, (t + b) / 2);
     parts.forEach(e => { e.style.pointerEvents = ''; });
-    return {box: [l, t, rt, b], plot: r(plot), rows: box.querySelectorAll('.traces').length,
+    const rows = [...box.querySelectorAll('.traces')].map(e => e.textContent);
+    return {box: [l, t, rt, b], plot: r(plot), rows: rows.filter(x => !x.includes('superseded')).length,
+            branches: rows.length - rows.filter(x => !x.includes('superseded')).length,
             painted: !!hit && box.contains(hit)}; }"""
 
 
@@ -185,6 +187,7 @@ def test_hover_box_sits_beside_its_chart_not_over_its_lines(browser, tmp_path):
             (bl, bt, br, bb), (pl, pt, pr, pb) = got["box"], got["plot"]
             assert br <= pl or bl >= pr or bb <= pt or bt >= pb, (cell, got)  # no overlap with the plot area
             assert 0 <= bl and br <= 1280 and 0 <= bt and bb <= HEIGHT, (cell, got)
+            # one row per run; a restart's superseded branch under the pointer adds its own (named) row
             assert got["painted"] and got["rows"] == len(names), (cell, got)
             page.mouse.move(5, 5)
             page.wait_for_function("c => (" + HOVER + ")(c) === null", arg=cell)

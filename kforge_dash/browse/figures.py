@@ -136,7 +136,7 @@ def metric_figure(data: CompareData, metric: str, colours: dict[str, str], *, lo
                 x=_compact(b.x), y=b.y * scale if scale != 1.0 else b.y, customdata=b.step, mode="lines",
                 name=text(f"{b.run}: superseded"), legendgroup=text(b.run), showlegend=False, opacity=0.35,
                 line=dict(color=colours.get(b.run), width=1, dash="dot"),
-                hovertemplate=f"{text(b.run)}: {text(b.text)}<br>%{{y:{fmt}}} · step %{{customdata}}<extra></extra>"))
+                hovertemplate=f"{text(b.run)} · {text(b.text)}: %{{y:{fmt}}} (step %{{customdata}})<extra></extra>"))
     for m in data.markers:
         if m.metric != metric:
             continue

@@ -110,17 +110,17 @@ def branches(name: str, steps_path, summary: dict, metrics: list[str], kept: pl.
 
 
 def _hover(summary: dict, at: int, attempt, reason, last: int) -> str:
-    """What superseded a branch: the rollback in its launch, or the launch that resumed at ``at``."""
+    """What superseded a branch, in a few words (one hover row beside the runs' rows): the rollback in its
+    launch, or the launch that resumed at ``at``."""
     restarts = summary.get("restarts") or []
     if reason == "rollback":
-        return f"steps {at}–{last} of launch {attempt}, superseded by its rollback to step {at} (run again)"
+        return f"superseded by its rollback to step {at} (launch {attempt})"
     if reason in IMPORTED_REASONS:
-        return f"steps {at}–{last} of the imported log, purged by its tracker at step {at} ({reason})"
+        return f"purged by its tracker at step {at} ({reason})"
     r = next((r for r in restarts if not r.get("in_process") and r.get("resumed_at_step") == at), None)
     if r is None:
-        return f"steps {at}–{last} of launch {attempt}, superseded ({reason})"
-    return (f"steps {at}–{last} of launch {attempt}, superseded by launch {r.get('attempt')} "
-            f"({r.get('why') or 'relaunch'}), which resumed at step {at}")
+        return f"launch {attempt}, superseded ({reason})"
+    return f"launch {attempt}, superseded by launch {r.get('attempt')} ({r.get('why') or 'relaunch'})"
 
 
 LINEAGE_COLUMNS = {"segment": pl.String, "first_step": pl.Int64, "last_step": pl.Int64, "resumed_from": pl.Int64,
