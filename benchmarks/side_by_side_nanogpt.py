@@ -23,8 +23,8 @@ Recorder(peak_tflops=312): 6·N + 12·L·D·S is the same formula.
 
 Rows per run: all iterations, from the 2nd (the ranks in step after the first all-reduce), from
 the 6th (where nanoGPT's EMA starts). Over all iterations the two differ by the ranks' start skew
-(nanoGPT's Σdt is rank 0's clock from its first iteration; kforge's training time the ranks' mean
-first start -> last end, docs/CONTRACT.md): each run prints the ratio that skew predicts beside
+(nanoGPT's Σdt is rank 0's clock from its first iteration; kforge's training time runs from the
+first rank's first start to the ranks' last ends, docs/CONTRACT.md): each run prints the ratio that skew predicts beside
 the measured one. The last column is the step time kforge used before issue 27 (Σ of each step's
 slowest own start_step->end_step) over nanoGPT's Σdt. Figures: docs/performance.md.
 """
@@ -200,11 +200,12 @@ def kforge_side(run: Path, first: int) -> tuple[Side, float]:
 
 
 def start_end_skew(run: Path) -> tuple[float, float]:
-    """(s, s): the ranks' mean first start minus rank 0's, and their mean last end minus rank 0's (one host, one clock)."""
+    """(s, s): the first rank's first start minus rank 0's, and the ranks' mean last end minus rank 0's (one host,
+    one clock)."""
     r = pl.read_parquet(run / "ingested" / "ranks.parquet").filter(pl.col("step_time_s").is_not_null())
     per = r.group_by("rank").agg((pl.col("time") - pl.col("step_time_s")).min().alias("start"), pl.col("time").max().alias("end"))
     r0 = per.filter(pl.col("rank") == 0)
-    return float(per["start"].mean() - r0["start"][0]), float(per["end"].mean() - r0["end"][0])
+    return float(per["start"].min() - r0["start"][0]), float(per["end"].mean() - r0["end"][0])
 
 
 def loss_check(run: Path, log: NanoLog) -> tuple[int, int]:
@@ -239,13 +240,13 @@ def one_run(nanogpt: Path, work: Path, args: argparse.Namespace, i: int) -> tupl
     equal, n = loss_check(run, log)
     start, end = start_end_skew(run)
     nano_all = sum(log.dt_s)
-    explained = (nano_all - start + end) / nano_all  # kforge's sum is the ranks' mean first start -> last end
+    explained = (nano_all - start + end) / nano_all  # kforge's sum: the first rank's first start -> the ranks' mean last end
     _, n_params = nanogpt_mfu(nanogpt, 1, 1.0)
     model = json.loads(next(run.glob("rank-00000/*/meta.json")).read_text())["model"]
     print(f"run {i}: {work / f'run-{i}'}: rank 0's loss equals nanoGPT's print on {equal}/{n} iterations; "
           f"summary.json wall_time_s {summary['wall_time_s']:.3f}, mean_tokens_per_sec {summary['mean_tokens_per_sec']:,.0f}, "
           f"mean_mfu {summary['mean_mfu'] * 100:.4g} %; nanoGPT's last printed running mfu {log.mfu_ema_pct[-1]:.2f} %; "
-          f"N: nanoGPT {n_params:,}, kforge recorded {model.get('n_params'):,}; the ranks' mean first start "
+          f"N: nanoGPT {n_params:,}, kforge recorded {model.get('n_params'):,}; the first rank's first start "
           f"{start * 1e3:+.1f} ms from rank 0's, their mean last end {end * 1e3:+.1f} ms: "
           f"kforge/nanoGPT time over all iterations expected {explained:.4f}, measured {ratios['all'][0]:.4f}", flush=True)
     return rows, {"ratios": ratios, "loss_equal": equal, "loss_n": n, "residual": ratios["all"][0] / explained - 1}
