@@ -17,6 +17,8 @@ from click.testing import CliRunner
 from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, ingest_sample_run, sample_run_names, shown, write_run
 from streamlit.testing.v1 import AppTest
 
+from kforge_dash.browse.rank_metrics import phase_label
+
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
 
 
@@ -231,8 +233,9 @@ def test_run_detail_finds_the_straggler_in_its_phase_timers(app, root):
     assert slow == 1 and per_rank[1] >= 0.04 > per_rank[0]
     rows = {r: z[i] for i, r in enumerate(ranks)}
     assert np.nanmean(rows[1]) > np.nanmean(rows[0])  # the heatmap lights up rank 1
-    by_rank = frame_with(at, "data (s)")
-    assert by_rank.set_index("rank")["data (s)"].idxmax() == 1
+    data = phase_label("time/data_s")  # the column registry's "data phase (s)"
+    by_rank = frame_with(at, data)
+    assert by_rank.set_index("rank")[data].idxmax() == 1
 
 
 def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_path, monkeypatch):
