@@ -136,6 +136,13 @@ _ENTRIES = (
     _C("wall_lost_s", "wall time lost", "s", "duration", "lineage: a rollback's wasted progress; a relaunch's "
        "downtime before it and the earlier launch's wasted progress"),
     _C("why", "why", None, "text", "what began it: relaunch, kill, rollback or overlap (docs/restarts.md)"),
+    # The run page's phase breakdown table (browse/ranks.py phase_totals)
+    _C("phase", "phase", None, "text", "phase breakdown: a phase timer, or other (the step time no timer covered)"),
+    _C("total_s", "total", "s", "duration", "phase breakdown: the phase's seconds over every ended step (of every rank)"),
+    _C("mean_s", "per step", "s", "duration", "phase breakdown: the total over every step, a step it did not run "
+       "counting 0 s"),
+    _C("share", "share", None, "percent", "phase breakdown: of the step time, or of the phases' sum where they overlap"),
+    _C("steps_ran", "steps it ran", None, "count", "phase breakdown: steps in which the phase ran"),
     # summary.json fields the pages, the report and the CLI screen show (a list: its count)
     _C("run", "run", None, "text", "the run folder's name"),
     _C("status", "status", None, "text", "ingested; stale (shards newer than the last ingest); not ingested; unreadable"),

@@ -62,3 +62,13 @@ def test_the_reports_restarts_table_has_a_registry_header_over_each_column(tmp_p
     keys = ("attempt", "resumed_at_step", "previous_last_step", "superseded_steps", "why")
     assert headers == [reg.label(k) for k in keys] and len(cells) == len(headers)
     assert re.findall(r'<th title="([^"]*)"', head) == [reg.help_of(k).replace("'", "&#x27;") for k in keys]
+
+
+def test_the_phase_breakdown_tables_headers_are_the_registrys(tmp_path, monkeypatch):
+    write_run(tmp_path, "ranks", n=60, world_size=2)
+    at = detail_page(tmp_path, monkeypatch, "ranks")
+    assert not at.exception
+    table = _table_with(at, "steps_ran")
+    config = _headers(table)
+    for c in table.value.columns:
+        assert (config[c]["label"], config[c]["help"]) == (reg.lookup(c).titled, reg.help_of(c)), c

@@ -178,11 +178,8 @@ else:
                "N steps) counts 0 s there; 'other' is the step time no timer covered.")
     if d.phase_totals.note:
         st.info(md_text(d.phase_totals.note))
-    st.dataframe(d.phase_totals.table, hide_index=True, key="phase_totals", column_config={
-        "phase": "phase", "total_s": st.column_config.NumberColumn("total (s)", format="%.3f"),
-        "mean_s": st.column_config.NumberColumn("per step (s)", format="%.5f"),
-        "share": st.column_config.NumberColumn("share", format="percent"),
-        "steps_ran": st.column_config.NumberColumn("steps it ran")})
+    st.dataframe(d.phase_totals.table, hide_index=True, key="phase_totals", column_config=common.registry_columns(
+        d.phase_totals.table, {"total_s": "%.3f", "mean_s": "%.5f", "share": "percent"}))
 
 st.subheader("Restarts")
 st.plotly_chart(prep_figures.timeline_figure(d.timeline, s.get("restarts") or []), key="timeline")
