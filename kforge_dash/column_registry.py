@@ -120,13 +120,39 @@ _ENTRIES = (
        "(kforge-ingest); purge_step, out_of_order or repeated_step (kforge-import)"),
     _C("superseded_at_step", "resumed at step", None, "count", "superseded.parquet: the step the kept line went "
        "back to"),
+    # The run page's restarts table (a row per launch, from summary attempts and restarts), its lineage table
+    # (a row per segment: a launch, or what followed a rollback in one) and kforge-report's restarts table
+    _C("reached_step", "last step reached", None, "count", "restarts table: the last step the launch's heartbeat "
+       "reached (past its last step: steps it trained but never recorded)"),
+    _C("start_time", "started", None, "text", "restarts table: when the launch started (UTC)"),
+    _C("resumed_at_step", "resumed at step", None, "count", "the first step a relaunch or a rollback ran again"),
+    _C("previous_last_step", "previous last step", None, "count", "the last step recorded before the restart"),
+    _C("superseded_steps", "steps recomputed", None, "count", "steps recorded before the restart and run again "
+       "after it (the earlier rows superseded)"),
+    _C("attempt_ids", "attempt ids", None, "text", "the launch's folders (rank-*/ATTEMPT_ID)"),
+    _C("segment", "segment", None, "text", "lineage: a launch, or the part of one after a rollback in it"),
+    _C("resumed_from", "resumed from step", None, "count", "lineage: the last step kept before the segment "
+       "(the checkpoint it resumed from)"),
+    _C("wall_lost_s", "wall time lost", "s", "duration", "lineage: a rollback's wasted progress; a relaunch's "
+       "downtime before it and the earlier launch's wasted progress"),
+    _C("why", "why", None, "text", "what began it: relaunch, kill, rollback or overlap (docs/restarts.md)"),
+    # The run page's phase breakdown table (browse/ranks.py phase_totals)
+    _C("phase", "phase", None, "text", "phase breakdown: a phase timer, or other (the step time no timer covered)"),
+    _C("total_s", "total", "s", "duration", "phase breakdown: the phase's seconds over every ended step (of every rank)"),
+    _C("mean_s", "per step", "s", "duration", "phase breakdown: the total over every step, a step it did not run "
+       "counting 0 s"),
+    _C("share", "share", None, "percent", "phase breakdown: of the step time, or of the phases' sum where they overlap"),
+    _C("steps_ran", "steps it ran", None, "count", "phase breakdown: steps in which the phase ran"),
     # summary.json fields the pages, the report and the CLI screen show (a list: its count)
     _C("run", "run", None, "text", "the run folder's name"),
     _C("status", "status", None, "text", "ingested; stale (shards newer than the last ingest); not ingested; unreadable"),
     _C("steps", "steps", None, "count", "kept steps (after restart de-duplication)"),
-    _C("first_step", "first step", None, "count", "the first kept step"),
-    _C("last_step", "last step", None, "count", "the last kept step"),
-    _C("world_size", "ranks", None, "count", "the job's world size: how many ranks it ran"),
+    _C("first_step", "first step", None, "count", "the first kept step (restarts and lineage tables: the first "
+       "step the launch or segment recorded)"),
+    _C("last_step", "last step", None, "count", "the last kept step (restarts and lineage tables: the last step "
+       "the launch or segment recorded)"),
+    _C("world_size", "ranks", None, "count", "the job's world size: how many ranks it ran (restarts table: the "
+       "launch's)"),
     _C("ranks", "ranks recorded", None, "count", "ranks that wrote shards"),
     _C("attempts", "launches", None, "count", "launches (attempts) of the run"),
     _C("restarts", "restarts", None, "count", "launches that resumed the run"),

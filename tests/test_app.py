@@ -17,6 +17,9 @@ from click.testing import CliRunner
 from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, ingest_sample_run, sample_run_names, shown, write_run
 from streamlit.testing.v1 import AppTest
 
+from kforge_dash.browse.figures import chart_title
+from kforge_dash.browse.rank_metrics import phase_label
+
 APP = Path(__file__).resolve().parent.parent / "kforge_dash" / "browse" / "app.py"
 
 
@@ -74,8 +77,8 @@ def test_compare_page_lists_runs_and_draws_selected_ones(app, root):
     runs.set_value([a, b]).run()
     assert not at.exception
     got = charts(at)
-    assert {"loss", "grad_norm", "lr", "tokens_per_sec", "step_time_s"} <= set(got)
-    loss = got["loss"]
+    assert {chart_title(m) for m in ("loss", "grad_norm", "lr", "tokens_per_sec", "step_time_s")} <= set(got)
+    loss = got[chart_title("loss")]
     lines = {(t["name"], t["opacity"] < 1): t for t in loss["data"] if t["mode"] == "lines"}
     assert {n for n, _ in lines} == {a, b}
     # The raw line of run a is the ingested loss, exactly, at every (finite) step.
@@ -136,7 +139,7 @@ def test_compare_marks_nonfinite_steps(app, root):
     at.multiselect(key="runs").set_value(bad[:1]).run()
     texts = [shown(w.value) for w in at.warning]
     assert any(bad[0] in t and ("loss is nan" in t or "loss is inf" in t) for t in texts)
-    markers = [t for t in charts(at)["loss"]["data"] if t["mode"] == "markers"]
+    markers = [t for t in charts(at)[chart_title("loss")]["data"] if t["mode"] == "markers"]
     assert any(t["marker"]["symbol"] in ("x", "triangle-up") for t in markers)
 
 
@@ -231,8 +234,9 @@ def test_run_detail_finds_the_straggler_in_its_phase_timers(app, root):
     assert slow == 1 and per_rank[1] >= 0.04 > per_rank[0]
     rows = {r: z[i] for i, r in enumerate(ranks)}
     assert np.nanmean(rows[1]) > np.nanmean(rows[0])  # the heatmap lights up rank 1
-    by_rank = frame_with(at, "data (s)")
-    assert by_rank.set_index("rank")["data (s)"].idxmax() == 1
+    data = phase_label("time/data_s")  # the column registry's "data phase (s)"
+    by_rank = frame_with(at, data)
+    assert by_rank.set_index("rank")[data].idxmax() == 1
 
 
 def test_not_ingested_and_stale_runs_are_flagged_and_ingested_from_the_app(tmp_path, monkeypatch):

@@ -10,6 +10,8 @@ from click.testing import CliRunner
 from dash_fixtures import shown, write_run, write_shards_only
 from streamlit.testing.v1 import AppTest
 
+from kforge_dash import column_registry as reg
+
 
 def md_text(s):  # what text.md_text gives, written out: "\\" before each character Markdown acts on
     return re.sub(r"([\\`*_\[\]<>#!$~|{}&:@])", r"\\\1", s)
@@ -39,7 +41,7 @@ def test_landing_page_draws_the_most_recent_runs_at_once(tmp_path, monkeypatch):
     at = _app(tmp_path, monkeypatch).run()
     assert not at.exception
     assert at.multiselect(key="runs").value == [f"run{i}" for i in range(9, 1, -1)]  # 8 newest, newest first
-    assert {"loss", "grad_norm", "lr", "mfu", "step_time_s"} <= set(_titles(at))
+    assert {reg.lookup(m).titled for m in ("loss", "grad_norm", "lr", "mfu", "step_time_s")} <= set(_titles(at))
 
 
 def test_hostile_names_are_text_in_every_panel(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ from dash_fixtures import detail_page, lab, write_run
 
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import ranks as prep_ranks
+from kforge_dash.browse.rank_metrics import phase_label
 from kforge_dash.ingest.findings.model import Phases
 
 
@@ -108,7 +109,7 @@ def test_per_rank_phases_count_a_phase_that_did_not_run_as_zero(root):
     t = pq.read_table(path).to_pydict()
     got = prep_ranks.phase_per_rank(path, Phases.from_summary(json.loads((path.parent / "summary.json").read_text())))
     phases = [c for c in t if c.startswith("time/") and c.endswith("_s")]
-    labels = {c: next(x for x in got.columns if x.startswith(c[5:-2] + " (s")) for c in phases}
+    labels = {c: next(x for x in got.columns if x in (phase_label(c), phase_label(c, waiting=True))) for c in phases}
     for rank in sorted(set(t["rank"])):
         ended = [i for i, (r, st) in enumerate(zip(t["rank"], t["step_time_s"])) if r == rank and st is not None]
         row = got.row(got["rank"].to_list().index(rank), named=True)
@@ -116,7 +117,7 @@ def test_per_rank_phases_count_a_phase_that_did_not_run_as_zero(root):
             expected = sum(t[c][i] or 0.0 for i in ended) / len(ended)
             assert row[labels[c]] == pytest.approx(expected, rel=1e-9), (rank, c)
         # a rank's phases add up to at most its step time (the sample run's timers do not overlap)
-        assert sum(row[labels[c]] for c in phases) <= row["step time (s)"] * (1 + 1e-6)
+        assert sum(row[labels[c]] for c in phases) <= row[phase_label("step_time_s")] * (1 + 1e-6)
     ckpt = labels["time/checkpoint_s"]
     assert got[ckpt].null_count() == 0 and got[ckpt].max() < 0.002  # was 0.0172 (mean of the 5 steps it ran)
     # One rule with the phase shares: the ranks' mean checkpoint is the shares' per-step checkpoint.
@@ -125,7 +126,7 @@ def test_per_rank_phases_count_a_phase_that_did_not_run_as_zero(root):
 
 
 def _per_rank_table(at):
-    return next(d for d in at.dataframe if "step time (s)" in d.value.columns)
+    return next(d for d in at.dataframe if phase_label("step_time_s") in d.value.columns)
 
 
 def test_per_rank_table_is_numbers_with_one_format_per_column(root, monkeypatch):

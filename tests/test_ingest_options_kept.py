@@ -13,6 +13,7 @@ from ingest_fixtures import close_all, open_ranks, run_steps
 from parts_fixtures import NO_EXPORT, runner
 
 from kforge_dash import pipeline
+from kforge_dash.browse.rank_metrics import phase_label
 from kforge_dash.cli.ingest import main
 from kforge_dash.contract import OPTIONS_FILE
 
@@ -134,7 +135,7 @@ def test_wait_phases_the_summary_and_the_run_page_agree(tmp_path, monkeypatch):
     d = prep_ranks.run_detail(run / "ingested" / "steps.parquet", run / "ingested" / "ranks.parquet", s)
     assert d.slowest is None or "time/data_s" not in d.slowest.phases
     assert d.slowest is None or d.slowest.counts.row(0, named=True)["steps_slowest"] < 250
-    assert "data (s, incl. waiting)" in d.phase_by_rank.columns
+    assert phase_label("time/data_s", waiting=True) in d.phase_by_rank.columns
     at = detail_page(root, monkeypatch, "straggler")
     assert not at.exception
     caption = next(c.value for c in at.caption if "Mean seconds per phase" in c.value)

@@ -69,7 +69,7 @@ def test_report_has_one_run_list_in_the_traces_own_colours_and_no_legend_per_cha
             if t.get("mode") == "lines":
                 assert colours.setdefault(t["legendgroup"], t["line"]["color"]) == t["line"]["color"]
     # Dash patterns from the loss chart (where a line equals another run's, as MFU here, it is dashed over it).
-    loss = next(s for s in specs if s["layout"]["title"]["text"] == "loss")
+    loss = next(s for s in specs if s["layout"]["title"]["text"] == prep_figures.chart_title("loss"))
     lines = {t["legendgroup"]: (t["line"]["color"], t["line"].get("dash", "solid")) for t in loss["data"]
              if t.get("mode") == "lines"}
     assert set(lines) == set(colours)

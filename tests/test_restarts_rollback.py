@@ -110,7 +110,7 @@ def test_the_run_page_shows_the_lineage_table_and_the_branch(tmp_path, monkeypat
     (table,) = [d for d in at.dataframe if "segment" in d.value.columns]
     rows = table.value.to_dict("records")
     assert [r["segment"] for r in rows] == ["launch 0", "launch 0, rollback 1"]
-    got = (rows[1]["first_step"], rows[1]["resumed_from"], rows[1]["recomputed"], rows[1]["why"])
+    got = (rows[1]["first_step"], rows[1]["resumed_from"], rows[1]["superseded_steps"], rows[1]["why"])
     assert got == (101, "100", "50", "rollback")
     assert any("superseded" in str(c.proto.spec) for c in at.get("plotly_chart"))
     assert any("rolled back in its own process" in str(c.proto.spec) for c in at.get("plotly_chart"))  # restart chart

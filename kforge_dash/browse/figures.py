@@ -14,6 +14,7 @@ import re
 import numpy as np
 import plotly.graph_objects as go
 
+from kforge_dash import column_registry as reg
 from kforge_dash.browse.groups import GroupData
 from kforge_dash.browse.overlap import identical_runs
 from kforge_dash.browse.ranks import Heatmap
@@ -42,10 +43,20 @@ def _unit(metric: str) -> tuple[float, str, str]:
     return 1.0, "", ".8g"
 
 
+def chart_title(metric: str) -> str:
+    """A chart's title: the column registry's label with its unit ("step time (s)", "tokens/s"; a user
+    scalar by its name), as the run page's charts and the per-rank views name the same column."""
+    return reg.lookup(metric).titled
+
+
 def _axis_title(metric: str) -> str:
-    if metric.startswith("mem_") and metric.endswith("_bytes"):
-        return "GiB"
-    return "s" if metric.endswith("_s") else ""
+    """The y axis: the registry's unit ("s", "GiB", "tokens/s"); none where the ticks show it (MFU in %)."""
+    if _unit(metric)[1].endswith("%"):
+        return ""
+    unit = reg.lookup(metric).unit
+    if unit is None and not reg.known(metric) and metric.endswith("_s"):
+        return "s"  # a user scalar timed in seconds (its name says so)
+    return unit or ""
 
 
 def chart_config(metric: str, *, image_format: str = "png") -> dict:
@@ -59,7 +70,7 @@ def chart_config(metric: str, *, image_format: str = "png") -> dict:
 def _finish(fig: go.Figure, metric: str, x_axis: str, *, log_y: bool, select_zoom: bool) -> go.Figure:
     _, tick, _ = _unit(metric)
     # Unified hover: every run's value at the x under the pointer, not only the nearest run's.
-    fig.update_layout(title=dict(text=text(metric), x=0), xaxis_title=X_LABELS[x_axis],
+    fig.update_layout(title=dict(text=text(chart_title(metric)), x=0), xaxis_title=X_LABELS[x_axis],
                       **{**_LAYOUT, "hovermode": "x unified"})
     fig.update_yaxes(tickformat=tick or None, title_text=_axis_title(metric) or None)
     if select_zoom:  # a drag selects a step range, which the app re-reads at full resolution

@@ -124,7 +124,7 @@ def _hover(summary: dict, at: int, attempt, reason, last: int) -> str:
 
 
 LINEAGE_COLUMNS = {"segment": pl.String, "first_step": pl.Int64, "last_step": pl.Int64, "resumed_from": pl.Int64,
-                   "recomputed": pl.Int64, "wall_lost_s": pl.Float64, "why": pl.String}
+                   "superseded_steps": pl.Int64, "wall_lost_s": pl.Float64, "why": pl.String}
 
 
 def lineage_table(summary: dict) -> pl.DataFrame:
@@ -148,7 +148,7 @@ def lineage_table(summary: dict) -> pl.DataFrame:
             ends = cuts[i]["previous_last_step"] if i < len(cuts) else last
             rows.append({"segment": label, "first_step": first, "last_step": ends,
                          "resumed_from": None if r is None else r["resumed_at_step"] - 1,
-                         "recomputed": None if r is None else r.get("superseded_steps"),
+                         "superseded_steps": None if r is None else r.get("superseded_steps"),
                          "wall_lost_s": _lost(r, per, k, restarts), "why": None if r is None else r.get("why") or "relaunch"})
     return pl.DataFrame(rows, schema=LINEAGE_COLUMNS)
 

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from kforge_dash import column_registry as reg
 from kforge_dash.browse.overlap import identical_runs
 from kforge_dash.browse.series import CompareData, downsample_indices
 
@@ -48,7 +49,8 @@ def _numeric(x: np.ndarray) -> np.ndarray:
 def preview_svg(data: CompareData, metric: str, colours: dict[str, str], dashes: dict[str, str] | None = None, *,
                 log_y: bool = False, scale: float = 1.0) -> str | None:
     """The chart of `metric` as an SVG document (None when nothing is drawn): each run's faint raw
-    and smoothed lines in its colour and dash, y and x ticks, the metric as title."""
+    and smoothed lines in its colour and dash, y and x ticks, the metric's title
+    (its registry label, as the plotly chart's: figures.chart_title)."""
     lines = []
     for s in data.series:
         if s.metric != metric or len(s.y) == 0:
@@ -79,7 +81,7 @@ def preview_svg(data: CompareData, metric: str, colours: dict[str, str], dashes:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
            'preserveAspectRatio="none" font-family="sans-serif" font-size="11" fill="#555">',
            f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
-           f'<text x="4" y="20" font-size="15" font-weight="bold" fill="#262730">{html.escape(metric)}</text>']
+           f'<text x="4" y="20" font-size="15" font-weight="bold" fill="#262730">{html.escape(reg.lookup(metric).titled)}</text>']
     for t in nice_ticks(y_lo, y_hi):
         label = _label(10 ** t) if log_y else _label(t)
         out.append(f'<line x1="{_LEFT}" x2="{WIDTH - _RIGHT}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'

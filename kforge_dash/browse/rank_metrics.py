@@ -22,6 +22,13 @@ def phase_name(col: str) -> str:
     return col[len(PHASE_PREFIX):-len(PHASE_SUFFIX)]
 
 
+def phase_label(col: str, *, waiting: bool = False) -> str:
+    """A per-rank phase table's header: the registry's label and unit ("data phase (s)", "step time (s)"),
+    "incl. waiting" inside the brackets for a phase that includes waiting in the collective."""
+    entry = reg.lookup(col)
+    return f"{entry.label} ({entry.unit}, incl. waiting)" if waiting else entry.titled
+
+
 def metric_label(metric: str) -> tuple[str, str]:
     """(name, unit) of a per-rank metric, e.g. ("step time", "s"), ("data phase", "s"), ("SM clock", "MHz")."""
     entry = reg.lookup(metric)  # the column registry's words; a user scalar by its name

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from kforge_dash.browse.rank_metrics import median_rank, metric_label, phase_columns, phase_name, view_metrics
+from kforge_dash.browse.rank_metrics import median_rank, metric_label, phase_columns, phase_label, phase_name, view_metrics
 from kforge_dash.contract import EMA_COLUMNS
 from kforge_dash.ingest.findings.model import Phases
 from kforge_record.schema import MEM_COLUMNS, PHASE_PREFIX, PHASE_SUFFIX
@@ -108,7 +108,7 @@ def rank_metrics(ranks_path: str | Path) -> list[str]:
 
 def phase_per_rank(ranks_path: str | Path, classes: Phases | None) -> pl.DataFrame:
     """Mean seconds of each phase timer and of the whole step per rank, columns labelled for a
-    person ('data (s)', 'fwd_bwd (s, incl. waiting)', 'step time (s)').
+    person ('data phase (s)', 'fwd_bwd phase (s, incl. waiting)', 'step time (s)': rank_metrics.phase_label).
 
     Over the steps the rank ended, a phase that did not run in one counting 0 s there (the rule of
     the phase shares, _phase_frame): a checkpoint every 50 steps is its total / steps, not the mean of
@@ -125,9 +125,9 @@ def phase_per_rank(ranks_path: str | Path, classes: Phases | None) -> pl.DataFra
     if not phases:
         return pl.DataFrame(schema={"rank": pl.Int64})
     wait = set(classes.wait) if classes is not None else set()
-    labels = {"step_time_s": "step time (s)"}
+    labels = {"step_time_s": phase_label("step_time_s")}  # the column registry's words
     for c in phases:
-        label = f"{phase_name(c)} (s{', incl. waiting' if c in wait else ''})"
+        label = phase_label(c, waiting=c in wait)
         labels[c] = label if label not in labels.values() else f"{label} [{c}]"  # a phase named 'step time'
     return (
         _phase_frame(lf, phases, keep=("rank",))

@@ -283,9 +283,10 @@ def _restarts_html(s: dict) -> str:
     if not restarts:
         return "<p>No restarts.</p>"
     keys = ["attempt", "resumed_at_step", "previous_last_step", "superseded_steps", "why"]
-    rows = [[text.MISSING if r.get(k) is None else r.get(k) for k in keys] for r in restarts]
-    return f"<h4>Restarts ({len(rows)})</h4>" + _table(["attempt", "resumed at step", "previous last step",
-                                                        "steps recomputed"], rows)
+    rows = [[reg.lookup(k).text(r.get(k)) for k in keys] for r in restarts]
+    # The run page's words (the column registry): each header its label, its help the tooltip.
+    return f"<h4>Restarts ({len(rows)})</h4>" + _table([reg.label(k) for k in keys], rows,
+                                                       titles={reg.label(k): reg.help_of(k) for k in keys})
 
 
 def _nonfinite_html(r: prep_runs.RunInfo) -> str:

@@ -13,6 +13,7 @@ import time
 import plotly.graph_objects as go
 import streamlit as st
 
+from kforge_dash import column_registry as reg
 from kforge_dash import text
 from kforge_dash.browse import columns as prep_columns
 from kforge_dash.browse import groups as prep_groups
@@ -177,6 +178,21 @@ def _compare(_sources, key, metrics, x_axis, smoothing, step_range):
 def _groups(_sources, key, metrics, by, band, x_axis, smoothing, step_range):
     return prep_groups.prepare_groups(list(_sources), list(metrics), by, band=band, x_axis=x_axis,
                                       smoothing=smoothing, step_range=step_range)
+
+
+def registry_columns(frame, formats: dict[str, str] | None = None) -> dict:
+    """st.dataframe's column_config for a table whose columns are column-registry names: each header the
+    registry's label with its unit, its help as the header's tooltip; a numeric column (of ``frame``, before
+    any "—" made it text) right-aligned; ``formats``: a column's number format ("%.1f")."""
+    out = {}
+    for c in frame.columns:
+        entry = reg.lookup(c)
+        if c in (formats or {}):
+            out[c] = st.column_config.NumberColumn(entry.titled, help=entry.help, format=formats[c])
+        else:
+            out[c] = st.column_config.Column(entry.titled, help=entry.help,
+                                             alignment="right" if frame[c].dtype.is_numeric() else None)
+    return out
 
 
 def stop_on_error(fn, *args):

@@ -18,10 +18,6 @@ from kforge_dash.text import md_text
 
 MAX_OPEN_FINDINGS = 6  # shown at once; the rest in an expander
 MAX_FINDINGS = 100  # a diverged run can have hundreds: the page shows this many (most severe first)
-TIMELINE_LABELS = {"attempt": "attempt", "first_step": "first step", "last_step": "last step recorded",
-                   "reached_step": "last step reached", "start_time": "started",
-                   "world_size": "ranks", "resumed_at_step": "resumed at step", "previous_last_step": "previous last step",
-                   "superseded_steps": "steps run again"}  # the attempt ids: a caption below
 
 
 def _go_to_run():
@@ -150,8 +146,10 @@ else:
 if d.phase_by_rank is not None and d.phase_by_rank.width > 1:
     st.caption(md_text(prep_ranks.per_rank_caption(d.slowest.phases if d.slowest else (), d.phase_by_rank.columns)))
     # Numbers stay numbers (right-aligned), each column to 4 decimals; a phase that did not run is 0 s, not a gap.
+    # Its headers are the column registry's words (ranks.phase_per_rank: rank_metrics.phase_label).
     st.dataframe(d.phase_by_rank, hide_index=True, key="phase_by_rank", column_config={
-        c: st.column_config.NumberColumn(c, format="%.4f") for c in d.phase_by_rank.columns if c != "rank"})
+        "rank": reg.label("rank"),
+        **{c: st.column_config.NumberColumn(c, format="%.4f") for c in d.phase_by_rank.columns if c != "rank"}})
 left, right = st.columns(2)
 if d.slowest is None and d.phase_by_rank is not None and not d.phases_known:
     left.info("Ingested by an older kforge, which did not record its phase classes: re-ingest the run to see "
@@ -180,27 +178,23 @@ else:
                "N steps) counts 0 s there; 'other' is the step time no timer covered.")
     if d.phase_totals.note:
         st.info(md_text(d.phase_totals.note))
-    st.dataframe(d.phase_totals.table, hide_index=True, key="phase_totals", column_config={
-        "phase": "phase", "total_s": st.column_config.NumberColumn("total (s)", format="%.3f"),
-        "mean_s": st.column_config.NumberColumn("per step (s)", format="%.5f"),
-        "share": st.column_config.NumberColumn("share", format="percent"),
-        "steps_ran": st.column_config.NumberColumn("steps it ran")})
+    st.dataframe(d.phase_totals.table, hide_index=True, key="phase_totals", column_config=common.registry_columns(
+        d.phase_totals.table, {"total_s": "%.3f", "mean_s": "%.5f", "share": "percent"}))
 
 st.subheader("Restarts")
 st.plotly_chart(prep_figures.timeline_figure(d.timeline, s.get("restarts") or []), key="timeline")
 # A column with a gap is text there ("—" for none): its numbers still right-aligned, as in the columns without.
 shown_timeline = d.timeline.drop("attempt_ids")  # the ids below, as wrapped text: a table cell cut them at every width
-st.dataframe(tables.frame_missing_as_dash(shown_timeline, str), hide_index=True, key="restarts", column_config={
-    c: st.column_config.Column(label, alignment="right" if d.timeline[c].dtype.is_numeric() else None)
-    for c, label in TIMELINE_LABELS.items()})
+# Headers and their tooltips: the column registry's (as every table of the page).
+st.dataframe(tables.frame_missing_as_dash(shown_timeline, str), hide_index=True, key="restarts",
+             column_config=common.registry_columns(shown_timeline))
 st.caption("Attempt ids (the launches' folders): " + " · ".join(
     f"attempt {a}: {md_text(ids)}" for a, ids in zip(d.timeline["attempt"], d.timeline["attempt_ids"]) if ids))
 lineage = prep_lineage.lineage_table(s)
 if any(r.get("in_process") for r in s.get("restarts") or []) or lineage.height > 1:
     st.markdown("**Lineage**: each segment of the run's timeline, a launch or what followed a rollback in one")
     st.dataframe(tables.frame_missing_as_dash(lineage, str), hide_index=True, key="lineage",
-                 column_config={"resumed_from": "resumed from step", "recomputed": "steps recomputed",
-                                "wall_lost_s": st.column_config.NumberColumn("wall lost (s)", format="%.1f")})
+                 column_config=common.registry_columns(lineage, {"wall_lost_s": "%.1f"}))
     srcs = common.sources({run.name: run}, [run.name])
     branch_data = common.compare_data(srcs, ["loss"], x_axis="step", smoothing=0.0) if srcs else None
     if branch_data is not None and branch_data.branches:

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from kforge_dash import text
 from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
 
 MAX_BLOCKS = 2000  # PELT's worst case is quadratic in the points: at most 2,000 (a few ms)
@@ -216,10 +217,10 @@ def slow_episode_findings(facts: RunFacts, stragglers: list[Finding] = ()) -> li
             out.append(Finding(
                 kind="slow_episode", metric="step_time_s", severity="info", first_step=first, last_step=last,
                 ranks=ranks, hosts=facts.hosts_of(ranks, {att}), score=factor, cost_s=lost,
-                message=(f"The whole job's step time rose to {slow:.3g} s (median) at {steps_range(first, last)}, "
-                         f"{factor:.2f}x the {slow / factor:.3g} s around it"
+                message=(f"The whole job's step time rose to {text.duration(slow)} (median) at {steps_range(first, last)}, "
+                         f"{factor:.2f}x the {text.duration(slow / factor)} around it"
                          + (", then came back" if ended else ", and had not come back by this launch's last step")
-                         + f" ({lost:.1f} s lost)"
+                         + f" ({text.duration(lost)} lost)"
                          + ": every rank slowed at once (shared storage, network, other jobs, a config change), "
                            "not one straggler."),
             ))

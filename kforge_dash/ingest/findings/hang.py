@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from kforge_dash.ingest.findings.hang_evidence import RankStall, attempt_stall, fr_dump_paths
 from kforge_dash.ingest.findings.model import Finding, RunFacts
+from kforge_dash.text import counted, duration
 
 CLEAN_ENDS = ("close", "exit")  # end.json reasons of a loop that went on to its end: its last stall was no hang
 
@@ -185,13 +186,14 @@ def _message(launch, stalls, ranks, by_own, phase, last, waited, silent, collect
         others = [s for r, s in stalls.items() if r not in ranks]
         if others:
             common = Counter(_where(s) for s in others).most_common(1)[0][0]
-            text += f"; {len(others)} other rank{'s' if len(others) > 1 else ''} waited for {'it' if len(ranks) == 1 else 'them'}"
-            text += f" {common}" + (f" for at least {waited:.0f} s" if waited is not None else "")
+            text += f"; {counted(len(others), 'other rank')} waited for {'it' if len(ranks) == 1 else 'them'}"
+            text += f" {common}" + (f" for at least {duration(waited)}" if waited is not None else "")
     else:
         s = next(iter(stalls.values()))
         text += (f"rank {s.rank} stalled, {_where(s)}" if len(stalls) == 1 else
                  f"all {len(stalls)} ranks with evidence stalled alike, {_where(s)} (no rank stands out: a network or "
-                 "communicator fault, or every rank stuck in one call)") + (f", for at least {waited:.0f} s" if waited else "")
+                 "communicator fault, or every rank stuck in one call)")
+        text += f", for at least {duration(waited)}" if waited else ""
     if collective:
         text += f"; they wait in {collective['op']} #{collective['seq']} of group {collective['group']}"
     if silent:

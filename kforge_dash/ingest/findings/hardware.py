@@ -17,6 +17,7 @@ import dataclasses
 
 import polars as pl
 
+from kforge_dash import text
 from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
 from kforge_record.schema import HW_COLUMNS
 
@@ -134,7 +135,7 @@ def throttle_findings(facts: RunFacts, eps: list[Episode]) -> list[Finding]:
         hosts = facts.hosts_of(ranks, {g[0].attempt})
         worst = min(g, key=lambda e: (e.clock_to / e.clock_from) if e.clock_to and e.clock_from else 1.0)
         score = 1 - worst.clock_to / worst.clock_from if worst.clock_to and worst.clock_from else None
-        who = f"Rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" + (f" on {', '.join(hosts)}" if hosts else "")
+        who = text.rank_list(ranks).capitalize() + (f" on {', '.join(hosts)}" if hosts else "")
         out.append(Finding(
             kind="hw_throttle", metric=CLOCK if worst.clock_to is not None else REASONS, severity="warning",
             first_step=first, last_step=last, ranks=ranks, hosts=hosts, score=score, reasons=tuple(reason_names(bits)),

@@ -3,6 +3,7 @@ wrote one run at the same time (summary.json ``unrecorded`` and ``overlaps``, fr
 
 from __future__ import annotations
 
+from kforge_dash import text
 from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
 
 
@@ -52,7 +53,7 @@ def overlap_findings(facts: RunFacts) -> list[Finding]:
             last_step=o["last_step"] if o["last_step"] is not None else o["reached_step"],
             ranks=ranks, hosts=facts.hosts_of(ranks, {a, b}), score=o["seconds"],
             message=(f"Launches {a} ({_first(ids.get(a))}) and {b} ({_first(ids.get(b))}) wrote this run at the same "
-                     f"time: launch {a} still wrote {o['seconds']:.1f} s after launch {b} started{both}; kill the "
+                     f"time: launch {a} still wrote {text.duration(o['seconds'])} after launch {b} started{both}; kill the "
                      "workers of a launch (its process group or job step), not only its launcher, before relaunching."),
         ))
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kforge_dash import text
 from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
 
 MAX_FINDINGS = 20  # stretches reported one by one; the rest are counted in the last message
@@ -61,7 +62,7 @@ def _absent_ranks(ranks_path: str, s: dict) -> tuple[tuple[int, ...], bool]:
 
 def _finding(facts: RunFacts, s: dict, absent: tuple[int, ...], everywhere: bool, more: int) -> Finding:
     size, fewest = s["size"], s["fewest"]
-    who = ("rank " if len(absent) == 1 else "ranks ") + ", ".join(map(str, absent[:8])) + (" ..." if len(absent) > 8 else "")
+    who = text.rank_list(absent[:8]) + (" ..." if len(absent) > 8 else "")
     have = "have" if len(absent) > 1 else "has"
     tail = f" ({more} more such stretches not listed)" if more else ""
     were = "was" if s["first"] == s["last"] else "were"

@@ -6,6 +6,7 @@ import fnmatch
 import math
 from dataclasses import dataclass, field
 
+from kforge_dash import text
 from kforge_record.schema import PHASE_PREFIX
 
 SEVERITIES = ("error", "warning", "info")  # most severe first
@@ -117,4 +118,5 @@ class RunFacts:
 
 
 def steps_range(first: int, last: int) -> str:
-    return f"step {first}" if first == last else f"steps {first}-{last}"
+    """"step 5", "steps 151–400": text.step_range, the one way every front end writes a range of steps."""
+    return text.step_range(int(first), int(last))

@@ -13,6 +13,7 @@ import json
 
 import polars as pl
 
+from kforge_dash import text
 from kforge_dash.contract import RANKS_NONFINITE_KEY
 from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
 
@@ -44,12 +45,12 @@ def nonfinite_findings(facts: RunFacts) -> list[Finding]:
         kinds = _kinds(lf, m, first, ranks)
         n, last = int(agg[f"{m}\0n"]), agg[f"{m}\0last"]
         whose = "that rank's" if len(ranks) == 1 else "those ranks'"
-        who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        who = text.rank_list(ranks)
         out.append(Finding(
             kind="nonfinite", metric=m, severity="error" if m in ("loss", "grad_norm") else "warning",
             first_step=first, last_step=last, ranks=ranks,
             hosts=facts.hosts_of(ranks, set(rows["attempt"].to_list())), score=float(n),
-            message=(f"{m} first went {kinds} at step {first} on {who} ({n} non-finite value{'s' if n != 1 else ''} "
+            message=(f"{m} first went {kinds} at step {first} on {who} ({text.counted(n, 'non-finite value')} "
                      f"over {steps_range(first, last)}): look at {whose} batch and the update before it."),
         ))
     return out

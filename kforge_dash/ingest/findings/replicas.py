@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kforge_dash import text
 from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
 from kforge_record.replica import PARAM_CHECKSUM
 
@@ -69,7 +70,7 @@ def _metric_findings(facts: RunFacts, lf: pl.LazyFrame, metric: str, warnings: l
     checked = []
     for row in shares.iter_rows(named=True):
         if row["share"] < MIN_AGREEING_SHARE:
-            warnings.append(f"replica check: {metric} differs between ranks at {1 - row['share']:.0%} of attempt "
+            warnings.append(f"replica check: {metric} differs between ranks at {text.percent(1 - row['share'], 0)} of attempt "
                             f"{row['attempt']}'s {row['steps']} steps: a rank-local value, not one replicas share; "
                             "not checked for it")
         else:
@@ -111,7 +112,7 @@ def _finding(facts: RunFacts, metric: str, attempt: int, g: pl.DataFrame) -> Fin
     parts = []
     for r in per_rank.iter_rows(named=True):
         how = "" if metric.startswith(PARAM_CHECKSUM) or r["rel"] is None else f", by up to {_rel(r['rel'])}"
-        parts.append(f"rank {r['rank']} from step {r['first']} ({r['n']} step{'s' if r['n'] != 1 else ''}{how})")
+        parts.append(f"{text.rank_list([r['rank']])} from step {r['first']} ({text.counted(r['n'], 'step')}{how})")
     first, last = int(g["step"].min()), int(g["step"].max())
     what = "parameter checksum" if metric == PARAM_CHECKSUM else \
         f"parameter checksum of {metric[len(GROUP_PREFIX):]}" if metric.startswith(GROUP_PREFIX) else metric
@@ -125,4 +126,4 @@ def _finding(facts: RunFacts, metric: str, attempt: int, g: pl.DataFrame) -> Fin
 
 
 def _rel(x: float) -> str:
-    return "an infinite factor" if x != x or x == float("inf") else f"{x:.2%}" if x >= 1e-4 else f"{x:.1e} (relative)"
+    return "an infinite factor" if x != x or x == float("inf") else text.percent(x, 2) if x >= 1e-4 else f"{x:.1e} (relative)"

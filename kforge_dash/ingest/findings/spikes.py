@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kforge_dash import column_registry as reg
 from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
 
 _MERGE_GAP = 3  # spiking steps this close are one episode
@@ -66,13 +67,19 @@ def spike_findings(facts: RunFacts) -> list[Finding]:
         out.append(Finding(
             kind="loss_spike", metric="loss", severity="warning", first_step=e["first"], last_step=e["last"],
             ranks=ranks, hosts=hosts, score=e["z"],
-            message=(f"Loss spiked at {steps_range(e['first'], e['last'])}: {e['peak']:.4g} at step {e['peak_step']} "
-                     f"against a trailing median of {e['baseline']:.4g}{why}."),
+            message=(f"Loss spiked at {steps_range(e['first'], e['last'])}: {_value('loss', e['peak'])} at step {e['peak_step']} "
+                     f"against a trailing median of {_value('loss', e['baseline'])}{why}."),
         ))
     alone = [g for g in grad if not any(g["first"] <= e["first"] <= g["first"] + _LEAD for e in loss)]
     if alone:  # the others are named in their loss spike's message: one fault, one finding
         out.append(_grad_alone(alone, ranks, hosts))
     return out
+
+
+def _value(metric: str, v: float) -> str:
+    """A spike's value as every front end writes the metric (the column registry's format: a loss to 5
+    significant digits, a grad norm to 4)."""
+    return reg.lookup(metric).text(v)
 
 
 def _grad_alone(spikes: list[dict], ranks, hosts) -> Finding:
@@ -87,7 +94,7 @@ def _grad_alone(spikes: list[dict], ranks, hosts) -> Finding:
     return Finding(
         kind="grad_norm_spike", metric="grad_norm", severity="info", first_step=first, last_step=last,
         ranks=ranks, hosts=hosts, score=top["z"],
-        message=(f"Gradient norm spiked {where}: {top['peak']:.4g} at step {top['peak_step']} against a trailing "
-                 f"median of {top['baseline']:.4g}; the loss did not follow (gradient clipping and the optimizer "
-                 "absorbed it): worth a look only if it recurs more often or grows."),
+        message=(f"Gradient norm spiked {where}: {_value('grad_norm', top['peak'])} at step {top['peak_step']} against a "
+                 f"trailing median of {_value('grad_norm', top['baseline'])}; the loss did not follow (gradient clipping "
+                 "and the optimizer absorbed it): worth a look only if it recurs more often or grows."),
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kforge_dash import text
 from kforge_dash.ingest.findings.model import Finding, RunFacts, phase_name, steps_range
 
 
@@ -114,13 +115,13 @@ def _phase_findings(facts: RunFacts, blocks: pl.DataFrame, col: str, med: pl.Dat
         name = phase_name(col)
         hosts = facts.hosts_of(ranks, attempts)
         where = f" on {', '.join(hosts)}" if hosts else ""
-        who = f"Rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}{where}"
+        who = f"{text.rank_list(ranks).capitalize()}{where}"
         across = f" (across {len(attempts)} launches)" if len(attempts) > 1 else ""
         out.append(Finding(
             kind="straggler", phase=name, metric=col, severity="warning", first_step=first, last_step=last,
             ranks=ranks, hosts=hosts, score=frac, cost_s=waited,
             message=(f"{who} straggled in its {name!r} phase at {steps_range(first, last)}{across}: "
-                     f"{100 * frac:.0f}% of a step longer than the median rank, so the other ranks waited "
-                     f"{waited:.1f} s for it in all; look at that phase on that host."),
+                     f"{text.percent(frac, 0)} of a step longer than the median rank, so the other ranks waited "
+                     f"{text.duration(waited)} for it in all; look at that phase on that host."),
         ))
     return out

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from kforge_dash import text
 from kforge_dash.ingest.findings.model import Finding, RunFacts, phase_name, steps_range
-
-GIB = float(2**30)
 
 
 def _stretches(flags: pl.DataFrame, min_steps: int) -> list[tuple[int, int]]:
@@ -67,9 +66,9 @@ def memory_findings(facts: RunFacts) -> list[Finding]:
         out.append(Finding(
             kind="memory_growth", metric="mem_allocated_bytes", severity="warning", first_step=early[0], last_step=hi,
             ranks=ranks, hosts=facts.hosts_of(ranks, {att}), score=g,
-            message=(f"Allocated memory grew {100 * g:.0f}% over {steps_range(early[0], hi)} on rank "
-                     f"{worst['rank']} ({worst['early'] / GIB:.2f} -> {worst['late'] / GIB:.2f} GiB; "
-                     f"{len(ranks)} rank{'s' if len(ranks) > 1 else ''} grew): look for tensors kept across steps "
+            message=(f"Allocated memory grew {text.percent(g, 0)} over {steps_range(early[0], hi)} on "
+                     f"{text.rank_list([worst['rank']])} ({text.gib(worst['early'])} -> {text.gib(worst['late'])}; "
+                     f"{text.counted(len(ranks), 'rank')} grew): look for tensors kept across steps "
                      "(losses summed without .item()/.detach(), growing caches)."),
         ))
     return out
@@ -104,8 +103,8 @@ def data_stall_findings(facts: RunFacts, med: pl.DataFrame) -> list[Finding]:
             kind="data_stall", phase=phase_name(facts.phases.data[0]), metric=facts.phases.data[0], severity="warning",
             first_step=a, last_step=b, ranks=facts.ranks_of(), hosts=facts.hosts_of(facts.ranks_of()), score=share,
             cost_s=lost,
-            message=(f"The data phase ({names}) took {100 * share:.0f}% of each step at {steps_range(a, b)} on the "
-                     f"median rank ({lost:.1f} s in all): add loader workers or prefetch."),
+            message=(f"The data phase ({names}) took {text.percent(share, 0)} of each step at {steps_range(a, b)} on the "
+                     f"median rank ({text.duration(lost)} in all): add loader workers or prefetch."),
         ))
     return out
 
@@ -139,8 +138,8 @@ def restart_findings(facts: RunFacts, good: dict | None) -> list[Finding]:
         out.append(Finding(
             kind="restart", severity="info", first_step=first, last_step=last, ranks=ranks,
             hosts=facts.hosts_of(ranks, {k}), score=down,
-            message=(f"{how}{n} step{'s' if n != 1 else ''} recomputed ({lost:.1f} s of wasted progress) and "
-                     f"{down:.1f} s down between launches; checkpoint more often to lose less."),
+            message=(f"{how}{text.counted(n, 'step')} recomputed ({text.duration(lost)} of wasted progress) and "
+                     f"{text.duration(down)} down between launches; checkpoint more often to lose less."),
         ))
     return out
 
@@ -154,8 +153,8 @@ def _rollback_finding(facts: RunFacts, r: dict) -> Finding:
         last_step=r["previous_last_step"] if n else r["resumed_at_step"], ranks=ranks, hosts=facts.hosts_of(ranks, {k}),
         score=0.0,
         message=(f"Launch {k} rolled back in its own process at step {r['previous_last_step']} and resumed at step "
-                 f"{r['resumed_at_step']} (a checkpoint reloaded): {n} step{'s' if n != 1 else ''} recomputed "
-                 f"({r.get('wasted_s') or 0.0:.1f} s of wasted progress), no downtime."),
+                 f"{r['resumed_at_step']} (a checkpoint reloaded): {text.counted(n, 'step')} recomputed "
+                 f"({text.duration(r.get('wasted_s') or 0.0)} of wasted progress), no downtime."),
     )
 
 
