@@ -167,9 +167,9 @@ def _events(history: History, w, with_ranks: bool, event_pb2) -> int:
             for tag, v in zip(tags, row[2:]):
                 if v is not None:
                     add(tag=tag, simple_value=v)
+        points += len(ev.summary.value)  # scalar points: the text summaries below are notes, not points
         for tag, text in marks.get(row[0], ()):
             _text_value(add, tag, text)
-        points += len(ev.summary.value)
         w.write(ev.SerializeToString())
     return points
 
