@@ -61,9 +61,9 @@ def _launch(run, clock, steps, *, skip, extra=None):
 
 
 def warns_of_make_run():
-    """What every ingest of make_run's run says: its clashing logs and the rank that ends steps again."""
-    return warns_each("'loss' given by both end_step and log", "'eval/loss' logged with different values",
-                      "steps recorded more than once")
+    """What every ingest of make_run's run says: its clashing logs (the rank that ends steps again rolled
+    back in its own process: a restart, not a warning)."""
+    return warns_each("'loss' given by both end_step and log", "'eval/loss' logged with different values")
 
 
 def make_run(path, monkeypatch, *, resume_eval: bool) -> str:
