@@ -20,9 +20,9 @@ faulthandler has one such timer per process: the first Recorder with the watch o
 
 ``hang_after_s=None`` (the default) is adaptive: ``max(FLOOR_S, STEP_FACTOR x`` the median step
 time seen ``)``; a number fixes it; ``0`` turns the watch off. ``hang_allow_s`` (phase name ->
-seconds) lets a known long phase (a checkpoint, an eval) run that long from its start before a
-stall is called, whatever the threshold: the watch reads the open phases' start times once a tick,
-the loop pays nothing. Never raises into training.
+seconds) lets a known long phase (a checkpoint, an eval) run that long from its start, whatever the
+threshold; the threshold then counts from the phase's end (or its allowance's), not from the step
+before it: the watch reads the open phases' start times once a tick, the loop pays nothing. Never raises into training.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class HangWatch:
         self._intervals: list[float] = []  # sorted step times observed (seconds per step), at most 256
         self._recent: deque = deque(maxlen=256)
         self._stalled_at = -1.0  # the _seen_at whose stall was written (once per stall)
+        self._quiet_from = 0.0  # the latest end seen of an allowed phase (or of its allowance), monotonic
         self._n = 0
         self._armed_until = 0.0  # when (monotonic) the faulthandler timer fires; 0: not armed
         self._stacks = None
@@ -124,9 +125,11 @@ class HangWatch:
             self._note_step(t, step)
             self._seen_at = now
         last = self._seen_at  # no step yet: the first one counts from construction
-        deadline = last + self.threshold()
-        if self._allow:
-            deadline = max(deadline, self._allowed_until(now))
+        if self._allow and (allowed := self._allowed_until(now)):
+            # an allowed phase is open: the threshold counts again from its end (seen a tick late at most)
+            # or from the end of its allowance, not from the step before it
+            self._quiet_from = max(self._quiet_from, min(now, allowed) + TICK_S)
+        deadline = max(last, self._quiet_from) + self.threshold()
         if now < deadline:
             if self._own_fh and self._armed_until - now < REARM_MARGIN_S:
                 self._arm(deadline + GRACE_S - now, now)

@@ -81,11 +81,14 @@ def test_a_long_checkpoint_under_the_threshold_leaves_nothing(tmp_path):
 
 
 def test_a_phase_within_its_allowance_is_no_stall_and_one_past_it_is(tmp_path):
-    rec = Recorder(tmp_path / "run", rank=0, world_size=1, hang_after_s=1.0, hw_every_s=0,
+    rec = Recorder(tmp_path / "run", rank=0, world_size=1, hang_after_s=2.0, hw_every_s=0,
                    hang_allow_s={"checkpoint": 60.0, "eval": 2.0})
     _steps(rec, 1, 3)
     with rec.phase("checkpoint"):
-        time.sleep(3.5)  # more than three times hang_after_s, well within its allowance
+        time.sleep(2.5)  # more than hang_after_s, well within its allowance
+    # the threshold counts again from the phase's end: a second after it (a watch tick at least) the step
+    # before the checkpoint is 3.5 s old, still no stall
+    time.sleep(1.2)
     _steps(rec, 4, 5)
     assert not list(Path(rec.attempt_dir).glob("hang-*.json"))
     with rec.phase("eval"):  # an allowance is no blank cheque: past it, the stall is called
