@@ -1,8 +1,10 @@
 """The architecture, checked statically: one sub-package per stage, nothing imports upward, no cycle.
 
-kforge_record <- kforge_dash.contract (and its helpers) <- ingest <- {export, browse} <- pipeline (cluster) <- cli.
-Inside ingest: the row pass (plan, read, rows, options...) <- findings (an analysis of the row pass's
-outputs) <- run (ingest_run, which calls both).
+kforge_record <- kforge_dash.contract (and its helpers) <- ingest <- findings <- ingest.run <- {export, browse}
+<- pipeline (cluster) <- cli.
+ingest/ is the row pass (plan, read, rows, options...); findings/, a stage beside it, analyses the row pass's
+outputs; ingest/run.py (ingest_run) calls both, so it sits above findings. findings/thresholds.py, the
+findings' options, is an ingest option (IngestOptions.findings), so it sits in the row pass's layer.
 Every import counts, those under `if TYPE_CHECKING:` and inside functions included.
 And in tests/: no test module imports another.
 """
@@ -20,7 +22,8 @@ LAYERS = {  # module prefix -> layer; a module may import only from its own laye
     "kforge_dash.ingest": 2,  # the row pass and ingest's interface types
     "kforge_dash.run_view": 2,  # a run's summary.json as the front ends show it (ingest's materiality rule)
     "kforge_dash.importers": 2,  # other trackers' logs -> kforge shards: reads TensorBoard/W&B, writes as the recorder
-    "kforge_dash.ingest.findings": 3,  # findings read what the row pass wrote
+    "kforge_dash.findings.thresholds": 2,  # FindingsOptions: an ingest option, dataclasses only
+    "kforge_dash.findings": 3,  # findings read what the row pass wrote
     "kforge_dash.ingest.run": 4,  # ingest_run: the row pass, then the findings
     "kforge_dash.export": 5, "kforge_dash.browse": 5,
     "kforge_dash.pipeline": 6, "kforge_dash.cluster": 6,  # cluster: the pipeline on Dask

@@ -19,7 +19,7 @@ except MissingDependency as e:  # at the edge: a message, not a traceback
     raise SystemExit(str(e)) from e
 
 from kforge_dash.cli.options import SpecType, spec_options, version_option  # noqa: E402
-from kforge_dash.ingest.findings_options import FINDINGS_SPECS, FindingsOptions  # noqa: E402  (dataclasses only)
+from kforge_dash.findings.thresholds import FINDINGS_SPECS, FindingsOptions  # noqa: E402  (dataclasses only)
 from kforge_dash.ingest.option_spec import CONNECT_TIMEOUT  # noqa: E402
 from kforge_dash.ingest.options import DEFAULT_ALPHA, INGEST_SPECS  # noqa: E402
 

@@ -8,7 +8,6 @@
     launches.py   attempts grouped into launches; FLOPs and peak per launch (flops.py)
     meta_fields.py  the types of the meta.json fields ingest reads
     options.py    ingest's interface types: IngestOptions, its result, its errors
-    findings_options.py  the thresholds of the findings (IngestOptions.findings)
     option_spec.py  one definition of each option: its check, its help, its command-line spelling
     kept.py       the options kept with a run (ingested/options.json): given now, else kept, else default
     lock.py       the run's ingest lock, taken here only
@@ -29,10 +28,10 @@
     temps.py      temp files a killed ingest or export left behind
     flight_recorder.py  the ranks a hung job waits for, from PyTorch flight-recorder dumps (kforge-hang; the
                   hang finding): fr_dumps.py reads the dumps into one shape, fr_waits.py follows who waits for whom
-    findings/     findings and goodput: an analysis of the outputs above (steps.parquet, ranks.parquet)
     run.py        ingest_run: unchanged? -> plan -> rows -> derive -> write -> summarise -> findings
 
-Import order inside ingest (tests/test_layout.py): the modules above findings/ <- findings/ <- run.py.
+Import order (tests/test_layout.py): the modules above <- kforge_dash/findings/ (findings and goodput: an
+analysis of the outputs above, steps.parquet and ranks.parquet) <- run.py, which calls both.
 
 The per-window work is ``ingest_window(WindowTask)``: plain values in, plain values out, so a
 scheduler (Dask, a process pool) can run windows elsewhere; ``plan_windows`` cuts the windows.

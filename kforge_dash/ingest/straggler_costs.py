@@ -1,4 +1,4 @@
-"""Which of a run's what-if costs (summary.json ``what_if``, ingest/findings/whatif.py) a finding supports, and
+"""Which of a run's what-if costs (summary.json ``what_if``, findings/whatif.py) a finding supports, and
 the materiality rule of findings: what the what-if sentence says (browse/diagnosis.py: CLI screen, run page,
 report), what the hosts across runs add up (ingest/hosts.py) and which findings are warnings (findings/__init__.py).
 
