@@ -118,7 +118,7 @@ def _findings_lines(s: dict, view) -> list[str]:
 
 def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, json_lines: bool = False) -> None:
     """Print one pass: a screen per run (or JSON on stdout), errors on stderr."""
-    from kforge_dash.ingest.hosts import host_lines, host_table
+    from kforge_dash.findings.host_table import host_lines, host_table
     from kforge_dash.pipeline import NO_RUNS_YET, failed_exports
 
     shown = [r for r in result.ok if not (only_changed and r.skipped)]
