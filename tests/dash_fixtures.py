@@ -104,7 +104,7 @@ def write_run(root: str | os.PathLike, name: str, *, n: int = 1000, hparams=None
         "dropped_rows": 0, "warnings": [], "exports": {},
     }
     # What ingest decided (summary.json findings_options, phases): the default thresholds, as ingest records them.
-    from kforge_dash.findings.model import classify_phases
+    from kforge_dash.findings.finding import classify_phases
     from kforge_dash.findings.thresholds import FindingsOptions
 
     summary["findings_options"] = FindingsOptions().to_dict()

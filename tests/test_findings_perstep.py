@@ -15,8 +15,8 @@ from findings_fixtures import Clock, close_all, drive, install, nan_run, open_ra
 
 from kforge_dash import ingest_run
 from kforge_dash.findings import grid_units, perstep
+from kforge_dash.findings.finding import Phases, RunFacts, classify_phases
 from kforge_dash.findings.matrix import Window
-from kforge_dash.findings.model import Phases, RunFacts, classify_phases
 from kforge_dash.findings.thresholds import FindingsOptions
 
 
@@ -228,7 +228,7 @@ def test_window_matrix_refuses_a_row_twice_where_another_is_missing():
 @pytest.mark.filterwarnings("ignore::kforge_dash.ingest.options.IngestWarning")
 def test_per_step_facts_are_the_same_in_many_windows_two_at_a_time(tmp_path, monkeypatch):
     from kforge_dash.findings import perstep
-    from kforge_dash.findings.model import classify_phases
+    from kforge_dash.findings.finding import classify_phases
 
     run = nan_run(tmp_path, monkeypatch)
     ingest_run(run)

@@ -10,7 +10,7 @@ from dash_fixtures import PHASES, write_run
 from kforge_dash.browse import downloads as prep_export
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse.series import RunSource
-from kforge_dash.findings.model import Phases, classify_phases
+from kforge_dash.findings.finding import Phases, classify_phases
 from kforge_dash.findings.thresholds import FindingsOptions
 
 

@@ -37,8 +37,8 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
     summary.json (the last two: the thresholds and the phase classes used, which the pages read). A detector that
     fails on odd input costs its own findings and one warning, never the ingest."""
     from kforge_dash.findings import episodes, goodput, kills, missing, nonfinite, perstep, spikes, stragglers, timeline
+    from kforge_dash.findings.finding import RunFacts, classify_phases, sort_key
     from kforge_dash.findings.hang import hang_findings
-    from kforge_dash.findings.model import RunFacts, classify_phases, sort_key
 
     steps = _unknown_non_positive(steps, out_dir, warnings)
     facts = RunFacts(steps=steps, ranks_path=os.path.join(out_dir, RANKS_FILE), launches=launches, summary=summary,

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from kforge_dash.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 
 MAX_BLOCKS = 2000  # PELT's worst case is quadratic in the points: at most 2,000 (a few ms)
 PENALTY_BETA = 3.0  # x sigma^2 log(n) per change point (BIC has 2; a little more against noise)

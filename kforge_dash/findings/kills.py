@@ -3,7 +3,7 @@ wrote one run at the same time (summary.json ``unrecorded`` and ``overlaps``, fr
 
 from __future__ import annotations
 
-from kforge_dash.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 
 
 def unrecorded_findings(facts: RunFacts) -> list[Finding]:

@@ -14,7 +14,7 @@ import json
 import polars as pl
 
 from kforge_dash.contract import RANKS_NONFINITE_KEY
-from kforge_dash.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 
 _SKIP = {"time"}  # a wall-clock time is never NaN in a file the recorder wrote
 

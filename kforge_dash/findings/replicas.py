@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kforge_dash.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 from kforge_record.replica import PARAM_CHECKSUM
 
 METRICS = ("grad_norm", PARAM_CHECKSUM)
