@@ -10,6 +10,7 @@ And in tests/: no test module imports another.
 """
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,3 +158,27 @@ def test_no_test_module_imports_another():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             found += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
     assert not found, found
+
+
+def _module_map_gaps(pkg: Path) -> list[str]:
+    """What ``pkg/__init__.py``'s docstring (its module map) leaves out or names in vain: each module as
+    ``name.py``, each sub-folder holding modules as ``name/``; a bare ``name.py`` it names must be in the folder."""
+    doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text())) or ""
+    here = {p.name for p in pkg.glob("*.py") if p.name != "__init__.py"}
+    folders = {p.name for p in pkg.iterdir() if p.is_dir() and p.name != "__pycache__" and any(p.rglob("*.py"))}
+    rel = pkg.relative_to(ROOT)
+    gaps = [f"{rel}/{m} is not in its module map" for m in sorted(here)
+            if not re.search(rf"(?<![\w/.-]){re.escape(m)}\b", doc)]
+    gaps += [f"{rel}/{d}/ is not in its module map" for d in sorted(folders)
+             if not re.search(rf"(?<![\w/.-]){re.escape(d)}/", doc)]
+    named = set(re.findall(r"(?<![\w/.-])(\w+\.py)\b", doc))
+    gaps += [f"{rel}/__init__.py names {m}, which is not in the folder" for m in sorted(named - here)]
+    return gaps
+
+
+def test_every_module_map_lists_every_module():
+    """Each package's ``__init__.py`` docstring maps its folder: every module and sub-folder, none that is gone."""
+    packages = sorted(p.parent for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py"))
+    assert len(packages) >= 8, packages
+    gaps = [g for pkg in packages for g in _module_map_gaps(pkg)]
+    assert not gaps, "\n".join(gaps)

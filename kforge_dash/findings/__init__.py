@@ -13,7 +13,13 @@
     hardware.py    GPU throttling from the hw/ telemetry columns, and the cause of a straggler
     whatif.py      the run replayed without its stragglers, and what each rank cost
     mfu.py         where the MFU went: peak -> goodput buckets -> below peak -> achieved
+    replicas.py    replicas that disagree: ranks whose replica-identical value differs from the majority's
     thresholds.py  FindingsOptions: the thresholds of the findings (IngestOptions.findings)
+    finding.py     a Finding, and the run facts (RunFacts, Phases) detectors share
+    matrix.py      one window of ranks.parquet as numpy matrices (steps x ranks), for perstep.py
+    grid_units.py  perstep's matrices from ranks.parquet read row group by row group
+    hang_evidence.py  what a stalled rank left (kforge_record/hang.py), read back
+    host_table.py  across runs: the hosts that keep straggling, throttling, costing time (summary.json alone)
 
 ``analyse_run`` is ingest's one call; everything is computed from the ingested outputs
 (steps.parquet, ranks.parquet), the launches and their meta.json, so it is recomputable. Findings

@@ -26,6 +26,12 @@
     buffers.py    numpy work space reused window after window; the one column copier into it
     summary.py    summary.json
     temps.py      temp files a killed ingest or export left behind
+    arrays.py     numpy -> Arrow without pa.array (which imports pandas)
+    coverage.py   which rows of a merged part file the last ingest already read
+    heartbeat_check.py  whether a heartbeat.bin's body is one a recorder could have written
+    ranks_writer.py  ranks.parquet, each window's rows appended on a background thread
+    restarts.py   how far each launch got and how the next took over: restarts, kills, overlaps
+    straggler_costs.py  which what-if costs a finding supports, and the materiality rule of findings
     flight_recorder.py  the ranks a hung job waits for, from PyTorch flight-recorder dumps (kforge-hang; the
                   hang finding): fr_dumps.py reads the dumps into one shape, fr_waits.py follows who waits for whom
     run.py        ingest_run: unchanged? -> plan -> rows -> derive -> write -> summarise -> findings
