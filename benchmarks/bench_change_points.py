@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from kforge_dash.ingest.findings.episodes import PENALTY_BETA, change_points
+from kforge_dash.findings.episodes import PENALTY_BETA, change_points
 
 REPEATS = 3
 

@@ -6,7 +6,7 @@ optimizer, one slow rank, a loss spike) and times, each in a fresh process (peak
 
   floor     one lazy polars pass over ranks.parquet (max step time per step): what any per-step
             fact over ranks costs at least
-  findings  kforge_dash.ingest.findings.analyse_run: every detector and goodput (two lazy passes
+  findings  kforge_dash.findings.analyse_run: every detector and goodput (two lazy passes
             over ranks.parquet and a few small ones)
 
 Medians of --repeat interleaved runs; CPU s is the process's CPU time over all its threads,
@@ -79,7 +79,7 @@ def child(which: str, out: str, ranks: int) -> None:
     if which == "floor":
         pl.scan_parquet(os.path.join(out, "ranks.parquet")).group_by("step").agg(pl.col("step_time_s").max()).collect()
     else:
-        from kforge_dash.ingest.findings import FindingsOptions, analyse_run
+        from kforge_dash.findings import FindingsOptions, analyse_run
         from kforge_dash.ingest.launches import Launch
         from kforge_dash.ingest.shards import Attempt
 

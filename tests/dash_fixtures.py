@@ -104,8 +104,8 @@ def write_run(root: str | os.PathLike, name: str, *, n: int = 1000, hparams=None
         "dropped_rows": 0, "warnings": [], "exports": {},
     }
     # What ingest decided (summary.json findings_options, phases): the default thresholds, as ingest records them.
-    from kforge_dash.ingest.findings.model import classify_phases
-    from kforge_dash.ingest.findings_options import FindingsOptions
+    from kforge_dash.findings.finding import classify_phases
+    from kforge_dash.findings.thresholds import FindingsOptions
 
     summary["findings_options"] = FindingsOptions().to_dict()
     summary["phases"] = classify_phases(steps.columns, FindingsOptions()).to_dict()

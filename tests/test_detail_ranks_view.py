@@ -14,7 +14,7 @@ from dash_fixtures import detail_page, lab, write_run
 from kforge_dash.browse import figures as prep_figures
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse.rank_metrics import phase_label
-from kforge_dash.ingest.findings.model import Phases
+from kforge_dash.findings.finding import Phases
 
 
 @pytest.fixture(scope="module")

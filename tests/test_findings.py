@@ -154,7 +154,7 @@ def test_a_data_stall_on_every_rank_is_not_a_straggler(tmp_path, monkeypatch):
 
 
 def test_a_failing_detector_costs_only_its_findings(tmp_path, monkeypatch):
-    from kforge_dash.ingest.findings import stragglers
+    from kforge_dash.findings import stragglers
 
     def broken(*a, **k):
         raise ValueError("odd input")

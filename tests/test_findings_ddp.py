@@ -70,7 +70,7 @@ def test_the_straggler_is_the_rank_with_slow_own_work_not_the_one_that_waits(tmp
     assert 0.8 * STEPS * SLOW_S < slow["goodput"]["buckets"]["straggler_wait"] < 1.5 * STEPS * SLOW_S
     # the run detail page's "which rank's own work was the longest" says what the finding says (issue 21, item 3)
     from kforge_dash.browse.ranks import slowest_own_work
-    from kforge_dash.ingest.findings.model import Phases
+    from kforge_dash.findings.finding import Phases
 
     top = slowest_own_work(tmp_path / "slow-data" / "ingested" / "ranks.parquet",
                            Phases.from_summary(slow)).counts.row(0, named=True)

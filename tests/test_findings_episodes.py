@@ -9,7 +9,7 @@ import pytest
 from findings_fixtures import Clock, close_all, drive, install, open_ranks
 
 from kforge_dash import ingest_run
-from kforge_dash.ingest.findings.episodes import change_points, episodes, pelt_l2
+from kforge_dash.findings.episodes import change_points, episodes, pelt_l2
 
 
 def _noise(s: int, k: int = 0) -> float:

@@ -14,9 +14,9 @@ from findings_fixtures import nan_run
 
 from kforge_dash import ingest_run
 from kforge_dash.contract import RANKS_NONFINITE_KEY
-from kforge_dash.ingest.findings.model import RunFacts
-from kforge_dash.ingest.findings.nonfinite import nonfinite_findings
-from kforge_dash.ingest.findings_options import FindingsOptions
+from kforge_dash.findings.finding import RunFacts
+from kforge_dash.findings.nonfinite import nonfinite_findings
+from kforge_dash.findings.thresholds import FindingsOptions
 from kforge_dash.ingest.ranks_writer import may_be_nonfinite
 
 

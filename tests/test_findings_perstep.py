@@ -14,10 +14,10 @@ import pytest
 from findings_fixtures import Clock, close_all, drive, install, nan_run, open_ranks
 
 from kforge_dash import ingest_run
-from kforge_dash.ingest.findings import grid_units, perstep
-from kforge_dash.ingest.findings.matrix import Window
-from kforge_dash.ingest.findings.model import Phases, RunFacts, classify_phases
-from kforge_dash.ingest.findings_options import FindingsOptions
+from kforge_dash.findings import grid_units, perstep
+from kforge_dash.findings.finding import Phases, RunFacts, classify_phases
+from kforge_dash.findings.matrix import Window
+from kforge_dash.findings.thresholds import FindingsOptions
 
 
 def _window(run_dir):
@@ -212,7 +212,7 @@ def test_units_too_big_to_hold_are_read_in_pieces(tmp_path, monkeypatch):
 
 
 def test_window_matrix_refuses_a_row_twice_where_another_is_missing():
-    from kforge_dash.ingest.findings.matrix import Window
+    from kforge_dash.findings.matrix import Window
 
     steps, ranks = [1, 1, 2, 2], [0, 1, 0, 1]
     df = pl.DataFrame({"step": steps, "rank": ranks, "v": [1.0, 2.0, 3.0, 4.0]})
@@ -227,8 +227,8 @@ def test_window_matrix_refuses_a_row_twice_where_another_is_missing():
 
 @pytest.mark.filterwarnings("ignore::kforge_dash.ingest.options.IngestWarning")
 def test_per_step_facts_are_the_same_in_many_windows_two_at_a_time(tmp_path, monkeypatch):
-    from kforge_dash.ingest.findings import perstep
-    from kforge_dash.ingest.findings.model import classify_phases
+    from kforge_dash.findings import perstep
+    from kforge_dash.findings.finding import classify_phases
 
     run = nan_run(tmp_path, monkeypatch)
     ingest_run(run)

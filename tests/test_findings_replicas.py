@@ -40,7 +40,7 @@ def test_a_rank_whose_grad_norm_leaves_the_majority_is_named_from_that_step(tmp_
     assert (f["ranks"], f["first_step"], f["last_step"], f["metric"], f["severity"]) == ([2], 37, 60, "grad_norm", "error")
     assert "rank 2 from step 37" in f["message"] and "1.0e-06" in f["message"]
     assert f["hosts"] and f["score"] == 24
-    from kforge_dash.ingest.hosts import host_lines, host_table
+    from kforge_dash.findings.host_table import host_lines, host_table
 
     [entry] = host_table([s])  # the hosts table counts the run against the minority's host
     assert (entry["host"], entry["divergence_runs"]) == (f["hosts"][0], 1)

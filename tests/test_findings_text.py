@@ -13,8 +13,8 @@ from dash_fixtures import SAMPLE_RUNS, ingest_sample_run
 
 from kforge_dash import text
 from kforge_dash.contract import INGESTED_DIR, SUMMARY_FILE
-from kforge_dash.ingest.findings.model import RunFacts
-from kforge_dash.ingest.findings.timeline import restart_findings
+from kforge_dash.findings.finding import RunFacts
+from kforge_dash.findings.timeline import restart_findings
 
 
 @pytest.fixture(scope="module")

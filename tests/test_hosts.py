@@ -1,4 +1,4 @@
-"""Across runs: the hosts that keep doing it (kforge_dash/ingest/hosts.py, kforge-ingest --json, the Hosts page)."""
+"""Across runs: the hosts that keep doing it (kforge_dash/findings/host_table.py, kforge-ingest --json, the Hosts page)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from findings_fixtures import Clock, close_all, drive, install
 from streamlit.testing.v1 import AppTest
 
 import kforge_record.env as env_mod
-from kforge_dash.browse import hosts as prep_hosts
+from kforge_dash.browse import hosts_prep as prep_hosts
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.cli.ingest import main
-from kforge_dash.ingest.hosts import host_table
+from kforge_dash.findings.host_table import host_table
 from kforge_dash.text import md_text
 from kforge_record import Recorder
 

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from findings_fixtures import Clock, close_all, drive, install, open_ranks
 
-from kforge_dash.ingest.findings import goodput as goodput_mod
+from kforge_dash.findings import goodput as goodput_mod
 from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 

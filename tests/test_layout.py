@@ -1,13 +1,16 @@
 """The architecture, checked statically: one sub-package per stage, nothing imports upward, no cycle.
 
-kforge_record <- kforge_dash.contract (and its helpers) <- ingest <- {export, browse} <- pipeline (cluster) <- cli.
-Inside ingest: the row pass (plan, read, rows, options...) <- findings (an analysis of the row pass's
-outputs) <- run (ingest_run, which calls both).
+kforge_record <- kforge_dash.contract (and its helpers) <- ingest <- findings <- ingest.run <- {export, browse}
+<- pipeline (cluster) <- cli.
+ingest/ is the row pass (plan, read, rows, options...); findings/, a stage beside it, analyses the row pass's
+outputs; ingest/run.py (ingest_run) calls both, so it sits above findings. findings/thresholds.py, the
+findings' options, is an ingest option (IngestOptions.findings), so it sits in the row pass's layer.
 Every import counts, those under `if TYPE_CHECKING:` and inside functions included.
 And in tests/: no test module imports another.
 """
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +23,8 @@ LAYERS = {  # module prefix -> layer; a module may import only from its own laye
     "kforge_dash.ingest": 2,  # the row pass and ingest's interface types
     "kforge_dash.run_view": 2,  # a run's summary.json as the front ends show it (ingest's materiality rule)
     "kforge_dash.importers": 2,  # other trackers' logs -> kforge shards: reads TensorBoard/W&B, writes as the recorder
-    "kforge_dash.ingest.findings": 3,  # findings read what the row pass wrote
+    "kforge_dash.findings.thresholds": 2,  # FindingsOptions: an ingest option, dataclasses only
+    "kforge_dash.findings": 3,  # findings read what the row pass wrote
     "kforge_dash.ingest.run": 4,  # ingest_run: the row pass, then the findings
     "kforge_dash.export": 5, "kforge_dash.browse": 5,
     "kforge_dash.pipeline": 6, "kforge_dash.cluster": 6,  # cluster: the pipeline on Dask
@@ -154,3 +158,27 @@ def test_no_test_module_imports_another():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             found += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
     assert not found, found
+
+
+def _module_map_gaps(pkg: Path) -> list[str]:
+    """What ``pkg/__init__.py``'s docstring (its module map) leaves out or names in vain: each module as
+    ``name.py``, each sub-folder holding modules as ``name/``; a bare ``name.py`` it names must be in the folder."""
+    doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text())) or ""
+    here = {p.name for p in pkg.glob("*.py") if p.name != "__init__.py"}
+    folders = {p.name for p in pkg.iterdir() if p.is_dir() and p.name != "__pycache__" and any(p.rglob("*.py"))}
+    rel = pkg.relative_to(ROOT)
+    gaps = [f"{rel}/{m} is not in its module map" for m in sorted(here)
+            if not re.search(rf"(?<![\w/.-]){re.escape(m)}\b", doc)]
+    gaps += [f"{rel}/{d}/ is not in its module map" for d in sorted(folders)
+             if not re.search(rf"(?<![\w/.-]){re.escape(d)}/", doc)]
+    named = set(re.findall(r"(?<![\w/.-])(\w+\.py)\b", doc))
+    gaps += [f"{rel}/__init__.py names {m}, which is not in the folder" for m in sorted(named - here)]
+    return gaps
+
+
+def test_every_module_map_lists_every_module():
+    """Each package's ``__init__.py`` docstring maps its folder: every module and sub-folder, none that is gone."""
+    packages = sorted(p.parent for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py"))
+    assert len(packages) >= 8, packages
+    gaps = [g for pkg in packages for g in _module_map_gaps(pkg)]
+    assert not gaps, "\n".join(gaps)

@@ -10,7 +10,7 @@ import pytest
 from parts_fixtures import runner
 
 from kforge_dash.cli.ingest import main
-from kforge_dash.ingest.findings_options import FINDINGS_SPECS, FindingsOptions
+from kforge_dash.findings.thresholds import FINDINGS_SPECS, FindingsOptions
 from kforge_dash.ingest.options import INGEST_SPECS, IngestOptions
 
 ROOT = Path(__file__).resolve().parent.parent

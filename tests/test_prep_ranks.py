@@ -11,8 +11,8 @@ from kforge_dash.browse import downloads as prep_export
 from kforge_dash.browse import ranks as prep_ranks
 from kforge_dash.browse.rank_metrics import phase_label
 from kforge_dash.browse.series import RunSource
-from kforge_dash.ingest.findings.model import Phases, classify_phases
-from kforge_dash.ingest.findings_options import FindingsOptions
+from kforge_dash.findings.finding import Phases, classify_phases
+from kforge_dash.findings.thresholds import FindingsOptions
 
 
 def _as_ingest_would(path) -> Phases:

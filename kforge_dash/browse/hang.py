@@ -1,4 +1,4 @@
-"""A hang finding (summary.json, kind ``hang``; ingest/findings/hang.py) as plain text lines, and
+"""A hang finding (summary.json, kind ``hang``; findings/hang.py) as plain text lines, and
 the per-rank strip the run page draws: one way to each, used by the CLI screen, the report, the
 TensorBoard text and the run page's hang card. Names from disk (frames, phases, hosts, groups)
 stay text: callers escape them for their medium.

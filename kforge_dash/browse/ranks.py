@@ -12,7 +12,7 @@ import polars as pl
 
 from kforge_dash.browse.rank_metrics import median_rank, metric_label, phase_columns, phase_label, phase_name, view_metrics
 from kforge_dash.contract import EMA_COLUMNS
-from kforge_dash.ingest.findings.model import Phases
+from kforge_dash.findings.finding import Phases
 from kforge_record.schema import MEM_COLUMNS, PHASE_PREFIX, PHASE_SUFFIX
 
 

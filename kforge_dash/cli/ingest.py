@@ -19,7 +19,7 @@ except MissingDependency as e:  # at the edge: a message, not a traceback
     raise SystemExit(str(e)) from e
 
 from kforge_dash.cli.options import SpecType, spec_options, version_option  # noqa: E402
-from kforge_dash.ingest.findings_options import FINDINGS_SPECS, FindingsOptions  # noqa: E402  (dataclasses only)
+from kforge_dash.findings.thresholds import FINDINGS_SPECS, FindingsOptions  # noqa: E402  (dataclasses only)
 from kforge_dash.ingest.option_spec import CONNECT_TIMEOUT  # noqa: E402
 from kforge_dash.ingest.options import DEFAULT_ALPHA, INGEST_SPECS  # noqa: E402
 
@@ -118,7 +118,7 @@ def _findings_lines(s: dict, view) -> list[str]:
 
 def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, json_lines: bool = False) -> None:
     """Print one pass: a screen per run (or JSON on stdout), errors on stderr."""
-    from kforge_dash.ingest.hosts import host_lines, host_table
+    from kforge_dash.findings.host_table import host_lines, host_table
     from kforge_dash.pipeline import NO_RUNS_YET, failed_exports
 
     shown = [r for r in result.ok if not (only_changed and r.skipped)]

@@ -26,9 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kforge_dash.importers.columns import plan_columns
 from kforge_dash.importers.source import SourceRun
 from kforge_dash.importers.table import build_rows
+from kforge_dash.importers.tag_columns import plan_columns
 from kforge_record.atomic import write_json_atomic
 from kforge_record.schema import END_FILE, META_FILE, PARQUET_META_KEY, SCHEMA_VERSION, part_file_name, rank_dir_name
 

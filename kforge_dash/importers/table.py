@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from kforge_dash.importers.columns import ColumnPlan
 from kforge_dash.importers.source import REPEATED_STEP, SourceRun
+from kforge_dash.importers.tag_columns import ColumnPlan
 from kforge_record.schema import FIXED_COLUMNS
 
 

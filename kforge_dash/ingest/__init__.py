@@ -8,7 +8,6 @@
     launches.py   attempts grouped into launches; FLOPs and peak per launch (flops.py)
     meta_fields.py  the types of the meta.json fields ingest reads
     options.py    ingest's interface types: IngestOptions, its result, its errors
-    findings_options.py  the thresholds of the findings (IngestOptions.findings)
     option_spec.py  one definition of each option: its check, its help, its command-line spelling
     kept.py       the options kept with a run (ingested/options.json): given now, else kept, else default
     lock.py       the run's ingest lock, taken here only
@@ -27,12 +26,18 @@
     buffers.py    numpy work space reused window after window; the one column copier into it
     summary.py    summary.json
     temps.py      temp files a killed ingest or export left behind
+    arrays.py     numpy -> Arrow without pa.array (which imports pandas)
+    coverage.py   which rows of a merged part file the last ingest already read
+    heartbeat_check.py  whether a heartbeat.bin's body is one a recorder could have written
+    ranks_writer.py  ranks.parquet, each window's rows appended on a background thread
+    restarts.py   how far each launch got and how the next took over: restarts, kills, overlaps
+    straggler_costs.py  which what-if costs a finding supports, and the materiality rule of findings
     flight_recorder.py  the ranks a hung job waits for, from PyTorch flight-recorder dumps (kforge-hang; the
                   hang finding): fr_dumps.py reads the dumps into one shape, fr_waits.py follows who waits for whom
-    findings/     findings and goodput: an analysis of the outputs above (steps.parquet, ranks.parquet)
     run.py        ingest_run: unchanged? -> plan -> rows -> derive -> write -> summarise -> findings
 
-Import order inside ingest (tests/test_layout.py): the modules above findings/ <- findings/ <- run.py.
+Import order (tests/test_layout.py): the modules above <- kforge_dash/findings/ (findings and goodput: an
+analysis of the outputs above, steps.parquet and ranks.parquet) <- run.py, which calls both.
 
 The per-window work is ``ingest_window(WindowTask)``: plain values in, plain values out, so a
 scheduler (Dask, a process pool) can run windows elsewhere; ``plan_windows`` cuts the windows.

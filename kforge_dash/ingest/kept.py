@@ -14,7 +14,7 @@ import json
 import os
 
 from kforge_dash.contract import OPTIONS_FILE
-from kforge_dash.ingest.findings_options import FindingsOptions
+from kforge_dash.findings.thresholds import FindingsOptions
 from kforge_dash.ingest.options import (
     DEFAULT,
     DEFAULT_ALPHA,

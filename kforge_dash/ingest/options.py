@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kforge_dash.contract import INGESTED_DIR
+from kforge_dash.findings.thresholds import FindingsOptions
 from kforge_dash.ingest import option_spec as spec
-from kforge_dash.ingest.findings_options import FindingsOptions
 from kforge_record.checks import check_flag, check_int, check_seconds
 
 

@@ -27,10 +27,10 @@ from kforge_record.atomic import atomic_path, write_json_atomic
 
 pl = require("polars", extra="ingest", purpose="kforge-ingest")
 
-from kforge_dash.ingest import shards as _shards  # noqa: E402  (after the polars check)
+from kforge_dash.findings import analyse_run  # noqa: E402  (after the polars check)
+from kforge_dash.findings.hang_evidence import watchdog_dump_stats  # noqa: E402
+from kforge_dash.ingest import shards as _shards  # noqa: E402
 from kforge_dash.ingest.append import attempts_state  # noqa: E402
-from kforge_dash.ingest.findings import analyse_run  # noqa: E402
-from kforge_dash.ingest.findings.hang_evidence import watchdog_dump_stats  # noqa: E402
 from kforge_dash.ingest.kept import decide, read_kept, save_kept  # noqa: E402
 from kforge_dash.ingest.launches import launch_flops, world_size_of  # noqa: E402
 from kforge_dash.ingest.lock import LockBusy, run_lock  # noqa: E402

@@ -1,6 +1,6 @@
-"""Which of a run's what-if costs (summary.json ``what_if``, ingest/findings/whatif.py) a finding supports, and
+"""Which of a run's what-if costs (summary.json ``what_if``, findings/whatif.py) a finding supports, and
 the materiality rule of findings: what the what-if sentence says (browse/diagnosis.py: CLI screen, run page,
-report), what the hosts across runs add up (ingest/hosts.py) and which findings are warnings (findings/__init__.py).
+report), what the hosts across runs add up (findings/host_table.py) and which findings are warnings (findings/__init__.py).
 
 Materiality: a cost is material when it is at least MATERIAL_FRAC of the run's time and at least MATERIAL_S.
 A straggler, data stall or slow episode under it is severity info (timer noise: a clean 2-rank run's ranks

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from kforge_dash.browse import findings as prep_findings
-from kforge_dash.browse import hosts as prep_hosts
+from kforge_dash.browse import hosts_prep as prep_hosts
 from kforge_dash.browse import tables
 from kforge_dash.browse.views import common
 from kforge_dash.text import md_text

@@ -17,7 +17,7 @@ from __future__ import annotations
 import polars as pl
 
 from kforge_dash import column_registry as reg
-from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 
 _MERGE_GAP = 3  # spiking steps this close are one episode
 _LEAD = 5  # a grad-norm spike this many steps before a loss spike (or fewer) preceded it

@@ -13,7 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from kforge_dash import text
-from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 
 MAX_FINDINGS = 20  # stretches reported one by one; the rest are counted in the last message
 

@@ -4,7 +4,7 @@ wrote one run at the same time (summary.json ``unrecorded`` and ``overlaps``, fr
 from __future__ import annotations
 
 from kforge_dash import text
-from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 
 
 def unrecorded_findings(facts: RunFacts) -> list[Finding]:

@@ -13,11 +13,19 @@
     hardware.py    GPU throttling from the hw/ telemetry columns, and the cause of a straggler
     whatif.py      the run replayed without its stragglers, and what each rank cost
     mfu.py         where the MFU went: peak -> goodput buckets -> below peak -> achieved
+    replicas.py    replicas that disagree: ranks whose replica-identical value differs from the majority's
+    thresholds.py  FindingsOptions: the thresholds of the findings (IngestOptions.findings)
+    finding.py     a Finding, and the run facts (RunFacts, Phases) detectors share
+    matrix.py      one window of ranks.parquet as numpy matrices (steps x ranks), for perstep.py
+    grid_units.py  perstep's matrices from ranks.parquet read row group by row group
+    hang_evidence.py  what a stalled rank left (kforge_record/hang.py), read back
+    host_table.py  across runs: the hosts that keep straggling, throttling, costing time (summary.json alone)
 
 ``analyse_run`` is ingest's one call; everything is computed from the ingested outputs
 (steps.parquet, ranks.parquet), the launches and their meta.json, so it is recomputable. Findings
-sit above the row pass and below run.py in the import graph (tests/test_layout.py); their
-thresholds, FindingsOptions, are an ingest option (kforge_dash/ingest/findings_options.py).
+sit above the row pass (kforge_dash/ingest/) and below ingest/run.py in the import graph
+(tests/test_layout.py); their thresholds, FindingsOptions, are an ingest option, so thresholds.py
+sits in the row pass's layer.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 import os
 
 from kforge_dash.contract import RANKS_FILE
-from kforge_dash.ingest.findings_options import FindingsOptions
+from kforge_dash.findings.thresholds import FindingsOptions
 
 __all__ = ["analyse_run", "FindingsOptions"]
 
@@ -34,9 +42,9 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
     """``{"findings", "goodput", "host_ranks", "what_if", "mfu_waterfall", "findings_options", "phases"}`` for
     summary.json (the last two: the thresholds and the phase classes used, which the pages read). A detector that
     fails on odd input costs its own findings and one warning, never the ingest."""
-    from kforge_dash.ingest.findings import episodes, goodput, kills, missing, nonfinite, perstep, spikes, stragglers, timeline
-    from kforge_dash.ingest.findings.hang import hang_findings
-    from kforge_dash.ingest.findings.model import RunFacts, classify_phases, sort_key
+    from kforge_dash.findings import episodes, goodput, kills, missing, nonfinite, perstep, spikes, stragglers, timeline
+    from kforge_dash.findings.finding import RunFacts, classify_phases, sort_key
+    from kforge_dash.findings.hang import hang_findings
 
     steps = _unknown_non_positive(steps, out_dir, warnings)
     facts = RunFacts(steps=steps, ranks_path=os.path.join(out_dir, RANKS_FILE), launches=launches, summary=summary,
@@ -68,12 +76,12 @@ def analyse_run(out_dir: str, steps, launches, summary: dict, opts: FindingsOpti
                            ("missing ranks", missing.missing_rank_findings, ()),
                            ("hang", hang_findings, (warnings,))):
         found += attempt(name, fn, facts, *args) or []
-    from kforge_dash.ingest.findings.replicas import replica_divergence_findings  # replicas.py: issue 31 §3
+    from kforge_dash.findings.replicas import replica_divergence_findings  # replicas.py: issue 31 §3
 
     found += attempt("replica divergence", replica_divergence_findings, facts, warnings) or []
     found += attempt("slow episodes", episodes.slow_episode_findings, facts,
                      [f for f in found if f.kind in ("straggler", "data_stall")]) or []  # their stretch is theirs
-    from kforge_dash.ingest.findings import hardware, mfu, whatif
+    from kforge_dash.findings import hardware, mfu, whatif
 
     throttled = attempt("hardware", hardware.episodes, facts) or []
     found = hardware.with_causes(found + (attempt("hardware", hardware.throttle_findings, facts, throttled) or []),

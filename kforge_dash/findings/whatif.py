@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kforge_dash.ingest.findings.model import RunFacts
+from kforge_dash.findings.finding import RunFacts
 
 MAX_RANKS = 1024  # by_rank's length bound (summary.json stays small; the hosts page sums these)
 METHOD = ("replay step by step over the straggler findings' steps: own-work phases ({phases}) at the median "

@@ -52,7 +52,7 @@ import numpy as np
 import polars as pl
 
 from kforge_dash import text
-from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 
 MAX_BLOCKS = 2000  # PELT's worst case is quadratic in the points: at most 2,000 (a few ms)
 PENALTY_BETA = 3.0  # x sigma^2 log(n) per change point (BIC has 2; a little more against noise)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kforge_dash.ingest.findings.model import RunFacts
+from kforge_dash.findings.finding import RunFacts
 
 
 def mfu_waterfall(facts: RunFacts, good: dict | None, warnings: list[str]) -> dict | None:

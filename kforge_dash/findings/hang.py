@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kforge_dash.ingest.findings.hang_evidence import RankStall, attempt_stall, fr_dump_paths
-from kforge_dash.ingest.findings.model import Finding, RunFacts
+from kforge_dash.findings.finding import Finding, RunFacts
+from kforge_dash.findings.hang_evidence import RankStall, attempt_stall, fr_dump_paths
 from kforge_dash.text import counted, duration
 
 CLEAN_ENDS = ("close", "exit")  # end.json reasons of a loop that went on to its end: its last stall was no hang

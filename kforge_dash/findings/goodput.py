@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from kforge_dash.ingest.findings.model import RunFacts
+from kforge_dash.findings.finding import RunFacts
 from kforge_dash.ingest.parquet_io import column_max
 
 BUCKETS = ("startup", "warmup", "wasted_progress", "downtime", "checkpoint", "data_stall", "straggler_wait", "eval",

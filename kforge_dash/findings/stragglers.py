@@ -21,7 +21,7 @@ from __future__ import annotations
 import polars as pl
 
 from kforge_dash import text
-from kforge_dash.ingest.findings.model import Finding, RunFacts, phase_name, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, phase_name, steps_range
 
 
 def straggler_findings(facts: RunFacts, blocks: pl.DataFrame, med: pl.DataFrame | None = None) -> list[Finding]:

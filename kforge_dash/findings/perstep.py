@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from kforge_dash.findings.finding import RunFacts
+from kforge_dash.findings.grid_units import per_step_units
+from kforge_dash.findings.matrix import Window
 from kforge_dash.ingest.buffers import Buffers
-from kforge_dash.ingest.findings.grid_units import per_step_units
-from kforge_dash.ingest.findings.matrix import Window
-from kforge_dash.ingest.findings.model import RunFacts
 from kforge_dash.ingest.footers import usable_cpus
 
 WINDOW_ROWS = 2_000_000

@@ -15,7 +15,7 @@ import polars as pl
 
 from kforge_dash import text
 from kforge_dash.contract import RANKS_NONFINITE_KEY
-from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 
 _SKIP = {"time"}  # a wall-clock time is never NaN in a file the recorder wrote
 

@@ -18,7 +18,7 @@ import dataclasses
 import polars as pl
 
 from kforge_dash import text
-from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 from kforge_record.schema import HW_COLUMNS
 
 CLOCK, REASONS = "hw/sm_clock_mhz", "hw/throttle_reasons"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from kforge_dash import text
-from kforge_dash.ingest.findings.model import Finding, RunFacts, phase_name, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, phase_name, steps_range
 
 
 def _stretches(flags: pl.DataFrame, min_steps: int) -> list[tuple[int, int]]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import polars as pl
 
 from kforge_dash import text
-from kforge_dash.ingest.findings.model import Finding, RunFacts, steps_range
+from kforge_dash.findings.finding import Finding, RunFacts, steps_range
 from kforge_record.replica import PARAM_CHECKSUM
 
 METRICS = ("grad_norm", PARAM_CHECKSUM)

@@ -1,4 +1,4 @@
-"""The Hosts page's data: the hosts of the runs under the root (kforge_dash/ingest/hosts.py) and the
+"""The Hosts page's data: the hosts of the runs under the root (kforge_dash/findings/host_table.py) and the
 findings naming one host across runs. Plain functions, no Streamlit; names from disk stay text."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from kforge_dash.browse.runs import RunInfo
-from kforge_dash.ingest.hosts import host_table
+from kforge_dash.findings.host_table import host_table
 from kforge_dash.run_view import FindingCard, finding_cards, findings_of
 
 HOSTS_SCHEMA = {"host": pl.String, "runs": pl.Int64, "straggler_runs": pl.Int64, "throttle_runs": pl.Int64,

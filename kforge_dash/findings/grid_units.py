@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from kforge_dash.findings.matrix import Window
 from kforge_dash.ingest.buffers import Buffers
-from kforge_dash.ingest.findings.matrix import Window
 from kforge_dash.ingest.parquet_io import read_metadata
 
 # The most the kept columns of a unit may hold (8 B a value); a bigger unit is read in pieces of
