@@ -85,11 +85,12 @@ def test_the_superseded_branch_is_drawn_faint_from_the_step_it_rolled_back_to(tm
     assert branch.opacity < 1 and "rollback" in branch.hovertemplate and "launch 0" in branch.hovertemplate
 
 
-def test_a_plain_duplicate_keeps_its_warning_and_is_no_restart(tmp_path, monkeypatch):
+@pytest.mark.parametrize("order", [(1, 2, 2, 3), (1, 3, 2, 4, 4)])  # a duplicate; one among steps ended out of order
+def test_a_plain_duplicate_keeps_its_warning_and_is_no_restart(tmp_path, monkeypatch, order):
     run = str(tmp_path / "dup")
     clock = install(monkeypatch, Clock())
     recs = open_ranks(run, 1)
-    for s in (1, 2, 2, 3):
+    for s in order:
         recs[0].start_step()
         clock.t += 1.0
         recs[0].end_step(s, loss=float(s), tokens=10)

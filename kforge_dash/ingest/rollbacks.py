@@ -160,6 +160,8 @@ def _one(light: pl.DataFrame, fetch, key: tuple, events: dict, fix: list):
     cum = np.r_[0, np.cumsum(np.isin(np.arange(1, n), drops))]  # rollbacks up to each row
     superseded = nxt >= 0
     by_rollback = superseded & (cum[np.maximum(nxt, 0)] > cum)
+    if not by_rollback.any():  # steps ended out of order, and plain duplicates: no row a rollback superseded
+        return None
     # its rollback: the last one at or before the row that ends its step again
     which = np.searchsorted(drops, np.maximum(nxt, 0), side="right") - 1
     rank, att = key
