@@ -85,6 +85,34 @@ def test_the_superseded_branch_is_drawn_faint_from_the_step_it_rolled_back_to(tm
     assert branch.opacity < 1 and "rollback" in branch.hovertemplate and "launch 0" in branch.hovertemplate
 
 
+def test_two_rollbacks_to_one_checkpoint_are_two_branches(tmp_path, monkeypatch):
+    """Steps 1-6 (loss 11-16), back to 3-8 (loss 103-108), back to 3-10: two restarts, and each keeps its own
+    superseded values (step 3: 13 and 103, never a mean of the two)."""
+    from kforge_dash.browse.lineage import branches
+
+    run = str(tmp_path / "rb2")
+    clock = install(monkeypatch, Clock())
+    recs = open_ranks(run, 1)
+    for base, steps in ((10.0, range(1, 7)), (100.0, range(3, 9)), (1000.0, range(3, 11))):
+        for s in steps:
+            recs[0].start_step()
+            clock.t += 1.0
+            recs[0].end_step(s, loss=base + s, tokens=10)
+    close_all(recs)
+    ingest_run(run)
+    steps, _, summary = read_outputs(run)
+    assert [(r["resumed_at_step"], r["previous_last_step"]) for r in summary["restarts"]] == [(3, 6), (3, 8)]
+    sup = pl.read_parquet(os.path.join(run, "ingested", "superseded.parquet")).filter(pl.col("tag") == "loss")
+    got = {(p, s): v for p, s, v in sup.select("previous_last_step", "step", "value").iter_rows()}
+    assert got == {**{(6, s): 10.0 + s for s in range(3, 7)}, **{(8, s): 100.0 + s for s in range(3, 9)}}
+    kept = steps.select("step", "loss").with_columns(__x=pl.col("step"))
+    drawn = branches("rb2", os.path.join(run, "ingested", "steps.parquet"), summary, ["loss"], kept, "step")
+    assert sorted(list(b.y) for b in drawn) == [[12.0, 13.0, 14.0, 15.0, 16.0],  # from kept step 2
+                                                 [12.0, 103.0, 104.0, 105.0, 106.0, 107.0, 108.0]]
+    assert sorted(b.text for b in drawn) == ["superseded by its rollback to step 3 from 6 (launch 0)",
+                                             "superseded by its rollback to step 3 from 8 (launch 0)"]
+
+
 @pytest.mark.parametrize("order", [(1, 2, 2, 3), (1, 3, 2, 4, 4)])  # a duplicate; one among steps ended out of order
 def test_a_plain_duplicate_keeps_its_warning_and_is_no_restart(tmp_path, monkeypatch, order):
     run = str(tmp_path / "dup")

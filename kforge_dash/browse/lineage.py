@@ -65,7 +65,9 @@ def read_superseded(steps_path: str | Path, metrics: list[str]) -> pl.DataFrame 
     (None: none, or unreadable files)."""
     steps_path = Path(steps_path)
     cols = ["tag", "step", "time", "value", "reason", "superseded_at_step", "attempt"]
-    got = [df.select(cols) for df in (_read(steps_path.with_name(SUPERSEDED_FILE)), _imported(steps_path.parent.parent))
+    got = [df.select(*cols, pl.col("previous_last_step") if "previous_last_step" in df.columns
+                     else pl.lit(None, pl.Int64).alias("previous_last_step"))  # one branch per restart (imports: none)
+           for df in (_read(steps_path.with_name(SUPERSEDED_FILE)), _imported(steps_path.parent.parent))
            if df is not None and set(cols) <= set(df.columns)]
     df = pl.concat(got, how="vertical_relaxed").filter(pl.col("tag").is_in(metrics)) if got else None
     return df if df is not None and df.height else None
@@ -92,8 +94,8 @@ def branches(name: str, steps_path, summary: dict, metrics: list[str], kept: pl.
     starts = [a.get("start_time") for a in summary.get("attempts") or [] if a.get("start_time") is not None]
     start = min(starts) if starts else None  # series.run_start_time (which imports this module)
     out = []
-    keys = ("tag", "superseded_at_step", "attempt", "reason")
-    for (metric, at, attempt, reason), g in sup.sort("step").group_by(*keys, maintain_order=True):
+    keys = ("tag", "superseded_at_step", "attempt", "reason", "previous_last_step")
+    for (metric, at, attempt, reason, prev), g in sup.sort("step").group_by(*keys, maintain_order=True):
         if step_range is not None:
             g = g.filter(pl.col("step").is_between(step_range.first, step_range.last))
         x = _x(axis, g["step"].to_numpy(), g["time"].to_numpy(), start)
@@ -105,16 +107,17 @@ def branches(name: str, steps_path, summary: dict, metrics: list[str], kept: pl.
             step = np.r_[anchor["step"].to_numpy(), step]
             y = np.r_[anchor[metric].cast(pl.Float64).to_numpy(), y]
             x = np.r_[anchor["__x"].to_numpy().astype(x.dtype) if axis != "step" else anchor["step"].to_numpy(), x]
-        out.append(Branch(name, metric, x, y, step, _hover(summary, at, attempt, reason, int(g["step"].max()))))
+        out.append(Branch(name, metric, x, y, step, _hover(summary, at, attempt, reason, prev)))
     return out
 
 
-def _hover(summary: dict, at: int, attempt, reason, last: int) -> str:
+def _hover(summary: dict, at: int, attempt, reason, prev: int | None) -> str:
     """What superseded a branch, in a few words (one hover row beside the runs' rows): the rollback in its
     launch, or the launch that resumed at ``at``."""
     restarts = summary.get("restarts") or []
     if reason == "rollback":
-        return f"superseded by its rollback to step {at} (launch {attempt})"
+        return (f"superseded by its rollback to step {at}" + (f" from {prev}" if prev is not None else "")
+                + f" (launch {attempt})")
     if reason in IMPORTED_REASONS:
         return f"purged by its tracker at step {at} ({reason})"
     r = next((r for r in restarts if not r.get("in_process") and r.get("resumed_at_step") == at), None)

@@ -43,7 +43,7 @@ from kforge_record.atomic import atomic_path
 
 ROLLBACK = "rollback"  # superseded.parquet ``reason`` and restarts[].why of an in-process rollback
 RELAUNCH = "relaunch"  # superseded.parquet ``reason`` of rows a later launch superseded
-_IDS = ("step", "rank", "attempt", "time", "_pos", "_event")
+_IDS = ("step", "rank", "attempt", "time", "_pos", "_event", "_prev")
 _ENDS = ("step", "time", "step_time_s")
 
 
@@ -90,7 +90,8 @@ def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
     out.restarts = [_entry(k, e) for k, e in sorted(events.items())]
     parts = [_long(pl.concat(frames, how="vertical_relaxed"), plan.spec.cols, ROLLBACK)] if frames else []
     parts += [x for x in (_relaunched(plan, L, bad) for L in plan.launches) if x is not None]
-    out.superseded = pl.concat(parts, how="vertical").sort("attempt", "superseded_at_step", "tag", "step") if parts \
+    out.superseded = pl.concat(parts, how="vertical").sort(
+        "attempt", "superseded_at_step", "previous_last_step", "tag", "step", nulls_last=True) if parts \
         else None
     return out
 
@@ -114,7 +115,8 @@ def _relaunched(plan, L, bad: dict) -> pl.DataFrame | None:
         except (pl.exceptions.PolarsError, OSError):  # unreadable: the row pass warns about its parts
             continue
         ended = df.filter(pl.col("step_time_s").is_not_null()).sort("time", "_pos", nulls_last=True)
-        rows = _fold_logs(ended.with_columns(_event=pl.lit(cut, pl.Int64)), df.filter(pl.col("step_time_s").is_null()),
+        rows = _fold_logs(ended.with_columns(_event=pl.lit(cut, pl.Int64), _prev=pl.lit(None, pl.Int64)),
+                          df.filter(pl.col("step_time_s").is_null()),
                           ended)
         if rows.height:
             frames.append(rows.unique(["step"], keep="last", maintain_order=True))
@@ -173,8 +175,9 @@ def _one(light: pl.DataFrame, fetch, key: tuple, events: dict, fix: list):
     own = np.r_[st[0], np.diff(t)]  # each row's period in end-time order
     _held(rank, att, s, own, by_rollback, superseded, drops[np.maximum(which, 0)], fix)
     dup = int(np.unique(s[superseded & ~by_rollback]).size)
-    gone = pl.DataFrame({"_pos": ended["_pos"].to_numpy()[by_rollback], "_event": s[drops[which[by_rollback]]]},
-                        schema={"_pos": pl.Int64, "_event": pl.Int64})
+    at = drops[which[by_rollback]]  # each superseded row's rollback: the step it went back to, the one before it
+    gone = pl.DataFrame({"_pos": ended["_pos"].to_numpy()[by_rollback], "_event": s[at], "_prev": s[at - 1]},
+                        schema={"_pos": pl.Int64, "_event": pl.Int64, "_prev": pl.Int64})
     full = fetch(int(s[by_rollback].min()), int(s[by_rollback].max()))
     ended_full = full.filter(pl.col("step_time_s").is_not_null())
     rows = ended_full.join(gone, on="_pos", how="inner")
@@ -231,13 +234,14 @@ def _long(sup: pl.DataFrame, cols: list[str], reason: str) -> pl.DataFrame:
     """superseded.parquet: one point per (restart, step, column), the mean over ranks."""
     # tokens left out: a mean of per-rank counts is no step's tokens (steps.parquet sums them)
     vals = [c for c in cols if c not in ("step", "rank", "attempt", "time", "tokens", "_counts") and c in sup.columns]
-    per = sup.group_by("attempt", "_event", "step").agg(
+    # one branch per restart: two rollbacks to one checkpoint differ by the step each went back from (_prev)
+    per = sup.group_by("attempt", "_event", "_prev", "step").agg(
         pl.col("time").max(), *[pl.col(c).cast(pl.Float64).mean() for c in vals])
-    return (per.unpivot(index=["attempt", "_event", "step", "time"], on=vals, variable_name="tag")
+    return (per.unpivot(index=["attempt", "_event", "_prev", "step", "time"], on=vals, variable_name="tag")
             .filter(pl.col("value").is_not_null())
             .select(pl.col("tag"), pl.col("step"), pl.col("time"), pl.col("value").cast(pl.Float64),
                     pl.lit(reason).alias("reason"), pl.col("_event").alias("superseded_at_step"),
-                    pl.col("attempt")))
+                    pl.col("attempt"), pl.col("_prev").alias("previous_last_step")))
 
 
 def apply_fix(steps: pl.DataFrame, lineage: Lineage, *, from_step: int | None, fresh: bool = True) -> pl.DataFrame:
