@@ -9,12 +9,12 @@ Where a GPU synchronisation can happen, exactly:
 * in ``flush()`` and ``close()`` (also at exit and on SIGTERM), which wait for the writer, and so
   for that copy, on the calling thread.
 
-Several threads may call ``end_step``/``log``/``flush`` on one Recorder (an eval thread logging
-while the loop runs). ``end_step`` takes no lock: one ``list.append`` adds its row, and a row
-appended to a buffer just handed over is taken by the writer at its next take (inbox.py); hand-overs,
-``log``, ``flush`` and ``close`` take a lock, re-entrant for the SIGTERM handler (it runs on the main
-thread inside whatever it interrupted). Phase timers take no lock (phase.py); one timer (one phase
-name) is for one thread at a time.
+Several threads may call ``end_step``/``log``/``flush`` on one Recorder (an eval thread logging while the
+loop runs). ``end_step`` takes no lock: one ``list.append`` adds its row; a row appended to a buffer just
+handed over is taken at the writer's next take (inbox.py), an empty buffer is never handed over. Hand-overs,
+``log``, ``flush`` and ``close`` take a lock, re-entrant for the SIGTERM handler (it runs on the main thread
+inside whatever it interrupted). Phase timers take no lock (phase.py): one phase name, one thread at a time;
+step times (``start_step``) are for one loop thread.
 """
 
 from __future__ import annotations
@@ -317,10 +317,11 @@ class Recorder:
                            "Recorder: not recorded (a child never writes its parent's shard; build a Recorder in the child)")
                 self._rows = []
             else:
-                # Submit, then empty the buffer: a signal handler flushing in between submits the same
-                # list again, which the writer ignores, so no window is lost or written twice.
-                self._writer.submit(self._rows)
-                self._rows = []
+                # Submit, then empty the buffer (a signal handler's flush in between submits the same list, which
+                # the writer ignores); an empty one stays, so a row appended to it late is in the next hand-over.
+                if self._rows:
+                    self._writer.submit(self._rows)
+                    self._rows = []
 
     def _memory(self):
         if not self._cuda:
@@ -331,11 +332,9 @@ class Recorder:
             self._writer.update_meta(self._meta)  # CUDA came up after construction: record the device
         return env.cuda_memory()
 
-    # -- lifecycle ---------------------------------------------------------------------------
     @property
     def dropped_rows(self) -> int:
-        """Rows lost so far: disk errors, a stuck writer, unconvertible windows, refused steps (also
-        written to every part file and to end.json)."""
+        """Rows lost so far: disk errors, a stuck writer, unconvertible windows, refused steps (in part files, end.json)."""
         return self._writer.dropped_rows
 
     def flush(self) -> None:
@@ -344,8 +343,9 @@ class Recorder:
             return
         try:
             with self._lock:
-                self._writer.submit(self._rows)
-                self._rows = []
+                if self._rows:  # (an empty buffer stays: see _handoff)
+                    self._writer.submit(self._rows)
+                    self._rows = []
                 self._flush_due = perf_counter() + self._flush_every_s
             if not self._writer.flush([], self._close_timeout_s):
                 self._warn("flush-timeout", f"flush did not finish within {self._close_timeout_s}s; continuing")
