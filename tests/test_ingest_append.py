@@ -4,6 +4,7 @@ Cases an append cannot reproduce exactly must fall back to a full ingest, and sa
 
 import os
 import warnings
+from contextlib import nullcontext
 
 import polars as pl
 import pytest
@@ -18,8 +19,7 @@ SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}
 
 
 def full_outputs(run, **kw):
-    """What a from-scratch ingest of the run gives now (forced: no footer cache, no append). Its warnings are
-    the run's, which the test asserted when it ingested: assert_same compares the summaries' warnings."""
+    """A from-scratch ingest of the run now (forced: no footer cache, no append); assert_same compares warnings."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IngestWarning)
         res = ingest_run(run, options=IngestOptions(force=True, **kw))
@@ -116,11 +116,8 @@ def test_what_an_append_cannot_reproduce_falls_back_to_a_full_ingest(tmp_path, m
         for r, rec in recs.items():
             rec.log(20, **{"eval/loss": 3.0})
     flush_all(recs)
-    if case == "rollback":  # a restart (rollbacks.py), no warning
-        res = ingest_run(run)
-    else:
-        with pytest.warns(IngestWarning, match="logged with different values"):
-            res = ingest_run(run)
+    with pytest.warns(IngestWarning, match="logged with different values") if case != "rollback" else nullcontext():
+        res = ingest_run(run)  # a rollback is a restart (rollbacks.py): no warning
     assert not res.appended and not res.skipped
     got = read_outputs(run)
     if case == "rollback":
@@ -308,9 +305,8 @@ def test_a_footer_that_failed_to_read_once_is_read_again(tmp_path, monkeypatch):
 
 
 def test_means_are_bit_identical_whichever_window_a_step_falls_in(tmp_path, monkeypatch):
-    """Random floats over 8 ranks: the matrix path and the group-by path add ranks in the same
-    order, so an append (whose windows start elsewhere) gives the very same bits (and the same
-    bitwise OR of a bitmask column)."""
+    """Random floats over 8 ranks: the matrix and group-by paths add ranks in one order, so an append (its windows
+    start elsewhere) gives the very same bits (and the same bitwise OR of a bitmask column)."""
     import numpy as np
 
     rng = np.random.default_rng(1)
@@ -368,10 +364,9 @@ def test_footers_read_by_worker_processes_give_the_same_ingest(tmp_path, monkeyp
 
 @pytest.mark.parametrize("row_group_rows", [8192, 7])
 def test_appends_stay_appends_while_the_recorder_merges_its_parts(tmp_path, monkeypatch, row_group_rows):
-    """Merges of parts an ingest already read are not changed parts: each pass reads only the rows
-    after the last one, also out of a merged part that holds old and new rows (kforge_record/compact.py).
-    With row groups of 7 rows a merged part has many, and windows end where they start (read.py):
-    never below the rows the append already has."""
+    """Merges of parts an ingest already read are not changed parts: each pass reads only the rows after the last
+    one, also out of a merged part that holds old and new rows (kforge_record/compact.py). With row groups of 7
+    rows a merged part has many, and windows end where they start (read.py): never below the append's rows."""
     import kforge_dash.ingest.plan as plan_mod
     import kforge_record.compact as compact
 
