@@ -125,14 +125,17 @@ class HangWatch:
             self._note_step(t, step)
             self._seen_at = now
         last = self._seen_at  # no step yet: the first one counts from construction
-        if self._allow and (allowed := self._allowed_until(now)):
-            # an allowed phase is open: the threshold counts again from its end (seen a tick late at most)
-            # or from the end of its allowance, not from the step before it
+        allowed = self._allowed_until(now) if self._allow else 0.0
+        if allowed:  # an allowed phase is open: the threshold counts again from its end (seen a tick late at
+            # most) or from the end of its allowance, not from the step before it
             self._quiet_from = max(self._quiet_from, min(now, allowed) + TICK_S)
         deadline = max(last, self._quiet_from) + self.threshold()
         if now < deadline:
-            if self._own_fh and self._armed_until - now < REARM_MARGIN_S:
-                self._arm(deadline + GRACE_S - now, now)
+            # faulthandler's timer: past an open allowed phase's allowance (its body may hold the GIL, and
+            # this thread with it), else the stall deadline; moved in when an allowance ended early
+            fh = max(deadline, allowed + self.threshold())
+            if self._own_fh and (self._armed_until - now < REARM_MARGIN_S or self._armed_until > fh + GRACE_S + TICK_S):
+                self._arm(fh + GRACE_S - now, now)
             return False
         if self._stalled_at == last:
             return False  # written already for this stall: once per stall
@@ -140,6 +143,21 @@ class HangWatch:
         self._disarm()
         self._write(now - last, t or None, step if t else None)
         return True
+
+    def allowance(self, name: str) -> float | None:
+        """Seconds phase ``name`` may last (hang_allow_s); None: no allowance (phase.new_phase)."""
+        return self._allow.get(name)
+
+    def allowed_phase_entered(self, allow: float) -> None:
+        """From the loop's thread, entering an allowed phase: faulthandler's timer past its allowance."""
+        now = time.monotonic()
+        until = now + allow + self.threshold() + GRACE_S
+        if self._own_fh and until > self._armed_until:
+            self._arm(until - now, now)
+
+    def allowed_phase_left(self) -> None:
+        """From the loop's thread, leaving an allowed phase: the threshold counts again from now."""
+        self._quiet_from = max(self._quiet_from, time.monotonic())
 
     def _allowed_until(self, now: float) -> float:
         """The latest (monotonic) end of an allowance of an open phase named in hang_allow_s; 0: none."""

@@ -32,6 +32,41 @@ class Phase:
         return False
 
 
+class AllowedPhase(Phase):
+    """A phase named in ``hang_allow_s``: it tells the hang watch (hang.py) when it is entered (faulthandler's
+    timer pushed past its allowance: its body may hold the GIL, a checkpoint's pickling, and the watch's
+    thread with it) and left (the stall threshold counts again from there). Only these phases pay for it;
+    a failing call times the phase all the same."""
+
+    __slots__ = ("_watch", "_allow")
+
+    def __init__(self, pending: list, key: str, clock, watch, allow: float):
+        super().__init__(pending, key, clock)
+        self._watch = watch
+        self._allow = allow
+
+    def __enter__(self):
+        try:
+            self._watch.allowed_phase_entered(self._allow)
+        except Exception:  # noqa: BLE001 - never into the loop
+            pass
+        return super().__enter__()
+
+    def __exit__(self, et, ev, tb):
+        super().__exit__(et, ev, tb)
+        try:
+            self._watch.allowed_phase_left()
+        except Exception:  # noqa: BLE001
+            pass
+        return False
+
+
+def new_phase(pending: list, key: str, clock, watch, name: str) -> Phase:
+    """The timer for phase ``name``: an AllowedPhase where the hang watch ``watch`` (None: off) allows it."""
+    allow = watch.allowance(name) if watch is not None else None
+    return Phase(pending, key, clock) if allow is None else AllowedPhase(pending, key, clock, watch, allow)
+
+
 class NoPhase:
     """What ``phase()`` gives for a name it refuses: times nothing, never raises."""
 

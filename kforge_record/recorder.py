@@ -31,7 +31,7 @@ from .convert import capture, capture_all, rows_to_table, safe_repr
 from .hang import HangWatch
 from .model import ModelSpec
 from .options import STEP_MAX, STEP_MIN, RecorderOptions, as_step, checked_run_dir, rank_and_world
-from .phase import NO_PHASE, Phase, take_pending
+from .phase import NO_PHASE, Phase, new_phase, take_pending
 from .schema import SCHEMA_VERSION, phase_column, rank_dir_name
 from .warn import Warner
 from .writer import ShardWriter, claim_attempt_dir
@@ -194,7 +194,7 @@ class Recorder:
                     self._warn(f"phase:{safe_repr(name)}", f"phase name {safe_repr(name)} is not a non-empty string "
                                "without NUL characters; that phase is not timed")
                     return NO_PHASE
-                p = self._phase_objs[name] = Phase(self._pending, phase_column(name), perf_counter)
+                p = self._phase_objs[name] = new_phase(self._pending, phase_column(name), perf_counter, self._hang, name)
             return p
         except Exception:  # an unhashable name (a list): never a TypeError into the loop
             self._warn(f"phase:{type(name).__name__}", f"phase name {safe_repr(name)} is not a string; that phase is not timed")

@@ -126,6 +126,35 @@ GIL_CHILD = textwrap.dedent("""
 """)
 
 
+ALLOWED_GIL_CHILD = textwrap.dedent("""
+    import ctypes, sys, time
+    from kforge_record import Recorder
+    rec = Recorder(sys.argv[1], rank=0, world_size=1, hang_after_s=1.0, hw_every_s=0,
+                   hang_allow_s={"checkpoint": 30.0})
+    for s in range(1, 101):  # 1 s of steps: the watch has armed faulthandler
+        time.sleep(0.01)
+        rec.end_step(s, loss=1.0)
+    with rec.phase("checkpoint"):
+        ctypes.PyDLL(None).sleep(4)  # a pickling-like C call holding the GIL past threshold + faulthandler's grace
+    for s in range(101, 111):
+        time.sleep(0.01)
+        rec.end_step(s, loss=1.0)
+    rec.close()
+""")
+
+
+def test_an_allowed_phase_holding_the_gil_leaves_no_stacks_and_no_stall(tmp_path):
+    """A checkpoint named in hang_allow_s whose body holds the GIL 4 s (threshold 1 s + 2 s grace): entering it
+    pushed faulthandler's timer past the allowance, leaving it restarted the threshold: no evidence at all."""
+    child = tmp_path / "allowed_gil_child.py"
+    child.write_text(ALLOWED_GIL_CHILD)
+    proc = subprocess.run([sys.executable, str(child), str(tmp_path / "run")], timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (attempt,) = (tmp_path / "run").glob("rank-*/*/")
+    assert not [p.name for p in attempt.iterdir() if p.name.startswith("hang")], proc.stderr[-2000:]
+
+
 def test_a_rank_holding_the_gil_still_leaves_its_stacks(tmp_path):
     child = tmp_path / "gil_child.py"
     child.write_text(GIL_CHILD)
