@@ -234,6 +234,7 @@ def test_the_run_page_report_and_tensorboard_show_the_hang_first(tmp_path, monke
     _steps(rec, 1, 5)
     with rec.phase("**load** <b>x</b>"):  # a name from disk: shown as typed, never rendered
         wait_for(lambda: list(Path(rec.attempt_dir).glob("hang-*.json")), 10, "the stall's evidence")
+        wait_for(lambda: list(Path(rec.attempt_dir).glob("part-*.parquet")), 10, "its rows, flushed after it")
     (Path(rec.attempt_dir) / "hang-stacks.txt").unlink(missing_ok=True)  # (close would, when empty)
     summary = ingest_run(str(tmp_path / "runs" / "job")).summary
     rec.close()  # after the ingest: a closed recorder's last stall is no hang
@@ -264,6 +265,8 @@ def _three_ranks_stalled(tmp_path, *, behind: bool) -> dict:
     for p in phases:
         p.__enter__()
     wait_for(lambda: len(list((tmp_path / "run").glob("rank-*/*/hang-1.json"))) == 3, 15, "three ranks' evidence")
+    # the evidence is written first (a GPU hang can block the writer's copy), the rows just after it
+    wait_for(lambda: len({p.parent for p in (tmp_path / "run").glob("rank-*/*/part-*.parquet")}) == 3, 15, "their rows")
     for p in phases:
         p.__exit__(None, None, None)
     return recs
