@@ -5,10 +5,10 @@ real 2-rank FSDP2 runs of KempnerForge's own scripts/train.py on CPU (gloo) with
 
     python benchmarks/side_by_side_kempnerforge.py --kempnerforge PATH [--runs 3] [--steps 400] [--jitter-ms 6]
 
-PATH is a KempnerForge checkout (github.com/KempnerInstitute/KempnerForge; run from there, nothing of
-it is copied into this repo). Per run, in a temp folder: a tiny dense model TOML (2 layers, dim 64,
-vocab 256, seq_len 64, batch 4 x 2 accumulation steps, fp32, no compile, log_interval 1,
-distributed.backend "gloo", KempnerForge's synthetic random-token batches), and a copy of its
+PATH: a KempnerForge checkout (github.com/KempnerInstitute/KempnerForge), run from there. Per run,
+in a temp folder: a tiny dense model TOML (2 layers, dim 64, vocab 256, seq_len 64, batch 4 x 2
+accumulation steps, fp32, no compile, log_interval 1, distributed.backend "gloo", KempnerForge's
+synthetic random-token batches), and a copy of its
 scripts/train.py with the import swapped as docs/frameworks.md tells a user (kforge's drop-in
 MetricsTracker) and one harness edit: the tracker is a tee of KempnerForge's OWN MetricsTracker
 and kforge's drop-in, called at the same points (KempnerForge's timer outermost: its step window
@@ -24,17 +24,15 @@ ranks wait for each other at FSDP2's collectives. KempnerForge's own figures are
 tracker logs: a logging backend of its own kind (_LoggingBackend) appended to its tracker's
 backends writes each logged dict (train/loss, train/tokens_per_sec, train/mfu, train/step_time_sec,
 full precision) to a JSON-lines file on rank 0; rank 0's printed lines are parsed for the loss
-check. The drop-in's copy of the printed line is silenced so rank 0 prints KempnerForge's lines once.
+check (the drop-in's copy of the line is silenced).
 
-Definitions. KempnerForge's tokens/s is the step's global tokens over RANK 0's own start_step ->
-end_step time; its MFU is 6P + 12LDS FLOPs/token x tokens/s / (peak x num_gpus), peak 1.0 TFLOPS
-on a CPU (its get_gpu_peak_tflops). Over the run: Σtokens / Σstep_time_sec (its per-step figures
-time-weighted). kforge's (steps.parquet) divide the same tokens by the job's step time, the period
-between step ends (Σ = the first step's start to the last step's end), ingested with
---peak-tflops 1.0 (KempnerForge's CPU figure: kforge itself knows no CPU peak). The two differ by
-what rank 0 does between its end_step and its next start_step (KempnerForge's logging among it),
-so each row also gives kforge's rank-0 Σ own work (ranks.parquet step_time_s, the same window)
-over KempnerForge's Σ step_time: like with like. Figures: docs/performance.md.
+Definitions. KempnerForge's tokens/s: the step's global tokens over RANK 0's own start_step ->
+end_step; its MFU: 6P + 12LDS FLOPs/token x tokens/s / (peak x num_gpus), peak 1.0 TFLOPS on a CPU.
+Over the run: Σtokens / Σstep_time_sec. kforge's (steps.parquet) divide the same tokens by the job's
+step time, the period between step ends, ingested with --peak-tflops 1.0 (KempnerForge's CPU
+figure; kforge knows no CPU peak). They differ by what rank 0 does between its end_step and its
+next start_step, so the last column is kforge's rank-0 Σ own work (ranks.parquet step_time_s) over
+KempnerForge's Σ step_time: like with like. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -62,7 +60,6 @@ n_heads = 4
 n_kv_heads = 4
 vocab_size = 256
 max_seq_len = 64
-
 [train]
 batch_size = 4
 seq_len = 64
@@ -72,22 +69,17 @@ grad_clip_norm = 1.0
 seed = {seed}
 compile_model = false
 mixed_precision = "fp32"
-
 [optimizer]
 name = "adamw"
 lr = 3e-4
-
 [scheduler]
 name = "cosine"
 warmup_steps = 10
-
 [distributed]
 backend = "gloo"
-
 [checkpoint]
 dir = "{work}/checkpoints"
 interval = 1000000
-
 [metrics]
 log_interval = 1
 """
@@ -314,7 +306,6 @@ def row(label: str, own: Side, kf: Side, work0: float) -> list[str]:
             f"{own.mfu * 100:#.4g}", f"{kf.mfu * 100:#.4g}", f"{kf.mfu / own.mfu:.4f}", f"{work0 / own.time_s:.4f}"]
 
 
-# all steps; from the 2nd (the ranks in step after the first collectives); from the 6th
 LABELS = {"all": 1, "from 2": 2, "from 6": 6}
 HEAD = ["run / steps", "KF Σ step_time s", "kforge training s", "× time", "KF tok/s", "kforge tok/s", "× tok/s",
         "KF MFU %", "kforge MFU %", "× MFU", "kforge rank-0 Σ work ×"]
