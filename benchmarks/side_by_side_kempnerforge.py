@@ -15,11 +15,11 @@ and kforge's drop-in, called at the same points (KempnerForge's timer outermost:
 holds kforge's calls), so one run gives both sides. Each edit is an exact text substitution that
 must match once; KempnerForge's maths and metric code are untouched.
 
-The harness module (kf_harness.py, beside the copy) also makes KempnerForge run on a CPU-only torch,
-where three lines of it assume CUDA (stated plainly, nothing else changed): torch.cuda.set_device
-becomes a no-op, init_distributed's init_device_mesh("cuda", ...) gets "cpu", and NaNDetector's
-all-reduced NaN flag, a torch.tensor(device="cuda"), is made on the CPU. Each rank sleeps
-uniform(0, jitter) ms at the top of each step (inside both trackers' windows; its own RNG), so the
+The harness module (benchmarks/kempnerforge_harness.py, copied beside it as kf_harness.py) also makes
+KempnerForge run on a CPU-only torch, where three lines of it assume CUDA (stated plainly, nothing else
+changed): torch.cuda.set_device becomes a no-op, init_distributed's init_device_mesh("cuda", ...) gets
+"cpu", and NaNDetector's all-reduced NaN flag, a torch.tensor(device="cuda"), is made on the CPU. Each
+rank sleeps uniform(0, jitter) ms at the top of each step (inside both trackers' windows; its own RNG), so the
 ranks wait for each other at FSDP2's collectives. KempnerForge's own figures are taken from what its
 tracker logs: a logging backend of its own kind (_LoggingBackend) appended to its tracker's
 backends writes each logged dict (train/loss, train/tokens_per_sec, train/mfu, train/step_time_sec,
@@ -80,89 +80,7 @@ interval = 1000000
 log_interval = {log_interval}
 """
 
-HARNESS = '''\
-"""Harness for benchmarks/side_by_side_kempnerforge.py (not KempnerForge's, not kforge's)."""
-import json, logging, os, random, time
-import torch
-import kempnerforge.distributed.setup as _setup
-import kempnerforge.resilience.health as _health
-from kempnerforge.metrics.tracker import _LoggingBackend
-
-# CPU-only torch: the three CUDA assumptions on KempnerForge's 2-rank path
-torch.cuda.set_device = lambda *a, **k: None
-_init_device_mesh = _setup.init_device_mesh
-_setup.init_device_mesh = lambda device_type, *a, **k: _init_device_mesh("cpu", *a, **k)
-
-
-class _TorchOnCpu:
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    @staticmethod
-    def tensor(*a, device=None, **k):
-        return torch.tensor(*a, device="cpu" if device == "cuda" else device, **k)
-
-
-_health.torch = _TorchOnCpu()
-
-
-class JsonLines(_LoggingBackend):
-    """What KempnerForge's tracker logs to its backends, one JSON line per logged step."""
-
-    def __init__(self, path):
-        self._f = open(path, "w")
-
-    def log(self, metrics, step):
-        self._f.write(json.dumps({"step": step, **metrics}) + "\\n")
-
-    def close(self):
-        self._f.close()
-
-
-class Tee:
-    """KempnerForge's own tracker and kforge's drop-in at the same calls; returns KempnerForge's."""
-
-    def __init__(self, own, kforge):
-        self.own, self.kforge = own, kforge
-        quiet = logging.getLogger("kf_harness.quiet")
-        quiet.disabled = True
-        if kforge._kf is not None:
-            kforge._kf.logger = quiet  # rank 0 prints KempnerForge's own line once
-        if int(os.environ.get("RANK", "0")) == 0:
-            own._backends.append(JsonLines(os.environ["KF_OWN_LOG"]))
-        self._jitter_s = float(os.environ.get("KFORGE_JITTER_MS", "0")) / 1000
-        self._rng = random.Random(1000 + int(os.environ.get("RANK", "0")))  # torch's RNG untouched
-        self.calls_s = 0.0  # time in kforge's start_step and end_step calls
-
-    def init_backends(self, config):
-        self.own.init_backends(config)
-        self.kforge.init_backends(config)
-
-    def start_step(self):
-        self.own.start_step()
-        t = time.perf_counter()
-        self.kforge.start_step()
-        self.calls_s += time.perf_counter() - t
-        if self._jitter_s:
-            time.sleep(self._rng.uniform(0, self._jitter_s))
-
-    def end_step(self, step, loss, grad_norm, lr, tokens_in_step):
-        t = time.perf_counter()
-        self.kforge.end_step(step, loss, grad_norm, lr, tokens_in_step)
-        self.calls_s += time.perf_counter() - t  # kforge's calls: inside KempnerForge's window
-        return self.own.end_step(step, loss, grad_norm, lr, tokens_in_step)
-
-    def log_eval(self, metrics, step):
-        self.kforge.log_eval(metrics, step)
-        self.own.log_eval(metrics, step)
-
-    def close(self):
-        self.kforge.close()
-        self.own.close()
-        if int(os.environ.get("RANK", "0")) == 0:
-            with open(os.environ["KF_OWN_LOG"] + ".calls", "w") as f:
-                json.dump({"kforge_calls_s": self.calls_s}, f)
-'''
+HARNESS = Path(__file__).resolve().parent / "kempnerforge_harness.py"  # copied beside train.py as kf_harness.py
 
 # (what, old text, new text): each old text must occur exactly once in KempnerForge's scripts/train.py.
 PATCHES = (
@@ -215,7 +133,7 @@ def run_once(kf: Path, work: Path, args: argparse.Namespace, seed: int) -> tuple
     """One torchrun of the patched train.py in ``work``; KempnerForge's own log and the kforge run folder."""
     work.mkdir(parents=True)
     (work / "train.py").write_text(patched_train_py((kf / "scripts" / "train.py").read_text()))
-    (work / "kf_harness.py").write_text(HARNESS)
+    shutil.copy(HARNESS, work / "kf_harness.py")
     (work / "tiny.toml").write_text(TOML.format(steps=args.steps, seed=seed, work=work, log_interval=args.log_interval))
     run, own = work / "kforge-run", work / "kempnerforge-own.jsonl"
     logs = work / "torchrun-logs"
@@ -263,6 +181,16 @@ def kforge_side(run: Path, steps: list[int]) -> tuple[Side, float]:
     mfu = float((st["mfu"] * st["step_time_s"]).sum()) / t  # time-weighted, as summary.json mean_mfu
     r0 = pl.read_parquet(run / "ingested" / "ranks.parquet").filter((pl.col("rank") == 0) & pl.col("step").is_in(steps))
     return Side(t, float(st["tokens"].sum()) / t, mfu), float(r0["step_time_s"].sum())
+
+
+def per_step(run: Path, log: OwnLog) -> tuple[list[float], list[float]]:
+    """Sorted per-step ratios from the 2nd step on: kforge's job step time, and its rank-0 own work, over
+    KempnerForge's step_time_sec."""
+    st = pl.read_parquet(run / "ingested" / "steps.parquet").filter(pl.col("step") > 1)
+    r0 = pl.read_parquet(run / "ingested" / "ranks.parquet").filter((pl.col("rank") == 0) & (pl.col("step") > 1))
+    own = dict(zip(log.steps, log.step_time_s))
+    return tuple(sorted(v / own[s] for s, v in zip(f["step"].to_list(), f["step_time_s"].to_list()) if s in own)
+                 for f in (st, r0))
 
 
 def loss_check(run: Path, log: OwnLog) -> tuple[int, int, int]:
@@ -335,6 +263,9 @@ def one_run(kf: Path, work: Path, args: argparse.Namespace, i: int) -> tuple[lis
               f"end {end * 1e3:+.1f} ms: kforge/KempnerForge time over all steps expected {expected:.4f}, measured "
               f"{ratios['all'][0]:.4f}; the drop-in's calls {log.kforge_calls_s / n * 1e6:.0f} µs a step inside its windows: "
               f"rank 0's Σ own work + them over its Σ step_time {ratios['all'][3] + log.kforge_calls_s / own_all:.4f}")
+        for what, v in zip(("the job's step time", "rank 0's own work"), per_step(run, log)):
+            print(f"  per step from the 2nd, kforge's {what} / KempnerForge's step_time: median {statistics.median(v):.4f}, "
+                  f"5-95 % {v[len(v) // 20]:.4f}-{v[-1 - len(v) // 20]:.4f}")
     return rows, {"ratios": ratios, "residual": ratios["all"][0] / expected - 1, "exact": exact, "printed": printed,
                   "n": n, "n_printed": len(log.printed_loss), "bad": len(bad), "warnings": len(warnings),
                   "fpt": summary.get("flops_per_token")}
