@@ -158,9 +158,10 @@ class Layout:
 
 
 def _sum_down(v: np.ndarray) -> np.ndarray:
-    """The sum down each column, row after row: numpy adds the rows of a (slots x steps) matrix one
-    after the other, but sums a single column (contiguous) pairwise, so that one by cumsum."""
-    return v.sum(axis=0) if v.shape[1] > 1 else np.cumsum(v[:, 0])[-1:]
+    """The sum down each column, row after row, from -0.0 (numpy's own start, 0.0, turns a sum of
+    -0.0 into 0.0): numpy adds the rows of a (slots x steps) matrix one after the other, but sums a
+    single column (contiguous) pairwise, so that one by cumsum."""
+    return v.sum(axis=0, initial=-0.0) if v.shape[1] > 1 else np.cumsum(v[:, 0])[-1:]
 
 
 def _same(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -238,8 +239,9 @@ class StepAcc:
             a[f"has/{c}"][ix] |= True if has is None else has.any(axis=0)
         for c in self.means:
             v, has = lay(c, -0.0)  # -0.0: x + -0.0 is x for every x, -0.0 itself included
-            v[0] += a[f"sum/{c}"][ix]  # the batches before first, then this one's rows in order
-            a[f"sum/{c}"][ix] = _sum_down(v)
+            with np.errstate(invalid="ignore", over="ignore"):  # (inf + -inf: NaN, kept)
+                v[0] += a[f"sum/{c}"][ix]  # the batches before first, then this one's rows in order
+                a[f"sum/{c}"][ix] = _sum_down(v)
             a[f"count/{c}"][ix] += lay.count(has)
         for c in self.ors:
             bits, ok = as_bits(*lay(c, 0.0))
