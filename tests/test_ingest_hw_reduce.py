@@ -1,6 +1,7 @@
 """steps.parquet's hw/throttle_reasons is the bitwise OR of the ranks' NVML bitmasks (int64, null where
 no rank reported one), whether a window is a full grid (every rank the same steps) or not (a rank
-missing a step), read whole or in batches of ranks (a window bigger than chunk_rows). The other hw/ columns stay means over reporting ranks."""
+missing a step), read whole or in batches of ranks (a window bigger than chunk_rows). The other hw/
+columns stay means over reporting ranks."""
 
 import os
 
