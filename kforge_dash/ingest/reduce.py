@@ -69,10 +69,11 @@ def as_bits(v: np.ndarray, has: np.ndarray | None) -> tuple[np.ndarray, np.ndarr
     """A bitmask column's values as int64 bits (0 where not reported) and where a rank reported one:
     a finite value in [0, 2**63), its fraction dropped (as the hw_throttle finding reads it); any
     other value (NaN, negative, too big) counts as not reported."""
-    ok = np.isfinite(v) & (v >= 0) & (v < 2.0**63)
+    ok = v >= 0  # (NaN and -inf fail it, +inf the next)
+    ok &= v < 2.0**63
     if has is not None:
         ok &= has
-    return np.where(ok, v, 0).astype(np.int64), ok
+    return (v if ok.all() else np.where(ok, v, 0)).astype(np.int64), ok
 
 
 def reduce_steps(df: pl.DataFrame, cols: list[str], counts_col: bool, buffers: Buffers | None = None) -> pl.DataFrame:
@@ -114,12 +115,16 @@ class Layout:
             self.shape = (len(self.slot_ranks), len(self.steps))
             return
         step = df["step"].to_numpy()
-        self.steps = np.unique(step)
-        at = np.searchsorted(self.steps, step)
-        per_step = np.bincount(at, minlength=len(self.steps))
-        slot = np.empty(len(step), np.int64)  # each row's place among its step's rows, in row order
-        slot[np.argsort(at, kind="stable")] = np.arange(len(step)) - np.repeat(np.cumsum(per_step) - per_step, per_step)
-        self.shape = (int(per_step.max()), len(self.steps))
+        order = np.argsort(step, kind="stable")  # by step, then row order: one sort for all below
+        srt = step[order]
+        new = np.r_[True, srt[1:] != srt[:-1]]
+        self.steps = srt[new]
+        at_sorted = np.cumsum(new) - 1
+        first = np.flatnonzero(new)
+        at, slot = np.empty_like(at_sorted), np.empty_like(at_sorted)
+        at[order] = at_sorted
+        slot[order] = np.arange(len(step)) - first[at_sorted]  # each row's place among its step's rows
+        self.shape = (int(np.diff(np.r_[first, len(step)]).max()), len(self.steps))
         self.cells = slot * len(self.steps) + at
         self.filled = np.zeros(self.shape, np.bool_)
         self.filled.flat[self.cells] = True
@@ -195,6 +200,10 @@ class StepAcc:
         """Where the batch's (sorted) steps lie in the per-step arrays, grown to hold them."""
         if np.array_equal(steps, self.steps):
             return slice(None)
+        if not len(self.steps):  # the first batch: no union to take, no arrays to grow
+            self.steps = steps
+            self.a = {k: np.full(len(steps), v, self.a[k].dtype) for k, v in self._fills().items()}
+            return slice(None)
         union = np.union1d(self.steps, steps)
         if len(union) != len(self.steps):
             old = np.searchsorted(union, self.steps)
@@ -237,12 +246,12 @@ class StepAcc:
             v, has = lay(c, _I64_MIN)
             a[c][ix] = np.maximum(a[c][ix], v.max(axis=0))
             a[f"has/{c}"][ix] |= True if has is None else has.any(axis=0)
-        for c in self.means:
-            v, has = lay(c, -0.0)  # -0.0: x + -0.0 is x for every x, -0.0 itself included
-            with np.errstate(invalid="ignore", over="ignore"):  # (inf + -inf: NaN, kept)
+        with np.errstate(invalid="ignore", over="ignore"):  # (inf + -inf: NaN, kept)
+            for c in self.means:
+                v, has = lay(c, -0.0)  # -0.0: x + -0.0 is x for every x, -0.0 itself included
                 v[0] += a[f"sum/{c}"][ix]  # the batches before first, then this one's rows in order
                 a[f"sum/{c}"][ix] = _sum_down(v)
-            a[f"count/{c}"][ix] += lay.count(has)
+                a[f"count/{c}"][ix] += lay.count(has)
         for c in self.ors:
             bits, ok = as_bits(*lay(c, 0.0))
             a[f"or/{c}"][ix] |= np.bitwise_or.reduce(bits, axis=0)
