@@ -183,8 +183,7 @@ class StepAcc:
         self.means = mean_columns(cols)
         self.ors = [c for c in cols if c in OR_COLUMNS]
         self.steps = np.empty(0, np.int64)
-        self.a = {k: np.full(0, v, np.float64 if isinstance(v, float) else np.asarray(v).dtype)
-                  for k, v in self._fills().items()}
+        self.a: dict[str, np.ndarray] = {}  # per step: made at the first batch
         self.kept = _Kept(buffers, expect_rows)
 
     def _fills(self) -> dict:
@@ -198,11 +197,12 @@ class StepAcc:
 
     def _at(self, steps: np.ndarray):
         """Where the batch's (sorted) steps lie in the per-step arrays, grown to hold them."""
-        if np.array_equal(steps, self.steps):
-            return slice(None)
-        if not len(self.steps):  # the first batch: no union to take, no arrays to grow
+        if not self.a:  # the first batch: no union to take, no arrays to grow
             self.steps = steps
-            self.a = {k: np.full(len(steps), v, self.a[k].dtype) for k, v in self._fills().items()}
+            self.a = {k: np.full(len(steps), v, np.float64 if isinstance(v, float) else np.asarray(v).dtype)
+                      for k, v in self._fills().items()}
+            return slice(None)
+        if np.array_equal(steps, self.steps):
             return slice(None)
         union = np.union1d(self.steps, steps)
         if len(union) != len(self.steps):
@@ -290,6 +290,8 @@ class StepAcc:
 
     def result(self) -> pl.DataFrame:
         """One row per step."""
+        if not self.a:
+            self._at(self.steps)  # (no rows: no steps)
         a, some = self.a, self.a["n_st"] > 0
         out = {"step": np_array(self.steps), "time": np_array(a["time"], mask=a["time"] == -np.inf),
                "step_work_s": np_array(a["st_max"], mask=~some), "step_work_min_s": np_array(a["st_min"], mask=~some),
@@ -306,7 +308,7 @@ class StepAcc:
             total, count = a[f"sum/{c}"], a[f"count/{c}"]
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[c] = np_array(total / count, mask=count == 0)
-        return pl.from_arrow(pa.table(out)).select(step_columns(self.cols))
+        return pl.from_arrow(pa.table({c: out[c] for c in step_columns(self.cols)}))
 
 
 class _Kept:
