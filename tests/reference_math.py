@@ -72,3 +72,50 @@ def reference_steps(rows, means, ors, counts_col):
             o[c] = total / len(got) if got else None
         out[step] = o
     return out
+
+
+def _lower_median(xs):
+    """An actual rank's value: the lower of the two middle ones; NaN sorts last."""
+    xs = sorted(xs, key=lambda x: (math.isnan(x), 0.0 if math.isnan(x) else x))
+    return xs[(len(xs) - 1) // 2]
+
+
+def _plain_median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def reference_perstep(rows, own, data_col, W, st_of):
+    """docs/findings-and-goodput.md's per-step facts over ranks, written plainly: ``rows`` (dicts
+    with step, rank, attempt, step_time_s, the own-work phases ``own`` and _own, _data, _ckpt,
+    _eval, _wait; none null but _ckpt/_eval) -> ({step: facts}, {(rank, attempt, block): facts}).
+    ``data_col``: the column whose lower median is data_med; ``st_of``: step -> its median step time."""
+    by_step, steps = {}, {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r)
+    for step, rs in sorted(by_step.items()):
+        rs = sorted(rs, key=lambda r: r["rank"])
+        least = min(r["_wait"] for r in rs)
+        crit = max((r for r in rs if r["_wait"] == least), key=lambda r: r["step_time_s"])  # first on ties
+        side = [r[c] for r in rs for c in ("_ckpt",) if r[c] is not None and not math.isnan(r[c])]
+        evs = [r["_eval"] for r in rs if r["_eval"] is not None and not math.isnan(r["_eval"])]
+        steps[step] = {"own_med": _lower_median([r["_own"] for r in rs]),
+                       "data_med": _lower_median([r[data_col] for r in rs]),
+                       "ckpt_max": max(side) if side else None, "eval_max": max(evs) if evs else None,
+                       "crit_st": crit["step_time_s"], "crit_own": crit["_own"],
+                       "crit_side": (crit["_ckpt"] or 0.0) + (crit["_eval"] or 0.0),
+                       **{f"{c}\0med": _lower_median([r[c] for r in rs]) for c in own}}
+    blocks = {}
+    for r in rows:
+        blocks.setdefault((r["rank"], r["attempt"], r["step"] // W), []).append(r)
+    out = {}
+    for key, rs in blocks.items():
+        ss = [r["step"] for r in rs]
+        o = {"first": min(ss), "last": max(ss), "n": len(rs), "st": _plain_median([st_of[s] for s in ss])}
+        for c in own:
+            ex = [r[c] - steps[r["step"]][f"{c}\0med"] for r in rs]
+            o[f"{c}\0ex"] = _plain_median(ex)
+            o[f"{c}\0cost"] = sum(max(x, 0.0) for x in ex)
+        out[key] = o
+    return steps, out
