@@ -263,10 +263,7 @@ class StepAcc:
         s, has = lay("step_time_s", np.nan, "s")
         n = lay.count(has)
         smax, smin = np.fmax.reduce(s, axis=0), np.fmin.reduce(s, axis=0)
-        # The slowest rank from a mask in a reused buffer: argmax down axis 0 of the times
-        # themselves copies the whole (ranks x steps) matrix into new pages first.
-        top = self.buf.get("top", np.bool_, s.shape)
-        np.equal(s, smax, out=top)
+        top = s == smax  # (a mask: argmax down axis 0 of the times would copy them into new pages first)
         if np.isnan(smax).any():  # every time NaN: NaN is the max
             top |= np.isnan(s) & np.isnan(smax) & (True if has is None else has)
         slow = lay.lowest(top)[1]
