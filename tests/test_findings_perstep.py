@@ -1,5 +1,6 @@
-"""The per-step facts over ranks are the same through numpy matrices and through polars' group-by, in
-many windows as in one; a window with a row twice where another is missing is no matrix."""
+"""The per-step facts over ranks: through numpy matrices and through polars' group-by, each the facts of
+the rules written plainly (tests/reference_math.reference_perstep); in many windows as in one; a
+window with a row twice where another is missing is no matrix."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pyarrow.compute  # noqa: F401 - pa.compute below
 import pyarrow.parquet as pq
 import pytest
 from findings_fixtures import Clock, close_all, drive, install, nan_run, open_ranks
+from reference_math import reference_perstep
 
 from kforge_dash import ingest_run
 from kforge_dash.findings import grid_units, perstep
@@ -35,7 +37,13 @@ def _window(run_dir):
     return lf.collect(), ph, st
 
 
-def test_matrix_and_group_by_agree(tmp_path, monkeypatch):
+def _like(got: pl.DataFrame, want: dict, key) -> None:
+    for row in got.iter_rows(named=True):
+        for c, v in want[key(row)].items():
+            assert row[c] == (None if v is None else pytest.approx(v, rel=1e-12, abs=1e-15)), (key(row), c, row[c], v)
+
+
+def test_matrix_and_group_by_give_the_reference_facts(tmp_path, monkeypatch):
     clock = install(monkeypatch, Clock())
     recs = open_ranks(tmp_path / "r", 4)
 
@@ -50,20 +58,24 @@ def test_matrix_and_group_by_agree(tmp_path, monkeypatch):
     win = Window.of(df)
     fast = win.per_step(ph.own, ph.data)
     slow = perstep._grouped(df.lazy(), ph)
-    assert fast is not None and fast.select(slow.columns).equals(slow)
+    W = 5
+    want_steps, want_blocks = reference_perstep(df.to_dicts(), ph.own, "_data", W,
+                                                dict(zip(st["step"].to_list(), st["_st"].to_list())))
+    assert fast is not None
+    for med in (fast, slow):  # each way against the rules written plainly, not against each other
+        _like(med, want_steps, lambda row: row["step"])
     assert fast["ckpt_max"].null_count() == 54  # null where no rank checkpointed, never 0.0
     assert fast.filter(pl.col("step") == 10)["ckpt_max"].item() == pytest.approx(0.1)
     # no eval phase timed (a column null throughout, never gathered): null, and the critical rank's
     # side work is its checkpoint alone
     assert fast["eval_max"].null_count() == 60 and fast["crit_side"].null_count() == 0
-    # straggler blocks: the same (sums may differ in the last bit: another order of additions)
-    W = 5
+    # straggler blocks (sums may differ in the last bit from the reference's: another order of additions)
     fb = win.blocks(fast, fast.join(st, on="step")["_st"].to_numpy(), ph.own, W)
     sb = perstep._blocks_grouped(df, slow.join(st, on="step"), ph.own, W).sort("rank", "_block")
     fb = fb.select(sb.columns).sort("rank", "_block")
-    assert fb.schema == sb.schema and fb.height == sb.height == 4 * 13  # steps 1-4, 5-9, ..., 55-59, 60
-    for c in fb.columns:
-        assert fb[c].to_list() == pytest.approx(sb[c].to_list(), rel=1e-12, abs=1e-15), c
+    assert fb.schema == sb.schema and fb.height == sb.height == len(want_blocks) == 4 * 13  # steps 1-4, ..., 60
+    for blk in (fb, sb):
+        _like(blk, want_blocks, lambda row: (row["rank"], row["attempt"], row["_block"]))
     assert fb.filter(pl.col("rank") == 3)["time/data_s\0ex"].min() > 0.015  # rank 3's slow loader
     # a step without one of the ranks is not a matrix: the group-by way takes it
     assert Window.of(df.filter(~((pl.col("step") == 5) & (pl.col("rank") == 2)))) is None

@@ -1,7 +1,7 @@
 """steps.parquet's hw/throttle_reasons is the bitwise OR of the ranks' NVML bitmasks (int64, null where
-no rank reported one), whichever way ingest reduces a window: the matrix path (every rank the same
-steps), the group-by path (a rank missing a step) and either of them added up over batches of ranks
-(a window bigger than chunk_rows). The other hw/ columns stay means over reporting ranks."""
+no rank reported one), whether a window is a full grid (every rank the same steps) or not (a rank
+missing a step), read whole or in batches of ranks (a window bigger than chunk_rows). The other hw/
+columns stay means over reporting ranks."""
 
 import os
 
@@ -9,7 +9,6 @@ import polars as pl
 import pytest
 from ingest_fixtures import FakeClock, close_all, open_ranks, run_steps
 
-import kforge_dash.ingest.accumulate as accumulate
 import kforge_dash.ingest.reduce as reduce
 import kforge_record.recorder as recorder_mod
 from kforge_dash.ingest.options import IngestOptions
@@ -52,13 +51,13 @@ def _record(run: str, monkeypatch, *, skip: set) -> None:
 
 
 class Paths:
-    """Which reductions an ingest took: windows seen as grids or not, and batches added up."""
+    """Which layouts an ingest's batches took (a full grid or not), and how many batches it added."""
 
     def __init__(self, monkeypatch):
         self.grid, self.not_grid, self.batches = 0, 0, 0
-        real_grid, real_add = reduce.as_grid, accumulate.StepAcc.add
+        real_grid, real_add = reduce._grid, reduce.StepAcc.add
 
-        def as_grid(df, buf):
+        def grid(df, buf):
             g = real_grid(df, buf)
             if g is None:
                 self.not_grid += 1
@@ -70,16 +69,15 @@ class Paths:
             self.batches += 1
             return real_add(acc, df)
 
-        monkeypatch.setattr(reduce, "as_grid", as_grid)
-        monkeypatch.setattr(accumulate, "as_grid", as_grid)
-        monkeypatch.setattr(accumulate.StepAcc, "add", add)
+        monkeypatch.setattr(reduce, "_grid", grid)
+        monkeypatch.setattr(reduce.StepAcc, "add", add)
 
 
 def _steps_file(run: str) -> str:
     return os.path.join(run, "ingested", "steps.parquet")
 
 
-@pytest.mark.parametrize("grid", [True, False], ids=["matrix-path", "group-by-path"])
+@pytest.mark.parametrize("grid", [True, False], ids=["grid", "not-a-grid"])
 def test_throttle_reasons_are_or_ed_over_ranks_on_every_reduction_path(tmp_path, monkeypatch, grid):
     run = str(tmp_path / "run")
     skip = set() if grid else {(2, 5)}  # rank 2 misses step 5: the group-by path
@@ -87,7 +85,7 @@ def test_throttle_reasons_are_or_ed_over_ranks_on_every_reduction_path(tmp_path,
 
     whole = Paths(monkeypatch)
     ingest_run(run)
-    assert (whole.grid > 0, whole.not_grid > 0, whole.batches) == (grid, not grid, 0)
+    assert (whole.grid > 0, whole.not_grid > 0, whole.batches) == (grid, not grid, 1)  # one window, one batch
     with open(_steps_file(run), "rb") as f:
         one_read = f.read()
     steps = pl.read_parquet(_steps_file(run))

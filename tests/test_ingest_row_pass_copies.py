@@ -12,7 +12,7 @@ import pytest
 from kforge_dash.ingest import coalesce, window
 from kforge_dash.ingest.buffers import Buffers
 from kforge_dash.ingest.ranks_writer import arrow_table
-from kforge_dash.ingest.reduce import as_grid
+from kforge_dash.ingest.reduce import Layout
 
 
 def _column(rng, n: int, dtype, nulls: bool) -> pl.Series:
@@ -117,9 +117,9 @@ def test_the_slowest_rank_is_the_lowest_with_the_longest_step_in_every_batch_siz
         times = rng.integers(1, 4, (ranks, steps)) / 4  # few distinct values: ties
         df = pl.DataFrame({"rank": np.repeat(np.arange(10, 10 + ranks), steps), "step": np.tile(np.arange(steps), ranks),
                            "step_time_s": times.ravel()})
-        g = as_grid(df, buf)
-        s = g("step_time_s", None, "s")[0]
-        assert g.slowest(s, s.max(axis=0)).tolist() == (10 + times.argmax(axis=0)).tolist()
+        lay = Layout(df, buf)
+        s = lay("step_time_s", None, "s")[0]
+        assert lay.lowest(s == s.max(axis=0))[1].tolist() == (10 + times.argmax(axis=0)).tolist()
 
 
 def test_rows_for_ranks_parquet_keep_their_chunks_without_a_copy():

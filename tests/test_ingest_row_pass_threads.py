@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from row_pass_fixtures import Whole, make_run, outputs, warns_of_make_run
 
-from kforge_dash.ingest import accumulate, buffers, window
+from kforge_dash.ingest import buffers, reduce, window
 from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 
@@ -33,7 +33,7 @@ def test_windows_reduced_on_a_thread_give_the_outputs_of_read_then_reduce(tmp_pa
 def test_a_batch_is_reduced_while_the_next_one_is_read(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run", monkeypatch, resume_eval=False)
     reading, threads = threading.Event(), {"read": set(), "add": set()}
-    real_read, real_add = window.read_window, accumulate.StepAcc.add
+    real_read, real_add = window.read_window, reduce.StepAcc.add
     calls = []
 
     def read(*a, **k):
@@ -50,7 +50,7 @@ def test_a_batch_is_reduced_while_the_next_one_is_read(tmp_path, monkeypatch):
         return real_add(self, df)
 
     monkeypatch.setattr(window, "read_window", read)
-    monkeypatch.setattr(accumulate.StepAcc, "add", add)
+    monkeypatch.setattr(reduce.StepAcc, "add", add)
     with warns_of_make_run():
         ingest_run(run, options=IngestOptions(chunk_rows=60))
     assert len(calls) > 2
@@ -61,7 +61,7 @@ def test_a_batch_is_reduced_while_the_next_one_is_read(tmp_path, monkeypatch):
 def test_an_error_in_a_reduction_fails_the_ingest_and_publishes_nothing(tmp_path, monkeypatch, chunk_rows):
     run = make_run(tmp_path / "run", monkeypatch, resume_eval=False)
     n = {"calls": 0}
-    real_add, real_reduce = accumulate.StepAcc.add, window.reduce_steps
+    real_add, real_reduce = reduce.StepAcc.add, window.reduce_steps
 
     def broken(real):
         def f(*a, **k):
@@ -71,7 +71,7 @@ def test_an_error_in_a_reduction_fails_the_ingest_and_publishes_nothing(tmp_path
             return real(*a, **k)
         return f
 
-    monkeypatch.setattr(accumulate.StepAcc, "add", broken(real_add))
+    monkeypatch.setattr(reduce.StepAcc, "add", broken(real_add))
     monkeypatch.setattr(window, "reduce_steps", broken(real_reduce))
     with pytest.raises(ZeroDivisionError, match="a broken reduction"):
         ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows))

@@ -16,12 +16,11 @@
     coalesce.py   Recorder.log rows folded into their step's end_step row
     window.py     ingest_window: one window's rows -> de-duplicated -> one row per step (start_window +
                   Reducer: each batch reduced on a worker thread while the next is read)
-    accumulate.py the per-step reductions of a window read in batches, added up
     rows.py       the row pass: every window, into ranks.parquet and per-step rows
     merge.py      old kept rows merged with new ones (append)
     rollbacks.py  steps that went back within an attempt: in-process restarts, superseded.parquet, their wasted time
     append.py     the plan of an append and its old outputs
-    reduce.py     per-step reductions over ranks
+    reduce.py     per-step reductions over ranks: one kernel, a window's batches added up
     period.py     the job's step time: the period between step ends, each rank on its own clock, across windows
     buffers.py    numpy work space reused window after window; the one column copier into it
     summary.py    summary.json

@@ -1,18 +1,24 @@
-"""Per-step reductions over ranks (docs/CONTRACT.md, "Ingest's rules") for one window of rows.
+"""Per-step reductions over ranks (docs/CONTRACT.md, "Ingest's rules"): one kernel for every window.
 
-Two ways to the same numbers:
+A window's rows (one per (rank, step)) come in batches: a window far bigger than chunk_rows in
+batches of ranks (read.read_batches), any other window as one batch. Each batch is laid out as a
+(slots x steps) matrix per column (``Layout``): when every rank reported the same steps, rank by
+rank (the common case), that is the rows themselves, reshaped; otherwise each row takes the next
+free slot of its step, in row order, and empty cells count as not reported. Every rule is then a
+numpy reduction down axis 0, combined with the batches before (``StepAcc``), so where a window is
+cut into batches never changes a value:
 
-* ``dense``: the common case where every rank reported exactly the same steps in the window.
-  Rows arrive rank by rank, so each column is a (ranks x steps) matrix and each reduction is one
-  numpy call along axis 0: about 5x faster than a hash group-by with ~20 aggregations.
-* ``grouped``: anything else (restarts inside the window, a rank missing steps, log-only rows),
-  a polars group_by.
+* time: max of the finite end times; step_work_s/_min_s: max/min of the ranks' own step times
+  (step_time_s, NaN ignored unless every one is NaN), step_work_median_s: their median (the middle
+  value or the mean of the two middle ones, NaN sorted last; every time is kept, 8 bytes a row);
+  slowest_rank: the lowest rank whose time is the max (NaN equal to NaN); n_ranks: rows; attempt: max;
+* tokens: the sum over the ranks that count them (null when none did, never 0);
+* grad_norm/lr: the lowest reporting rank's value; memory: max;
+* OR_COLUMNS: bitwise OR of the valid bitmasks (as_bits); every other scalar: the mean over
+  reporting ranks, NaN/inf kept, summed one value after the other in row order (rank after rank).
 
-Both: max/min/median of the ranks' own step times (``step_work_s``; the job's step time, the
-period, is period.py's), slowest rank (lowest on ties), global tokens (null when no rank
-reported any, never 0), loss and every other scalar = mean over reporting ranks with NaN kept,
-except the bitmasks of OR_COLUMNS (bitwise OR over reporting ranks, int64), grad_norm/lr from the
-lowest reporting rank, memory = max.
+tests/reference_math.py holds the same rules written plainly (a polars group_by); tests check this
+kernel against it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from kforge_dash.ingest.arrays import np_array
 from kforge_dash.ingest.buffers import Buffers
 from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS
 
-MEM = MEM_COLUMNS
+_I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 
 
 def ema_expr(col: str, *, alpha: float) -> pl.Expr:
@@ -40,17 +46,18 @@ def ema_expr(col: str, *, alpha: float) -> pl.Expr:
     """
     finite = pl.when(pl.col(col).is_finite()).then(pl.col(col))
     return finite.ewm_mean(alpha=alpha, adjust=False, ignore_nulls=True, min_samples=1).forward_fill()
+
+
 NOT_MEAN = set(FIXED_NAMES) | {"rank", "attempt", "step", "_counts"}
 # Scalars that are bitmasks (NVML's clock-throttle reasons, float64 in the shards): a step's value is
 # the bitwise OR over the ranks that reported one (every reason any rank gave), int64; a mean of
 # bitmasks means nothing. Every other scalar is a mean.
 OR_COLUMNS = frozenset({"hw/throttle_reasons"})
-_HEAD = REDUCED_HEAD
 
 
 def step_columns(cols: list[str]) -> list[str]:
     """The columns reduce_steps gives, in order, for the output columns ``cols``."""
-    return [*_HEAD, *(c for c in cols if c not in NOT_MEAN)]
+    return [*REDUCED_HEAD, *(c for c in cols if c not in NOT_MEAN)]
 
 
 def mean_columns(cols: list[str]) -> list[str]:
@@ -58,221 +65,287 @@ def mean_columns(cols: list[str]) -> list[str]:
     return ["loss", *(c for c in cols if c not in NOT_MEAN and c not in OR_COLUMNS)]
 
 
-def or_columns(cols: list[str]) -> list[str]:
-    """The columns of ``cols`` reduced by bitwise OR (OR_COLUMNS)."""
-    return [c for c in cols if c in OR_COLUMNS]
-
-
 def as_bits(v: np.ndarray, has: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """A bitmask column's values as int64 bits (0 where not reported) and where a rank reported one:
     a finite value in [0, 2**63), its fraction dropped (as the hw_throttle finding reads it); any
     other value (NaN, negative, too big) counts as not reported."""
-    ok = np.isfinite(v) & (v >= 0) & (v < 2.0**63)
+    ok = v >= 0  # (NaN and -inf fail it, +inf the next)
+    ok &= v < 2.0**63
     if has is not None:
         ok &= has
-    return np.where(ok, v, 0).astype(np.int64), ok
+    return (v if ok.all() else np.where(ok, v, 0)).astype(np.int64), ok
 
 
 def reduce_steps(df: pl.DataFrame, cols: list[str], counts_col: bool, buffers: Buffers | None = None) -> pl.DataFrame:
-    """One row per step. ``df`` holds one row per (rank, step), rank by rank. ``buffers``: the
-    numpy work space of the previous window, reused (see Buffers)."""
-    out = _dense(df, cols, counts_col, buffers or Buffers())
-    if out is None:
-        out = _grouped(df, cols, counts_col)
-    return out
+    """One row per step of ``df`` (one row per (rank, step)): the whole window as one batch."""
+    acc = StepAcc(cols, counts_col, buffers or Buffers(), expect_rows=df.height)
+    acc.add(df)
+    return acc.result()
 
 
-def _grouped(df: pl.DataFrame, cols: list[str], counts_col: bool) -> pl.DataFrame:
-    """The general path: a polars group_by, except for the means and the median step time,
-    which are computed here in numpy the way _dense computes them (ranks added one after the
-    other, in row order; the median as the middle value or the mean of the two middle ones).
-    polars sums groups in another order, so a step whose window took the other path (a window
-    cut elsewhere, an append) would differ in the last bit; this way both agree exactly."""
-    out = df.group_by("step").agg(order_free_aggs(counts_col)).sort("step")
-    steps = out["step"].to_numpy()
-    gid = np.searchsorted(steps, df["step"].to_numpy())
-    g = len(steps)
-    fixed = []
-    for c in or_columns(cols):
-        bits, ok = as_bits(df[c].to_numpy(), df[c].is_not_null().to_numpy())
-        acc = np.zeros(g, np.int64)
-        np.bitwise_or.at(acc, gid[ok], bits[ok])
-        fixed.append(pl.Series(c, np_array(acc, mask=np.bincount(gid[ok], minlength=g) == 0)))
-    for c in mean_columns(cols):
-        s = df[c]
-        has = s.is_not_null().to_numpy()
-        v = s.to_numpy()
-        total = np.bincount(gid[has], weights=v[has], minlength=g)  # sequential, in row order
-        count = np.bincount(gid[has], minlength=g)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            fixed.append(pl.Series(c, np_array(total / count, mask=count == 0)))
-    st = df["step_time_s"]
-    has = st.is_not_null().to_numpy()
-    fixed.append(pl.Series("step_work_median_s", median_by_group(st.to_numpy()[has], gid[has], g)))
-    return out.with_columns(fixed).select(step_columns(cols))
-
-
-def median_by_group(x: np.ndarray, gx: np.ndarray, g: int) -> pa.Array:
-    """The median of the values ``x`` of each group ``gx`` (0..g-1): the middle value or the mean of
-    the two middle ones, null for a group with none (the same values as median_down_rows)."""
-    order = np.lexsort((x, gx))  # by step, then time (NaN last, as np.sort)
-    x, n = x[order], np.bincount(gx, minlength=g)
-    start = np.cumsum(n) - n
-    mid = np.minimum(start + n // 2, max(len(x) - 1, 0))
-    lo = np.where(n % 2, mid, np.maximum(mid - 1, 0))
-    med = (x[lo] + x[mid]) / 2 if len(x) else np.full(g, np.nan)
-    return np_array(np.where(n % 2, x[mid] if len(x) else med, med), mask=n == 0)
-
-
-def median_down_rows(srt: np.ndarray) -> pa.Array:
-    """The median of each column of ``srt`` (ranks x steps), sorted down its rows in place."""
-    srt.sort(axis=0)
-    h = srt.shape[0] // 2
-    return np_array(srt[h].copy() if srt.shape[0] % 2 else (srt[h - 1] + srt[h]) / 2)
-
-
-def order_free_aggs(counts_col: bool) -> list[pl.Expr]:
-    """The reductions whose result does not depend on the order of the rows' addition (the
-    means and the median are _grouped's own)."""
-    # polars keeps row order within a group, so "first non-null" is the lowest reporting rank.
-    tok = pl.when(pl.col("_counts")).then(pl.col("tokens")) if counts_col else pl.col("tokens")
-    st = pl.col("step_time_s")
-    return [
-        pl.col("time").max(),
-        st.max().alias("step_work_s"),
-        st.min().alias("step_work_min_s"),
-        pl.col("rank").filter(st == st.max()).min().alias("slowest_rank"),
-        pl.len().cast(pl.Int64).alias("n_ranks"),
-        pl.col("attempt").max(),
-        pl.when(tok.count() > 0).then(tok.sum()).alias("tokens"),  # a sum over nothing is null, not 0
-        pl.col("grad_norm").drop_nulls().first(),
-        pl.col("lr").drop_nulls().first(),
-        *[pl.col(c).max() for c in MEM],
-    ]
-
-
-class Grid:
-    """A window that is a full (ranks x steps) grid: every rank reported exactly the same steps,
-    rows rank by rank. Columns are read as (n_ranks, n_steps) matrices from reused buffers."""
-
-    def __init__(self, df: pl.DataFrame, buf: Buffers, ranks: np.ndarray, steps: np.ndarray):
-        self.df, self.buf = df, buf
-        self.ranks = ranks  # the grid's rank ids, ascending
-        self.steps = steps  # the grid's steps (a copy: the buffers are reused)
-        self.n_ranks, self.n_steps = len(ranks), len(steps)
-
-    def slowest(self, s: np.ndarray, s_max: np.ndarray) -> np.ndarray:
-        """The lowest rank with each step's max step time ``s_max`` (s: ranks x steps, no NaN in a
-        grid). Argmax of ``s == s_max`` in a reused buffer: argmax down axis 0 of the times
-        themselves copies the whole (ranks x steps) matrix into new pages first."""
-        top = self.buf.get("top", np.bool_, s.size).reshape(s.shape)
-        np.equal(s, s_max, out=top)
-        return self.ranks[top.argmax(axis=0)].astype(np.int64)  # argmax: the first, so the lowest rank
-
-    def __call__(self, col: str, fill, role: str = "v"):
-        """(values, has) as (ranks x steps), nulls = fill; has is None when every value is there.
-        Valid until the next call with the same role."""
-        v, has = self.buf.column(role, self.df[col], fill)
-        shape = (self.n_ranks, self.n_steps)
-        return v.reshape(shape), None if has is None else has.reshape(shape)
-
-
-def as_grid(df: pl.DataFrame, buf: Buffers) -> Grid | None:
-    """The window as a grid, or None when it is not one (then the general path reduces it)."""
+def _grid(df: pl.DataFrame, buf: Buffers) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ranks, steps) when the rows are a full grid: rank by rank (ascending), each rank the same
+    increasing steps; else None."""
     n = df.height
-    if n == 0:
-        return None
     rank, _ = buf.column("rank", df["rank"])  # kept until rank[starts] below
     starts = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
-    n_ranks = len(starts)
-    if n % n_ranks:
+    if n % len(starts):
         return None
-    n_steps = n // n_ranks
-    if n_steps == 1 and n_ranks > 1:
-        # One step: numpy would sum the (R, 1) grid along its contiguous axis, pairwise, not rank
-        # after rank; _grouped adds them in order, so means stay bit-identical across windows.
-        return None
+    n_steps = n // len(starts)
     if not np.array_equal(starts, np.arange(0, n, n_steps)) or np.any(np.diff(rank[starts]) <= 0):
         return None  # blocks of unequal length, or a rank twice (two attempts in the window)
     ranks = rank[starts]  # fancy indexing: a copy, safe from the buffer's reuse
-    step = buf.column("step", df["step"])[0].reshape(n_ranks, n_steps)
-    if not (step == step[0]).all():
+    step = buf.column("step", df["step"])[0].reshape(len(starts), n_steps)
+    if not (step == step[0]).all() or np.any(np.diff(step[0]) <= 0):
         return None
-    st = df["step_time_s"]
-    if st.null_count() or st.is_nan().any():
-        return None  # log-only rows or odd times: leave them to the general path
-    return Grid(df, buf, ranks, step[0].copy())
+    return ranks, step[0].copy()
 
 
-def masked(values: np.ndarray, has: np.ndarray | None) -> pa.Array:
-    return np_array(values) if has is None else np_array(values, mask=~has)
+class Layout:
+    """One batch's columns as (slots x steps) matrices: cell (k, j) holds the k-th row (in row
+    order) of the j-th step. A grid's slots are its ranks, ascending, and every cell is filled
+    (``cells`` None); otherwise ``cells`` gives each row's flat cell and ``filled`` the cells used."""
+
+    def __init__(self, df: pl.DataFrame, buf: Buffers):
+        self.df, self.buf = df, buf
+        grid = _grid(df, buf)
+        self.cells = self.filled = self._ranks = None
+        if grid is not None:
+            self.slot_ranks, self.steps = grid
+            self.shape = (len(self.slot_ranks), len(self.steps))
+            return
+        step = df["step"].to_numpy()
+        order = np.argsort(step, kind="stable")  # by step, then row order: one sort for all below
+        srt = step[order]
+        new = np.r_[True, srt[1:] != srt[:-1]]
+        self.steps = srt[new]
+        at_sorted = np.cumsum(new) - 1
+        first = np.flatnonzero(new)
+        at, slot = np.empty_like(at_sorted), np.empty_like(at_sorted)
+        at[order] = at_sorted
+        slot[order] = np.arange(len(step)) - first[at_sorted]  # each row's place among its step's rows
+        self.shape = (int(np.diff(np.r_[first, len(step)]).max()), len(self.steps))
+        self.cells = slot * len(self.steps) + at
+        self.filled = np.zeros(self.shape, np.bool_)
+        self.filled.flat[self.cells] = True
+
+    def __call__(self, col: str, fill, role: str = "v") -> tuple[np.ndarray, np.ndarray | None]:
+        """(values, has) as (slots x steps), fill where there is no value; has is None when every
+        cell has one. Valid until the next call with the same role."""
+        v, has = self.buf.column(role, self.df[col], fill)
+        if self.cells is None:
+            return v.reshape(self.shape), None if has is None else has.reshape(self.shape)
+        m = self.buf.get(role + "/cells", v.dtype, self.shape)
+        m.fill(fill)
+        m.flat[self.cells] = v
+        if has is None:
+            return m, self.filled
+        h = np.zeros(self.shape, np.bool_)
+        h.flat[self.cells] = has
+        return m, h
+
+    def count(self, has: np.ndarray | None) -> np.ndarray | int:
+        return self.shape[0] if has is None else has.sum(axis=0)
+
+    def lowest(self, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per step: the slot of the lowest rank where ``mask`` (None: every cell), its rank, and
+        whether there is one."""
+        cols = np.arange(self.shape[1])
+        if self.cells is None:  # slots are ranks, ascending: the first one is the lowest
+            slot = np.zeros(self.shape[1], np.int64) if mask is None else mask.argmax(axis=0)
+            return slot, self.slot_ranks[slot].astype(np.int64), np.ones(len(cols), bool) if mask is None else mask[slot, cols]
+        if self._ranks is None:
+            self._ranks = self("rank", _I64_MAX, "rank")[0].copy()
+        r = np.where(self.filled if mask is None else mask, self._ranks, _I64_MAX)
+        slot = r.argmin(axis=0)
+        rank = r[slot, cols]
+        return slot, rank, rank != _I64_MAX
 
 
-def _dense_times(g: Grid, out: dict) -> None:
-    """time, step_work_s/min/median (of the ranks' step_time_s), slowest_rank, n_ranks, attempt."""
-    t = g("time", -np.inf)[0].max(axis=0)
-    out["time"] = masked(t, np.isfinite(t))
-    s = g("step_time_s", None, "s")[0]
-    s_max = s.max(axis=0)
-    out["step_work_s"] = np_array(s_max)
-    out["step_work_min_s"] = np_array(s.min(axis=0))
-    # The median from a sort down the rank axis: ~4x faster than np.median's partition along
-    # axis 0 of this layout; the same values (the middle one, or the mean of the two middle ones).
-    srt = g.buf.get("sorted", np.float64, g.n_ranks * g.n_steps).reshape(g.n_ranks, g.n_steps)
-    srt[:] = s
-    out["step_work_median_s"] = median_down_rows(srt)
-    out["slowest_rank"] = np_array(g.slowest(s, s_max))
-    out["n_ranks"] = np_array(np.full(g.n_steps, g.n_ranks, np.int64))
-    out["attempt"] = np_array(g("attempt", None)[0].max(axis=0).astype(np.int64))
+def _sum_down(v: np.ndarray) -> np.ndarray:
+    """The sum down each column, row after row, from -0.0 (numpy's own start, 0.0, turns a sum of
+    -0.0 into 0.0): numpy adds the rows of a (slots x steps) matrix one after the other, but sums a
+    single column (contiguous) pairwise, so that one by cumsum."""
+    return v.sum(axis=0, initial=-0.0) if v.shape[1] > 1 else np.cumsum(v[:, 0])[-1:]
 
 
-def dense_tokens(g: Grid, counts_col: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """Global tokens: the sum over the ranks that count them, and where any reported some (None: all)."""
-    v, has = g("tokens", 0)
-    if counts_col:
-        counted = g("_counts", False, "counted")[0]
-        has = counted if has is None else has & counted
-        v = np.where(has, v, 0)
-    return v.sum(axis=0), None if has is None else has.any(axis=0)  # v is 0 where has is False
+def _same(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """x == y, NaN equal to NaN."""
+    return (x == y) | (np.isnan(x) & np.isnan(y))
 
 
-def dense_lowest_rank(g: Grid, col: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """The value of the lowest rank that reported one (grad_norm, lr), and where one did (None: all)."""
-    v, has = g(col, 0.0)
-    if has is None:
-        return v[0].copy(), None  # the lowest rank reported it
-    return v[has.argmax(axis=0), np.arange(g.n_steps)], has.any(axis=0)
+class StepAcc:
+    """The per-step reductions of a window, added batch after batch (``add``: each batch's ranks
+    after the last batch's, a (rank, step) never split), then ``result()``."""
+
+    def __init__(self, cols: list[str], counts_col: bool, buffers: Buffers, *, expect_rows: int):
+        self.cols, self.counts_col, self.buf = cols, counts_col, buffers
+        self.means = mean_columns(cols)
+        self.ors = [c for c in cols if c in OR_COLUMNS]
+        self.steps = np.empty(0, np.int64)
+        self.a: dict[str, np.ndarray] = {}  # per step: made at the first batch
+        self.kept = _Kept(buffers, expect_rows)
+
+    def _fills(self) -> dict:
+        """Every per-step array and its value before any row."""
+        return {"time": -np.inf, "st_max": np.nan, "st_min": np.nan, "n_st": 0, "slowest": _I64_MAX, "n_ranks": 0,
+                "attempt": _I64_MIN, "tokens": 0, "has/tokens": False,
+                **{k: v for c in ("grad_norm", "lr") for k, v in ((c, 0.0), (f"rank/{c}", _I64_MAX))},
+                **{k: v for c in MEM_COLUMNS for k, v in ((c, _I64_MIN), (f"has/{c}", False))},
+                **{k: v for c in self.means for k, v in ((f"sum/{c}", -0.0), (f"count/{c}", 0))},
+                **{k: v for c in self.ors for k, v in ((f"or/{c}", 0), (f"has/or/{c}", False))}}
+
+    def _at(self, steps: np.ndarray):
+        """Where the batch's (sorted) steps lie in the per-step arrays, grown to hold them."""
+        if not self.a:  # the first batch: no union to take, no arrays to grow
+            self.steps = steps
+            self.a = {k: np.full(len(steps), v, np.float64 if isinstance(v, float) else np.asarray(v).dtype)
+                      for k, v in self._fills().items()}
+            return slice(None)
+        if np.array_equal(steps, self.steps):
+            return slice(None)
+        union = np.union1d(self.steps, steps)
+        if len(union) != len(self.steps):
+            old = np.searchsorted(union, self.steps)
+            for k, v in self._fills().items():
+                grown = np.full(len(union), v, self.a[k].dtype)
+                grown[old] = self.a[k]
+                self.a[k] = grown
+            self.steps = union
+        return slice(None) if np.array_equal(steps, self.steps) else np.searchsorted(self.steps, steps)
+
+    def add(self, df: pl.DataFrame) -> None:
+        """One batch: one row per (rank, step), its ranks after the last batch's."""
+        if not df.height:
+            return
+        lay = Layout(df, self.buf)
+        if lay.cells is not None and lay.shape[1] > 1 and lay.filled.size > 4 * df.height + 4096:
+            # Sparse (a step of many ranks among many steps of few): half the steps at a time,
+            # so the matrices stay about the size of the rows.
+            mid = lay.steps[lay.shape[1] // 2]
+            self.add(df.filter(pl.col("step") < mid))
+            self.add(df.filter(pl.col("step") >= mid))
+            return
+        ix, a = self._at(lay.steps), self.a
+        a["n_ranks"][ix] += lay.count(lay.filled)
+        a["attempt"][ix] = np.maximum(a["attempt"][ix], lay("attempt", _I64_MIN)[0].max(axis=0))
+        t = lay("time", -np.inf)
+        tmax = t[0].max(axis=0)
+        if np.isnan(tmax).any() or np.isposinf(tmax).any():  # (rare) only finite times count
+            tmax = np.where(np.isfinite(t[0]), t[0], -np.inf).max(axis=0)
+        a["time"][ix] = np.maximum(a["time"][ix], tmax)
+        self._step_times(lay, ix)
+        self._tokens(lay, ix)
+        for c in ("grad_norm", "lr"):
+            v, has = lay(c, 0.0)
+            slot, rank, ok = lay.lowest(has)
+            take = ok & (rank < a[f"rank/{c}"][ix])
+            a[c][ix] = np.where(take, v[slot, np.arange(lay.shape[1])], a[c][ix])
+            a[f"rank/{c}"][ix] = np.where(take, rank, a[f"rank/{c}"][ix])
+        for c in MEM_COLUMNS:
+            v, has = lay(c, _I64_MIN)
+            a[c][ix] = np.maximum(a[c][ix], v.max(axis=0))
+            a[f"has/{c}"][ix] |= True if has is None else has.any(axis=0)
+        with np.errstate(invalid="ignore", over="ignore"):  # (inf + -inf: NaN, kept)
+            for c in self.means:
+                v, has = lay(c, -0.0)  # -0.0: x + -0.0 is x for every x, -0.0 itself included
+                v[0] += a[f"sum/{c}"][ix]  # the batches before first, then this one's rows in order
+                a[f"sum/{c}"][ix] = _sum_down(v)
+                a[f"count/{c}"][ix] += lay.count(has)
+        for c in self.ors:
+            bits, ok = as_bits(*lay(c, 0.0))
+            a[f"or/{c}"][ix] |= np.bitwise_or.reduce(bits, axis=0)
+            a[f"has/or/{c}"][ix] |= ok.any(axis=0)
+
+    def _step_times(self, lay: Layout, ix) -> None:
+        """step_work_s/_min_s, slowest_rank, and the times kept for the median."""
+        a = self.a
+        s, has = lay("step_time_s", np.nan, "s")
+        n = lay.count(has)
+        smax, smin = np.fmax.reduce(s, axis=0), np.fmin.reduce(s, axis=0)
+        top = s == smax  # (a mask: argmax down axis 0 of the times would copy them into new pages first)
+        if np.isnan(smax).any():  # every time NaN: NaN is the max
+            top |= np.isnan(s) & np.isnan(smax) & (True if has is None else has)
+        slow = lay.lowest(top)[1]
+        best = np.fmax(a["st_max"][ix], smax)
+        mine = (n > 0) & _same(smax, best)
+        theirs = (a["n_st"][ix] > 0) & _same(a["st_max"][ix], best)
+        a["slowest"][ix] = np.minimum(np.where(mine, slow, _I64_MAX), np.where(theirs, a["slowest"][ix], _I64_MAX))
+        a["st_max"][ix] = best
+        a["st_min"][ix] = np.fmin(a["st_min"][ix], smin)
+        a["n_st"][ix] += n
+        self.kept.add(s, lay.steps)
+
+    def _tokens(self, lay: Layout, ix) -> None:
+        v, has = lay("tokens", 0)
+        if self.counts_col:
+            counted = lay("_counts", False, "counted")[0]
+            has = counted if has is None else has & counted
+            v = np.where(has, v, 0)
+        self.a["tokens"][ix] += v.sum(axis=0)  # v is 0 where has is False
+        self.a["has/tokens"][ix] |= True if has is None else has.any(axis=0)
+
+    def result(self) -> pl.DataFrame:
+        """One row per step."""
+        if not self.a:
+            self._at(self.steps)  # (no rows: no steps)
+        a, some = self.a, self.a["n_st"] > 0
+        out = {"step": np_array(self.steps), "time": np_array(a["time"], mask=a["time"] == -np.inf),
+               "step_work_s": np_array(a["st_max"], mask=~some), "step_work_min_s": np_array(a["st_min"], mask=~some),
+               "step_work_median_s": self.kept.median(self.steps, a["n_st"]),
+               "slowest_rank": np_array(a["slowest"], mask=~some), "n_ranks": np_array(a["n_ranks"]),
+               "attempt": np_array(a["attempt"]), "tokens": np_array(a["tokens"], mask=~a["has/tokens"])}
+        for c in ("grad_norm", "lr"):
+            out[c] = np_array(a[c], mask=a[f"rank/{c}"] == _I64_MAX)
+        for c in MEM_COLUMNS:
+            out[c] = np_array(a[c], mask=~a[f"has/{c}"])
+        for c in self.ors:
+            out[c] = np_array(a[f"or/{c}"], mask=~a[f"has/or/{c}"])
+        for c in self.means:
+            total, count = a[f"sum/{c}"], a[f"count/{c}"]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[c] = np_array(total / count, mask=count == 0)
+        return pl.from_arrow(pa.table({c: out[c] for c in step_columns(self.cols)}))
 
 
-def _dense(df: pl.DataFrame, cols: list[str], counts_col: bool, buf: Buffers) -> pl.DataFrame | None:
-    """The matrix path, or None when the window is not a full (ranks x steps) grid."""
-    g = as_grid(df, buf)
-    if g is None:
-        return None
-    out: dict[str, pa.Array] = {"step": np_array(g.steps)}
-    _dense_times(g, out)
-    out["tokens"] = masked(*dense_tokens(g, counts_col))
-    out["loss"] = _mean(*g("loss", 0.0))
-    for c in ("grad_norm", "lr"):
-        out[c] = masked(*dense_lowest_rank(g, c))
-    for c in MEM:
-        v, has = g(c, np.iinfo(np.int64).min)
-        out[c] = np_array(v.max(axis=0)) if has is None else masked(v.max(axis=0), has.any(axis=0))
-    for c in cols:
-        if c in OR_COLUMNS:
-            bits, ok = as_bits(*g(c, 0.0))
-            out[c] = masked(np.bitwise_or.reduce(bits, axis=0), ok.any(axis=0))
-        elif c not in NOT_MEAN:
-            out[c] = _mean(*g(c, 0.0))
-    return pl.from_arrow(pa.table(out))
+class _Kept:
+    """The window's step times, batch after batch as (slots x steps) blocks (NaN where none), in a
+    buffer reused across windows."""
 
+    def __init__(self, buf: Buffers, expect: int):
+        self.buf, self.n, self.expect = buf, 0, max(expect, 1)
+        # Taken at the first batch, on the thread that reduces: the previous window's median
+        # (window.Reducer) may still be using the buffer when this window is set up.
+        self.v = np.empty(0)
+        self.blocks: list[tuple[int, int, np.ndarray]] = []  # (first index, slots, steps) per batch
 
-def _mean(v: np.ndarray, has: np.ndarray | None) -> pa.Array:
-    """Mean over the ranks that reported a value; a NaN/inf reported stays in (it is news)."""
-    if has is None:
-        return np_array(v.sum(axis=0) / v.shape[0])
-    count = has.sum(axis=0)
-    total = v.sum(axis=0)  # v is 0.0 where has is False
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = total / count
-    return np_array(mean, mask=count == 0)
+    def add(self, s: np.ndarray, steps: np.ndarray) -> None:
+        n = s.size
+        if not self.blocks:
+            self.v = self.buf.get("kept", np.float64, self.expect)
+        if self.n + n > self.v.size:  # more than the footers promised: grow (rare)
+            grown = self.buf.get("kept", np.float64, 2 * (self.n + n))  # a new array: self.v still holds the old
+            grown[:self.n] = self.v[:self.n]
+            self.v = grown
+        self.v[self.n:self.n + n] = s.ravel()
+        self.blocks.append((self.n, s.shape[0], steps))
+        self.n += n
+
+    def median(self, steps: np.ndarray, n: np.ndarray) -> pa.Array:
+        """The median of each step's ``n`` times: sorted down the slots (NaN last) in place, the
+        middle value or the mean of the two middle ones."""
+        slots = sum(k for _, k, _ in self.blocks)
+        if all(np.array_equal(st, steps) for _, _, st in self.blocks):
+            m = self.v[:self.n].reshape(slots, len(steps))
+        else:
+            m = self.buf.get("kept/all", np.float64, (slots, len(steps)))
+            m.fill(np.nan)
+            row = 0
+            for start, k, st in self.blocks:
+                m[row:row + k, np.searchsorted(steps, st)] = self.v[start:start + k * len(st)].reshape(k, len(st))
+                row += k
+        m.sort(axis=0)  # ~4x faster than np.median's partition along axis 0 of this layout
+        cols = np.arange(len(steps))
+        hi = m[np.minimum(n // 2, max(slots - 1, 0)), cols]
+        lo = m[np.maximum(n // 2 - 1, 0), cols]
+        return np_array(np.where(n % 2 == 1, hi, (lo + hi) / 2), mask=n == 0)

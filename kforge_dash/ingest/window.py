@@ -5,7 +5,7 @@ A window far bigger than ``batch_rows`` (every rank's part files start together,
 in 10k-step parts make 10M-row windows however small chunk_rows is) is read in batches of ranks
 (read.read_batches): each batch is coalesced, de-duplicated and handed on for ranks.parquet in
 the order one read of the window gives, and its per-step reductions are added up
-(accumulate.StepAcc), so only a batch of rows and the window's step times (8 bytes a row) and
+(reduce.StepAcc), so only a batch of rows and the window's step times (8 bytes a row) and
 periods (period.LocalPeriods, 16 bytes a row) are held at once.
 
 ``ingest_window`` takes a ``WindowTask`` (picklable: paths, footers, column names, numbers) and
@@ -25,14 +25,13 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from kforge_dash.ingest.accumulate import StepAcc
 from kforge_dash.ingest.append import old_rows
 from kforge_dash.ingest.buffers import Buffers
 from kforge_dash.ingest.coalesce import Clashes
 from kforge_dash.ingest.period import LocalPeriods, local_periods
 from kforge_dash.ingest.ranks_writer import arrow_table
 from kforge_dash.ingest.read import LOGGED_FIXED, PartToRead, ReadSpec, read_batches, read_window, rows_in
-from kforge_dash.ingest.reduce import reduce_steps
+from kforge_dash.ingest.reduce import StepAcc, reduce_steps
 
 
 @dataclass(frozen=True)
