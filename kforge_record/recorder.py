@@ -247,8 +247,9 @@ class Recorder:
             rows.append(row)
             self._hb_step[1] = step  # the heartbeat (heartbeat.py): two stores, no syscall
             self._hb_time[2] = row[1]
-            if len(rows) >= self._flush_every_steps or t >= self._flush_due:
-                self._handoff(t)
+            # (``rows is not self._rows``: another thread handed it over between the two lines above)
+            if len(rows) >= self._flush_every_steps or t >= self._flush_due or rows is not self._rows:
+                self._handoff(t, rows)
         except Exception as e:  # the loop must go on
             self._warn(f"end_step:{type(e).__name__}", f"end_step failed and the step was not recorded: {e!r}")
 
@@ -306,8 +307,11 @@ class Recorder:
                            "its values are dropped")
         return kept
 
-    def _handoff(self, t: float) -> None:
+    def _handoff(self, t: float, rows: list | None = None) -> None:
         with self._lock:  # end_step's hand-over takes it here; log's holds it already (re-entrant)
+            if rows is not None and rows is not self._rows:  # end_step appended to a list handed over already
+                self._writer.inbox.late(rows)  # (taken at the writer's next take: Inbox.late)
+                return
             self._flush_due = t + self._flush_every_s
             if self._closed:
                 self._warn("after-close", "end_step after close(): these steps are not recorded")
