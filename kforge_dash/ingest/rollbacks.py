@@ -9,10 +9,13 @@ tells a rollback from a plain duplicate and keeps what the rollback superseded (
 
 - Per (rank, attempt), its rows that ended a step in end-time order (ties: write order), as the
   recorder wrote them and as period.py orders them. A *rollback* is where a step is below the one
-  ended just before it; it resumed at that step (``resumed_at_step``), from the step before it
+  ended just before it and its earlier row is still on the kept line (``_rolled_back``: steps ended
+  out of order are none); it resumed at that step (``resumed_at_step``), from the step before it
   (``previous_last_step``). The same step twice in a row is a plain duplicate (today's warning).
-- A row is *superseded by a rollback* when a later row ends its step again with a rollback
-  between the two; it belongs to the last rollback before that later row. Its values go to
+- A row is *superseded by a rollback* when it ended before the rollback, at or past the step it
+  resumed at: ended again later or never (the pass after it stopped below it: ``Lineage.tails``, which
+  the row pass's keep-the-last cannot see; run.py reads the run again without them when its kept line
+  holds one). It belongs to the first rollback after it that does so. Its values go to
   ``RUN/ingested/superseded.parquet`` (the format of kforge-import's ``imported/superseded.parquet``:
   ``tag, step, time, value, reason, superseded_at_step``, plus ``attempt``), one point per step and
   column, the mean over the ranks that rolled back (their Recorder.log values folded in).
