@@ -4,8 +4,7 @@ append must give what a full ingest gives (steps.parquet step_time_s, summary.js
 
 import pytest
 from findings_fixtures import Clock, install
-from ingest_fixtures import close_all, flush_all, open_ranks, read_outputs
-from test_ingest_append import assert_same, full_outputs
+from ingest_fixtures import assert_same, close_all, flush_all, full_outputs, open_ranks, read_outputs
 
 from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
