@@ -30,10 +30,17 @@ class Inbox:
         # Re-entrant: a SIGTERM handler runs on the main thread, possibly inside put().
         self._cond = threading.Condition(threading.RLock())
         self._batches: list[tuple[list[tuple], int]] = []  # (rows, how many put() counted)
-        # Lists taken already, looked at again at every take: end_step appends without a lock, so a
-        # thread that read the recorder's buffer just before a hand-over swapped it may append to a
-        # list after it was handed over (its row is then taken here, at the next take).
+        # end_step appends without a lock, so a thread that read the recorder's buffer just before a
+        # hand-over swapped it may append to that list after it was handed over, and taken. It sees the
+        # swap after its append and hands the list in again (``late``): looked at again at the next take,
+        # however many takes ago it was taken. Not seen (the swap came after its check, so its append came
+        # before the swap, which follows the list's put), its row is in a list put already: waiting
+        # here, or taken since with no other list put after it (a put needs the hand-over's lock, held
+        # from that put to the swap), so the newest lists taken are all the next take must look at
+        # again. A few are kept (``_taken``): only a writer that is stuck while puts drop the oldest
+        # batches (each dropped list goes here too) could push one out, and those rows are dropped anyway.
         self._taken: collections.deque[list[tuple]] = collections.deque(maxlen=16)
+        self._late: list[list[tuple]] = []  # lists handed in again by ``late`` since the last take
         self.waiting_rows = 0  # here, not yet taken by the writer
         self.pending_rows = 0  # here + taken and not yet done
         self._busy_since = time.monotonic()  # when the writer last took or finished a batch
@@ -77,13 +84,20 @@ class Inbox:
             self.pending_rows -= n
             self.dropped += n
 
+    def late(self, rows: list[tuple]) -> None:
+        """``rows``, handed over before, got a row after (Recorder.end_step saw its buffer swapped): its
+        rows not taken yet are taken at the next take (a list taken twice gives its rows once)."""
+        with self._cond:
+            self._late.append(rows)
+
     # -- writer thread ---------------------------------------------------------------------
     def take(self) -> list[tuple]:
         """Every row handed over so far, oldest first (one part file: a slow write means bigger parts)."""
         with self._cond:
             batches, self._batches, self.waiting_rows = self._batches, [], 0
             self._busy_since = time.monotonic()
-            taken = tuple(self._taken)
+            taken = (*self._taken, *self._late)
+            self._late = []
             self._taken.extend(batch for batch, _ in batches)
         rows: list[tuple] = []
         counted = sum(n for _, n in batches)  # what put() counted: waiting_rows and pending_rows hold these

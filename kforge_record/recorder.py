@@ -9,12 +9,11 @@ Where a GPU synchronisation can happen, exactly:
 * in ``flush()`` and ``close()`` (also at exit and on SIGTERM), which wait for the writer, and so
   for that copy, on the calling thread.
 
-Several threads may call ``end_step``/``log``/``flush`` on one Recorder (an eval thread logging while the
-loop runs). ``end_step`` takes no lock: one ``list.append`` adds its row; a row appended to a buffer just
-handed over is taken at the writer's next take (inbox.py), an empty buffer is never handed over. Hand-overs,
-``log``, ``flush`` and ``close`` take a lock, re-entrant for the SIGTERM handler (it runs on the main thread
-inside whatever it interrupted). Phase timers take no lock (phase.py): one phase name, one thread at a time;
-step times (``start_step``) are for one loop thread.
+Several threads may call ``end_step``/``log``/``flush`` on one Recorder (an eval thread logging while the loop runs).
+``end_step`` takes no lock: one ``list.append`` adds its row; a row appended to a buffer just handed over is taken at the
+writer's next take (inbox.py), an empty buffer is never handed over. Hand-overs, ``log``, ``flush`` and ``close`` take a
+lock, re-entrant for the SIGTERM handler (it runs on the main thread inside whatever it interrupted). Phase timers take no
+lock (phase.py): one phase name, one thread at a time; step times (``start_step``) are for one loop thread.
 """
 
 from __future__ import annotations
@@ -247,8 +246,8 @@ class Recorder:
             rows.append(row)
             self._hb_step[1] = step  # the heartbeat (heartbeat.py): two stores, no syscall
             self._hb_time[2] = row[1]
-            if len(rows) >= self._flush_every_steps or t >= self._flush_due:
-                self._handoff(t)
+            if len(rows) >= self._flush_every_steps or t >= self._flush_due or rows is not self._rows:  # (handed over)
+                self._handoff(t, rows)
         except Exception as e:  # the loop must go on
             self._warn(f"end_step:{type(e).__name__}", f"end_step failed and the step was not recorded: {e!r}")
 
@@ -306,8 +305,10 @@ class Recorder:
                            "its values are dropped")
         return kept
 
-    def _handoff(self, t: float) -> None:
+    def _handoff(self, t: float, rows: list | None = None) -> None:
         with self._lock:  # end_step's hand-over takes it here; log's holds it already (re-entrant)
+            if rows is not None and rows is not self._rows:  # end_step appended to a list handed over: Inbox.late
+                return self._writer.inbox.late(rows)
             self._flush_due = t + self._flush_every_s
             if self._closed:
                 self._warn("after-close", "end_step after close(): these steps are not recorded")
@@ -316,12 +317,11 @@ class Recorder:
                 self._warn("forked", f"end_step/log in a forked child (pid {os.getpid()}) of the process that built the "
                            "Recorder: not recorded (a child never writes its parent's shard; build a Recorder in the child)")
                 self._rows = []
-            else:
+            elif self._rows:
                 # Submit, then empty the buffer (a signal handler's flush in between submits the same list, which
                 # the writer ignores); an empty one stays, so a row appended to it late is in the next hand-over.
-                if self._rows:
-                    self._writer.submit(self._rows)
-                    self._rows = []
+                self._writer.submit(self._rows)
+                self._rows = []
 
     def _memory(self):
         if not self._cuda:

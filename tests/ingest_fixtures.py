@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from contextlib import contextmanager
 
 import polars as pl
 import pytest
 
 import kforge_record.recorder as recorder_mod
-from kforge_dash.ingest.options import IngestWarning
+from kforge_dash.ingest.options import IngestOptions, IngestWarning
+from kforge_dash.ingest.run import ingest_run
 from kforge_record import Recorder
 
 LLAMA7B = {"n_layers": 32, "dim": 4096, "n_heads": 32, "n_kv_heads": 32, "ffn_hidden_dim": 11008,
@@ -84,6 +86,28 @@ def read_outputs(run_dir):
     with open(os.path.join(d, "summary.json")) as f:
         summary = json.load(f)
     return pl.read_parquet(os.path.join(d, "steps.parquet")), pl.read_parquet(os.path.join(d, "ranks.parquet")), summary
+
+
+SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}
+
+
+def full_outputs(run, **kw):
+    """A from-scratch ingest of the run now (forced: no footer cache, no append); assert_same compares warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IngestWarning)
+        res = ingest_run(run, options=IngestOptions(force=True, **kw))
+    assert not res.appended
+    return read_outputs(run)
+
+
+def assert_same(a, b):
+    """Two ingests' (steps, ranks, summary) agree: the appended one and a full one."""
+    (s1, r1, m1), (s2, r2, m2) = a, b
+    assert s1.equals(s2)
+    assert r1.sort("rank", "step").equals(r2.sort("rank", "step"))
+    assert {k: v for k, v in m1.items() if k not in SUMMARY_VOLATILE} == \
+           {k: v for k, v in m2.items() if k not in SUMMARY_VOLATILE}
+    assert sorted(m1["warnings"]) == sorted(m2["warnings"])
 
 
 def part_files(run_dir):

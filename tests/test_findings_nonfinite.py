@@ -49,6 +49,8 @@ def test_nonfinite_findings_are_the_same_with_the_hint_and_without_it(tmp_path, 
 
     with_hint = found(path)
     assert [m for m, *_ in with_hint] == ["grad_norm", "loss"]
+    # the message names the metric as the other findings and the pages do (the column registry's label)
+    assert [msg.split(" first went")[0] for *_, msg in with_hint] == ["grad norm", "loss"]
     assert with_hint == found(bare)
 
 

@@ -3,38 +3,16 @@ are read, on top of the last outputs, and the result is the same as a full inges
 Cases an append cannot reproduce exactly must fall back to a full ingest, and say so."""
 
 import os
-import warnings
 from contextlib import nullcontext
 
 import polars as pl
 import pytest
-from ingest_fixtures import close_all, flush_all, open_ranks, part_files, read_outputs, run_steps
+from ingest_fixtures import assert_same, close_all, flush_all, full_outputs, open_ranks, part_files, read_outputs, run_steps
 
 from kforge_dash.ingest.options import IngestOptions, IngestWarning
 from kforge_dash.ingest.run import ingest_run
 
 pytestmark = pytest.mark.usefixtures("closes_recorders")  # the job between two ingests stays open
-
-SUMMARY_VOLATILE = {"ingested_at", "fingerprint", "exports", "warnings"}
-
-
-def full_outputs(run, **kw):
-    """A from-scratch ingest of the run now (forced: no footer cache, no append); assert_same compares warnings."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", IngestWarning)
-        res = ingest_run(run, options=IngestOptions(force=True, **kw))
-    assert not res.appended
-    return read_outputs(run)
-
-
-def assert_same(a, b):
-    (s1, r1, m1), (s2, r2, m2) = a, b
-    assert s1.equals(s2)
-    assert r1.sort("rank", "step").equals(r2.sort("rank", "step"))
-    assert {k: v for k, v in m1.items() if k not in SUMMARY_VOLATILE} == \
-           {k: v for k, v in m2.items() if k not in SUMMARY_VOLATILE}
-    assert sorted(m1["warnings"]) == sorted(m2["warnings"])
-
 
 def values(r, s):
     return {"loss": 1.0 / s + r, "tokens": 100 * (r + 1), "grad_norm": float(s), "lr": 0.1, "aux": float(s * r)}

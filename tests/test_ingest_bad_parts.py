@@ -77,7 +77,7 @@ def test_a_nul_in_a_column_name_skips_that_part_with_a_warning(tmp_path, monkeyp
     run = make_run(tmp_path / "run", monkeypatch, world=1)
     victim = sorted(part_files(run))[3]  # steps 16..20
     rewrite_part(victim, lambda t: t.append_column("eval\x00loss", pa.array([1.0] * t.num_rows)))
-    with warns_each("NUL", "steps 16-20 were trained but not recorded"):  # its heartbeat got to step 20
+    with warns_each("NUL", "steps 16–20 were trained but not recorded"):  # its heartbeat got to step 20
         res = ingest_run(run)
     assert res.summary["last_step"] == 15
     [warning] = [w for w in res.summary["warnings"] if victim in w]

@@ -211,3 +211,33 @@ def test_an_end_step_while_another_takes_the_phase_times_leaves_them_to_the_next
     table = _table(rec)
     data = dict(zip(table.column("step").to_pylist(), table.column("time/data_s").to_pylist()))
     assert data[1] is None and data[2] is not None and data[2] >= 0 and data[3] is None
+
+
+class _LateList(list):
+    """The recorder's buffer as a thread sees it that read it just before a hand-over and appends only after
+    ``takes`` more hand-overs were written (descheduled between the two lines: free-threaded builds)."""
+
+    def __init__(self, rec, takes):
+        super().__init__()
+        self.rec, self.takes = rec, takes
+
+    def append(self, row):
+        if self.takes:
+            takes, self.takes = self.takes, 0
+            self.rec.flush()  # this list handed over and taken
+            for s in range(100, 100 + takes):  # the loop goes on: more lists taken than the inbox looks back on
+                self.rec.end_step(s)
+                self.rec.flush()
+        super().append(row)
+
+
+def test_a_row_appended_after_many_more_hand_overs_is_still_written(tmp_path):
+    rec = Recorder(str(tmp_path / "late"), rank=0, world_size=1, install_sigterm_handler=False, flush_every_steps=10**6)
+    rec.end_step(1)
+    rec.flush()
+    rec._rows = _LateList(rec, takes=40)
+    rec.end_step(2)
+    rec.close()
+    steps = sorted(_table(rec).column("step").to_pylist())
+    assert steps == [1, 2, *range(100, 140)]
+    assert rec.dropped_rows == 0

@@ -42,7 +42,7 @@ def test_kill_after_the_last_flush_then_resume(tmp_path):
         assert step == 140 and t == pytest.approx(killed_at)  # the SIGKILL kept the last store
     _launch(run, killed_at + 30.0, 101, 200, 0, kill=False)  # requeued: processes 25 s later, Recorders 5 s after
 
-    with pytest.warns(IngestWarning, match=r"steps 93-100 were trained but not recorded"):
+    with pytest.warns(IngestWarning, match=r"steps 93–100 were trained but not recorded"):
         s = ingest_run(run).summary
     steps = pl.read_parquet(run / "ingested" / "steps.parquet")["step"].to_list()
     assert steps == list(range(1, 93)) + list(range(101, 201))  # the hole is there ...
@@ -51,7 +51,7 @@ def test_kill_after_the_last_flush_then_resume(tmp_path):
     assert (r["resumed_at_step"], r["previous_last_step"], r["superseded_steps"]) == (101, 140, 40)
     assert s["unrecorded"] == [{"attempt": 0, "first_step": 93, "last_step": 100, "reached_step": 140,  # ... and said
                                 "recorded_step": 92, "ranks": [0, 1], "killed": True}]
-    assert any("steps 93-100 were trained but not recorded" in w for w in s["warnings"])
+    assert any("steps 93–100 were trained but not recorded" in w for w in s["warnings"])
 
     (u,) = [f for f in s["findings"] if f["kind"] == "unrecorded_steps"]
     assert (u["first_step"], u["last_step"], u["ranks"], u["severity"], u["score"]) == (93, 100, [0, 1], "warning", 8)
@@ -76,7 +76,7 @@ def test_kill_of_the_last_launch_is_told_once_its_process_is_gone(tmp_path):
     """No relaunch: the heartbeat of the killed (gone) process says how far it got past its rows."""
     run = tmp_path / "killed-last"
     _launch(run, T0, 1, 57, 40, kill=True)
-    with pytest.warns(IngestWarning, match=r"steps 41-57 were trained but not recorded"):
+    with pytest.warns(IngestWarning, match=r"steps 41–57 were trained but not recorded"):
         s = ingest_run(run).summary
     assert s["unrecorded"][0]["first_step"] == 41 and s["unrecorded"][0]["last_step"] == 57
     assert s["restarts"] == [] and s["goodput"]["productive_s"] == pytest.approx(57 * STEP_S, abs=1e-4)
@@ -98,7 +98,7 @@ def test_a_kill_after_the_last_ingest_is_told_by_the_next(tmp_path):
         assert proc.wait(timeout=60) == -signal.SIGKILL
     finally:
         proc.kill()
-    with pytest.warns(IngestWarning, match=r"steps 41-57 were trained but not recorded"):
+    with pytest.warns(IngestWarning, match=r"steps 41–57 were trained but not recorded"):
         res = ingest_run(run)
     assert not res.skipped and res.summary["unrecorded"][0]["last_step"] == 57
     assert ingest_run(run).skipped  # told once: unchanged from then on

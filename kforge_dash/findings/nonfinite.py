@@ -13,6 +13,7 @@ import json
 
 import polars as pl
 
+from kforge_dash import column_registry as reg
 from kforge_dash import text
 from kforge_dash.contract import RANKS_NONFINITE_KEY
 from kforge_dash.findings.finding import Finding, RunFacts, steps_range
@@ -50,7 +51,7 @@ def nonfinite_findings(facts: RunFacts) -> list[Finding]:
             kind="nonfinite", metric=m, severity="error" if m in ("loss", "grad_norm") else "warning",
             first_step=first, last_step=last, ranks=ranks,
             hosts=facts.hosts_of(ranks, set(rows["attempt"].to_list())), score=float(n),
-            message=(f"{m} first went {kinds} at step {first} on {who} ({text.counted(n, 'non-finite value')} "
+            message=(f"{reg.label(m)} first went {kinds} at step {first} on {who} ({text.counted(n, 'non-finite value')} "
                      f"over {steps_range(first, last)}): look at {whose} batch and the update before it."),
         ))
     return out

@@ -47,6 +47,9 @@ class ReadSpec:
     rename: dict[str, str]  # recorded name -> output name, for user scalars that clash
     cutoff: dict[int, int | None]  # launch -> first step a later launch superseded (None: none)
     counts_tokens: dict[tuple[int, int], bool] | None  # (rank, launch) -> tokens count; None: all do
+    # rank, attempt, step, time of rows a rollback superseded that no later row ended again, left out by
+    # window.dedup_rows (rollbacks.Lineage.tails; None: none)
+    tails: pl.DataFrame | None = None
 
     @property
     def scalars(self) -> list[str]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
+from kforge_dash import text
 from kforge_dash.ingest import heartbeat_check
 from kforge_dash.ingest.launches import Launch
 from kforge_dash.ingest.parquet_io import column_max, read_columns
@@ -60,7 +61,8 @@ def launch_timeline(launches: list[Launch], first_ended: dict, last_ended: dict,
     ends = _Ends()
     overlaps = [o for i, L in enumerate(launches) for M in launches[i + 1:] if (o := _overlap(L, M, ends)) is not None]
     for o in overlaps:
-        steps = "" if o["first_step"] is None else f"; steps {_span(o['first_step'], o['last_step'])} were run by both"
+        steps = "" if o["first_step"] is None else \
+            f"; {text.step_range(o['first_step'], o['last_step'])} {_were(o['first_step'], o['last_step'])} run by both"
         warnings.append(
             f"launches {o['attempts'][0]} and {o['attempts'][1]} wrote this run at the same time: launch "
             f"{o['attempts'][0]} ({_ids(launches[o['attempts'][0]])}) still wrote {o['seconds']:.1f} s after launch "
@@ -106,13 +108,12 @@ def _unrecorded(launches: list[Launch], first_ended: dict, reach: dict, warnings
         if first is not None and first > last:
             continue  # every step past its rows was recomputed by a later launch: none is missing
         redone = "" if cutoff is None or r.reached < cutoff else \
-            f"; steps {_span(cutoff, r.reached)} were recomputed by a later launch"
+            f"; {text.step_range(cutoff, r.reached)} {_were(cutoff, r.reached)} recomputed by a later launch"
         behind = set(r.ranks_behind)
         killed = any(a.end is None for a in L.attempts if a.rank in behind)
         out.append({"attempt": L.index, "first_step": first, "last_step": last, "reached_step": r.reached,
                     "recorded_step": r.recorded, "ranks": list(r.ranks_behind), "killed": killed})
-        what = (f"step {first} was" if first == last else f"steps {first}-{last} were") if first is not None \
-            else f"steps up to {last} were"
+        what = f"{text.step_range(first, last)} {_were(first, last)}" if first is not None else f"steps up to {last} were"
         why = ("lost with the unflushed rows when it was killed" if killed else
                "it closed cleanly: rows the recorder dropped (dropped_rows) or steps ended after close()")
         warnings.append(
@@ -257,12 +258,12 @@ def _ids(L: Launch) -> str:
 def _ranks(ranks) -> str:
     ranks = sorted(ranks)
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
+        return text.span(ranks[0], ranks[-1])
     return ", ".join(map(str, ranks))
 
 
-def _span(a: int, b: int) -> str:
-    return str(a) if a == b else f"{a}-{b}"
+def _were(first: int, last: int) -> str:
+    return "was" if first == last else "were"
 
 
 def killed_since(prev: dict, listing: list) -> bool:

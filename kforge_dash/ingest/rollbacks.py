@@ -9,10 +9,13 @@ tells a rollback from a plain duplicate and keeps what the rollback superseded (
 
 - Per (rank, attempt), its rows that ended a step in end-time order (ties: write order), as the
   recorder wrote them and as period.py orders them. A *rollback* is where a step is below the one
-  ended just before it; it resumed at that step (``resumed_at_step``), from the step before it
+  ended just before it and its earlier row is still on the kept line (``_rolled_back``: steps ended
+  out of order are none); it resumed at that step (``resumed_at_step``), from the step before it
   (``previous_last_step``). The same step twice in a row is a plain duplicate (today's warning).
-- A row is *superseded by a rollback* when a later row ends its step again with a rollback
-  between the two; it belongs to the last rollback before that later row. Its values go to
+- A row is *superseded by a rollback* when it ended before the rollback, at or past the step it
+  resumed at: ended again later or never (the pass after it stopped below it: ``Lineage.tails``, which
+  the row pass's keep-the-last cannot see; run.py reads the run again without them when its kept line
+  holds one). It belongs to the first rollback after it that does so. Its values go to
   ``RUN/ingested/superseded.parquet`` (the format of kforge-import's ``imported/superseded.parquet``:
   ``tag, step, time, value, reason, superseded_at_step``, plus ``attempt``), one point per step and
   column, the mean over the ranks that rolled back (their Recorder.log values folded in).
@@ -58,6 +61,9 @@ class Lineage:
     # (rank, attempt, step, seconds, resumed_at_step, previous_last_step): per kept row whose period held
     # the time of superseded rows, the rollback they belong to
     period_fix: list = field(default_factory=list)
+    # rank, attempt, step, time of the rows a rollback superseded that were never ended again (the pass after
+    # it stopped below them: steps 121-150 of 1-150 then 101-120), which the row pass drops (window.dedup_rows)
+    tails: pl.DataFrame | None = None
 
 
 def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
@@ -69,7 +75,7 @@ def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
         if (f.rank, f.launch) in repeats and f.part.path not in bad:
             by.setdefault((f.rank, f.launch), []).append(f)
     events: dict[tuple, dict] = {}
-    frames = []
+    frames, tails = [], []
     for key, n in sorted(repeats.items()):
         if not n or key not in by:
             continue
@@ -77,7 +83,7 @@ def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
         try:  # the steps and times first (a plain duplicate costs no more), every column of the rolled-back steps
             light = _rows(items, plan.spec, columns=_ENDS)
             got = _went_back(light) and _one(light, lambda lo, hi, i=items: _rows(i, plan.spec, steps=(lo, hi)),
-                                             key, events, out.period_fix)
+                                             key, events, out.period_fix, tails)
         except (pl.exceptions.PolarsError, OSError):  # unreadable now: the row pass warned about its parts
             got = None
         if not got:
@@ -88,6 +94,7 @@ def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
             out.duplicates[key] = dup
         frames.append(sup)
     out.restarts = [_entry(k, e) for k, e in sorted(events.items())]
+    out.tails = pl.concat(tails, how="vertical") if tails else None
     parts = [_long(pl.concat(frames, how="vertical_relaxed"), plan.spec.cols, ROLLBACK)] if frames else []
     parts += [x for x in (_relaunched(plan, L, bad) for L in plan.launches) if x is not None]
     out.superseded = pl.concat(parts, how="vertical").sort(
@@ -143,10 +150,11 @@ def _went_back(df: pl.DataFrame) -> bool:
     return bool(np.any(s[1:] < s[:-1]))
 
 
-def _one(light: pl.DataFrame, fetch, key: tuple, events: dict, fix: list):
+def _one(light: pl.DataFrame, fetch, key: tuple, events: dict, fix: list, tails: list):
     """(plain duplicate steps, superseded rows with ``_event``) of one (rank, attempt), or None when it did
     not roll back, from its rows' steps and times (``light``); ``fetch(lo, hi)``: every column of its rows of
-    steps lo..hi. Adds its rollbacks to ``events`` and its kept rows' fixes to ``fix``."""
+    steps lo..hi. Adds its rollbacks to ``events``, its kept rows' fixes to ``fix`` and, when a row a rollback
+    superseded was never ended again (the pass after it stopped below it), those rows to ``tails``."""
     ended = light.filter(pl.col("step_time_s").is_not_null()).sort("time", "_pos", nulls_last=True)
     s = ended["step"].to_numpy()
     drops = np.flatnonzero(s[1:] < s[:-1]) + 1  # rows that went back
@@ -157,31 +165,66 @@ def _one(light: pl.DataFrame, fetch, key: tuple, events: dict, fix: list):
     st = ended["step_time_s"].to_numpy().astype(np.float64)
     order = np.lexsort((np.arange(n), s))  # by step, then position
     same_next = np.r_[s[order][1:] == s[order][:-1], False]
-    nxt = np.full(n, -1)
+    nxt, prv = np.full(n, -1), np.full(n, -1)
     nxt[order[same_next]] = order[np.flatnonzero(same_next) + 1]  # the next row ending the same step
-    cum = np.r_[0, np.cumsum(np.isin(np.arange(1, n), drops))]  # rollbacks up to each row
-    superseded = nxt >= 0
-    by_rollback = superseded & (cum[np.maximum(nxt, 0)] > cum)
+    prv[nxt[nxt >= 0]] = np.flatnonzero(nxt >= 0)  # the row before that ended the same step
+    owner = _rolled_back(s, drops, prv, nxt)  # each row's rollback (the row that went back), -1: none
+    by_rollback = owner >= 0
     if not by_rollback.any():  # steps ended out of order, and plain duplicates: no row a rollback superseded
         return None
-    # its rollback: the last one at or before the row that ends its step again
-    which = np.searchsorted(drops, np.maximum(nxt, 0), side="right") - 1
+    superseded = nxt >= 0
     rank, att = key
-    for j in drops[np.unique(which[by_rollback])]:
+    went = np.unique(owner[by_rollback])
+    for j in went:
         e = events.setdefault((att, int(s[j]), int(s[j - 1])), {"ranks": set(), "time": None})
         e["ranks"].add(rank)
         start = t[j] - st[j]
         e["time"] = start if e["time"] is None else min(e["time"], start)
+    orphan = by_rollback & ~superseded  # on the kept line until the row pass drops them (dedup_rows)
+    if orphan.any():
+        tails.append(ended.filter(pl.Series(orphan)).select(
+            pl.lit(rank, pl.Int64).alias("rank"), pl.lit(att, pl.Int64).alias("attempt"), "step", "time"))
     own = np.r_[st[0], np.diff(t)]  # each row's period in end-time order
-    _held(rank, att, s, own, by_rollback, superseded, drops[np.maximum(which, 0)], fix)
+    _held(rank, att, s, own, by_rollback, superseded, owner, fix)
     dup = int(np.unique(s[superseded & ~by_rollback]).size)
-    at = drops[which[by_rollback]]  # each superseded row's rollback: the step it went back to, the one before it
+    at = owner[by_rollback]  # each superseded row's rollback: the step it went back to, the one before it
     gone = pl.DataFrame({"_pos": ended["_pos"].to_numpy()[by_rollback], "_event": s[at], "_prev": s[at - 1]},
                         schema={"_pos": pl.Int64, "_event": pl.Int64, "_prev": pl.Int64})
     full = fetch(int(s[by_rollback].min()), int(s[by_rollback].max()))
     ended_full = full.filter(pl.col("step_time_s").is_not_null())
     rows = ended_full.join(gone, on="_pos", how="inner")
     return dup, _fold_logs(rows, full.filter(pl.col("step_time_s").is_null()), ended_full)
+
+
+def _rolled_back(s: np.ndarray, drops: np.ndarray, prv: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+    """Per row (end-time order, steps ``s``), the rollback that superseded it (that row's place), -1: none.
+
+    A rollback is a row that went back (``drops``) to a step whose earlier end (``prv``) is still on the kept
+    line; it takes off the kept line every row before it at or past its step. A step ended below the one
+    before it for the first time (steps ended out of order: 1, 3, 2, 4), or again after a rollback already
+    took its earlier end off (101, 103, 102 after 1-150), is no rollback. A row ended again (``nxt``) before
+    its rollback is a plain duplicate (-1). A row never ended again stays unless it lies past every step
+    ended from a rollback at or below it on: steps 121-150 of 1-150 then 101-120 go, a step the later pass
+    skipped stays. A loop over the rows that went back (a few per rollback)."""
+    n = len(s)
+    owner = np.full(n, -1)
+    events = []
+    for j in drops.tolist():
+        p = prv[j]
+        if p < 0 or owner[p] >= 0:
+            continue
+        events.append(j)
+        hit = np.flatnonzero((owner[:j] < 0) & (s[:j] >= s[j]))
+        owner[hit] = j
+    if not events:
+        return owner
+    top = np.maximum.accumulate(s[::-1])[::-1]  # the highest step ended from each row on
+    last = nxt < 0
+    past = np.zeros(n, bool)  # never ended again, past every step ended after a rollback at or below it
+    for j in events:
+        past[:j] |= last[:j] & (s[:j] >= s[j]) & (s[:j] > top[j])
+    owner[(last & ~past) | (~last & (nxt < owner))] = -1
+    return owner
 
 
 def _held(rank: int, att: int, s, own, by_rollback, superseded, drop_of, fix: list) -> None:
@@ -266,6 +309,20 @@ def apply_fix(steps: pl.DataFrame, lineage: Lineage, *, from_step: int | None, f
         less = less.filter(pl.col("step") >= from_step)
     return steps.join(less, on="step", how="left").with_columns(
         (pl.col("step_time_s") - pl.col("share").fill_null(0.0)).alias("step_time_s")).drop("share")
+
+
+def holds_tails(ranks_path: str, lineage: Lineage) -> bool:
+    """Whether ranks.parquet (the kept line the row pass wrote) holds rows of ``lineage.tails``: rows a
+    rollback superseded that no later row ended again, which only a row pass that knows them leaves out.
+    An append on top of such a pass finds none (its old rows have none, a new part ends no step earlier)."""
+    tails = lineage.tails
+    if tails is None or not os.path.exists(ranks_path):
+        return False
+    kept = pl.scan_parquet(ranks_path, glob=False).select("rank", "attempt", "step", "time")
+    tails = tails.cast(dict(kept.collect_schema()))
+    got = (kept.filter(pl.col("step").is_between(tails["step"].min(), tails["step"].max()))
+           .join(tails.lazy(), on=["rank", "attempt", "step", "time"], how="semi").select(pl.len()).collect())
+    return bool(got.item())
 
 
 def write_superseded(out_dir: str, lineage: Lineage) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings as _warnings
+from dataclasses import replace
 
 from kforge_dash.contract import (
     EMA_METRICS,
@@ -48,7 +49,14 @@ from kforge_dash.ingest.plan import IngestInputs, IngestPlan, make_plan  # noqa:
 from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402  (public here too: see __all__)
 from kforge_dash.ingest.reduce import ema_expr, reduce_steps  # noqa: E402
 from kforge_dash.ingest.restarts import killed_since  # noqa: E402
-from kforge_dash.ingest.rollbacks import Lineage, apply_fix, find_rollbacks, warn_duplicates, write_superseded  # noqa: E402
+from kforge_dash.ingest.rollbacks import (  # noqa: E402
+    Lineage,
+    apply_fix,
+    find_rollbacks,
+    holds_tails,
+    warn_duplicates,
+    write_superseded,
+)
 from kforge_dash.ingest.rows import Rows, read_rows  # noqa: E402
 from kforge_dash.ingest.summary import SummaryInput, build_summary  # noqa: E402
 from kforge_dash.ingest.temps import remove_stale_temps  # noqa: E402
@@ -135,8 +143,14 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress, wi
         save_kept(out_dir, decided, kept)
         return IngestResult(run_dir, prev, True, options=decided)
     plan = make_plan(inputs, warnings, force=opts.force, chunk_rows=opts.chunk_rows)
+    mark = len(warnings)
     rows = read_rows(plan, progress, warnings, windows)
     lineage = find_rollbacks(plan, rows.repeats, rows.bad)  # steps that went back: in-process restarts
+    if holds_tails(os.path.join(out_dir, RANKS_FILE), lineage):  # a rollback's pass stopped below where it went
+        # back from: its abandoned rows are on the kept line; read again, without them (rare: one more row pass)
+        del warnings[mark:]
+        plan = replace(plan, spec=replace(plan.spec, tails=lineage.tails), append=None)
+        rows = read_rows(plan, progress, warnings, windows)
     warn_duplicates(lineage.duplicates, warnings)
     flops = {launch.index: launch_flops(launch, warnings, flops_per_token=decided.flops_per_token,
                                         peak_tflops=decided.peak_tflops)

@@ -143,7 +143,7 @@ def start_window(task: WindowTask, *, buffers: Buffers, read_buffers: Buffers, r
         return PendingWindow(new_bad, lambda: WindowRows(None, None, set(), {}, new_bad, warnings, (0,)))
     repeats: dict[tuple[int, int], int] = {}
     read = df.height
-    df = dedup_rows(df, repeats, read_buffers)
+    df = dedup_rows(df, repeats, read_buffers, spec.tails)
     rows = arrow_table(df, exclude=("_counts",))
     rank_ids = set(df["rank"].unique().to_list())
     ends = (local_periods(df),)
@@ -180,7 +180,7 @@ def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, wa
     added: list[Future] = []  # the last batch's add (an error in it is raised by finish)
 
     def hand_on(df: pl.DataFrame) -> None:
-        df = dedup_rows(df, repeats, read_buffers)
+        df = dedup_rows(df, repeats, read_buffers, spec.tails)
         rank_ids.update(df["rank"].unique().to_list())
         ends.append(local_periods(df))
         rows = arrow_table(df, exclude=("_counts",))
@@ -214,28 +214,39 @@ def _in_batches(task: WindowTask, batches: list[list[PartToRead]], bad: dict, wa
     return PendingWindow(new_bad, finish)
 
 
-def dedup_rows(df: pl.DataFrame, repeats: dict, buffers: Buffers | None = None) -> pl.DataFrame:
+def dedup_rows(df: pl.DataFrame, repeats: dict, buffers: Buffers | None = None,
+               tails: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per (rank, step): the last one written wins, wherever the repeat is (end_step
     called twice for a step, or an in-process rollback: steps 1..10 then 6..12). The steps
     recorded more than once are counted per (rank, attempt) into ``repeats``. ``buffers``: work
-    space reused from the last call (on the calling thread).
+    space reused from the last call (on the calling thread). ``tails``: rows (rank, attempt, step,
+    time) a rollback superseded that no later row ended again (rollbacks.Lineage.tails), left out.
 
     Rows come attempt by attempt, rank by rank, in write order (log rows of steps never ended
     last), and restarts across attempts are already cut off, so a (rank, step) can repeat only
     within one such block: when every block's steps strictly increase (the usual case, one cheap
     pass) there is nothing to do. Otherwise each block is put back in step order.
     """
-    if _steps_increase(df, buffers or Buffers()):
+    if tails is not None:
+        _count_repeats(df, repeats)
+        tails = tails.cast({c: df.schema[c] for c in tails.columns})
+        df = df.join(tails, on=["rank", "attempt", "step", "time"], how="anti", maintain_order="left")
+    elif _steps_increase(df, buffers or Buffers()):
         return df
+    else:
+        _count_repeats(df, repeats)
     log = pl.col("step_time_s").is_null()
     same = ((pl.col("rank") == pl.col("rank").shift(1)) & (pl.col("attempt") == pl.col("attempt").shift(1))
             & (log == log.shift(1))).fill_null(False)
-    n = df.group_by("rank", "attempt", "step").len().filter(pl.col("len") > 1).group_by("rank", "attempt").len()
-    for rank, att, k in n.iter_rows():
-        repeats[(rank, att)] = repeats.get((rank, att), 0) + k
     return (df.with_columns((~same).cum_sum().alias("_block"))
             .unique(["rank", "step"], keep="last", maintain_order=True)
             .sort("_block", "step", maintain_order=True).drop("_block"))
+
+
+def _count_repeats(df: pl.DataFrame, repeats: dict) -> None:
+    n = df.group_by("rank", "attempt", "step").len().filter(pl.col("len") > 1).group_by("rank", "attempt").len()
+    for rank, att, k in n.iter_rows():
+        repeats[(rank, att)] = repeats.get((rank, att), 0) + k
 
 
 def _steps_increase(df: pl.DataFrame, buffers: Buffers) -> bool:
