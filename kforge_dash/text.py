@@ -105,12 +105,20 @@ def rank_list(ranks) -> str | None:
     rs = list(ranks or [])
     if not rs:
         return None
-    if all(isinstance(r, int) and not isinstance(r, bool) for r in rs):
-        parts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}{DASH_RANGE}{b}" for a, b in _runs_of(rs)]
-        many = len(set(rs)) > 1
-    else:
-        parts, many = [str(r) for r in rs], len(rs) > 1
-    return f"{'ranks' if many else 'rank'} {', '.join(parts)}"
+    many = len(set(rs)) > 1 if _all_ints(rs) else len(rs) > 1
+    return f"{'ranks' if many else 'rank'} {rank_runs(rs)}"
+
+
+def rank_runs(ranks) -> str:
+    """The ranks without the word: "0–7, 12" (three or more consecutive ranks as a range); "" for none."""
+    rs = list(ranks or [])
+    if not _all_ints(rs):
+        return ", ".join(str(r) for r in rs)
+    return ", ".join(str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}{DASH_RANGE}{b}" for a, b in _runs_of(rs))
+
+
+def _all_ints(rs: list) -> bool:
+    return all(isinstance(r, int) and not isinstance(r, bool) for r in rs)
 
 
 def step_range(first, last=None) -> str | None:

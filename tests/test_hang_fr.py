@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from kforge_dash.cli.hang import main as hang_main
-from kforge_dash.ingest.flight_recorder import analyze_fr, ranks_text, read_fr_dumps
+from kforge_dash.ingest.flight_recorder import analyze_fr, read_fr_dumps
+from kforge_dash.text import rank_runs
 
 DATA = Path(__file__).parent / "data"
 NVIDIA = DATA / "fr_traces"
@@ -47,7 +48,7 @@ def test_nvidia_cases_name_exactly_the_faulted_ranks(case):
     assert v.desync == []  # all_to_all sizes differ by design (MoE token counts): no desync
     assert v.collective is not None and set(v.collective.group_ranks) & set(v.ranks)
     for r in v.ranks:
-        assert f"rank {r}" in v.reason.lower() or ranks_text(v.ranks) in v.reason
+        assert f"rank {r}" in v.reason.lower() or rank_runs(v.ranks) in v.reason
 
 
 def test_how_the_faulted_ranks_are_told():
@@ -61,7 +62,7 @@ def test_how_the_faulted_ranks_are_told():
     assert c.waiting == (13, 15) and c.sizes == [[4027, 5120]] and c.dtypes == ["BFloat16"]
     v = analyze_fr(dumps_of(NVIDIA / "lock_gil_2nd"))
     assert v.idle == (10, 15) and v.stuck == ()
-    assert "Rank 10 never issued all_to_all #20947 of EXPERT_MODEL_PARALLEL_GROUP 73 (ranks 8-11), which ranks 8, 9, 11" \
+    assert "Rank 10 never issued all_to_all #20947 of EXPERT_MODEL_PARALLEL_GROUP 73 (ranks 8–11), which ranks 8, 9, 11" \
         in v.reason
 
 
@@ -74,7 +75,7 @@ def test_a_missing_dump_gives_a_subset_never_a_wrong_rank(case):
         assert v.ranks_without_dump == tuple(sorted(drop))
         if set(drop) & set(FAULTED[case]):
             assert v.ranks == tuple(r for r in FAULTED[case] if r not in drop)
-            assert "no evidence from" in v.reason and ranks_text([r for r in drop]) in v.reason
+            assert "no evidence from" in v.reason and rank_runs([r for r in drop]) in v.reason
         else:  # a non-faulted rank's dump may be the one evidence of a faulted rank (its TP peer completed more)
             assert v.ranks, drop
 
@@ -92,7 +93,7 @@ def test_gloo_dumps_name_the_rank_that_did_not_join(case):
 def test_gloo_subgroup_members_are_inferred_without_pg_config():
     v = analyze_fr(dumps_of(GLOO / "missing_subgroup"))
     assert v.waiting == (0, 1, 2)  # rank 2 waits in its group [2, 3]: gloo's dump names no member; the mentions do
-    assert "never issued all_reduce #2 of default_pg 0 (ranks 0-3), which ranks 0, 1 wait in (and 1 more)" in v.reason
+    assert "never issued all_reduce #2 of default_pg 0 (ranks 0–3), which ranks 0, 1 wait in (and 1 more)" in v.reason
 
 
 def test_gloo_collectives_in_opposite_orders_name_no_rank():
@@ -296,10 +297,10 @@ def test_cli_human_output():
     out = res.stdout
     assert "16 dumps (format 2.9), world size 16" in out
     assert "Cause: ranks 9, 14" in out
-    assert "The others wait in: all_to_all #45265 of EXPERT_MODEL_PARALLEL_GROUP 72 (ranks 8-15)" in out
-    assert "Waiting (the majority): 14 ranks: 0-8, 10-13, 15" in out
-    assert "  6 ranks (8, 10-13, 15) in all_to_all #45265 of EXPERT_MODEL_PARALLEL_GROUP 72, for 9, 14" in out
-    assert "  8 ranks (0-7) in send 0->1 #14147 of PIPELINE_MODEL_PARALLEL_GROUP (8 groups), for 8-15" in out
+    assert "The others wait in: all_to_all #45265 of EXPERT_MODEL_PARALLEL_GROUP 72 (ranks 8–15)" in out
+    assert "Waiting (the majority): 14 ranks: 0–8, 10–13, 15" in out
+    assert "  6 ranks (8, 10–13, 15) in all_to_all #45265 of EXPERT_MODEL_PARALLEL_GROUP 72, for 9, 14" in out
+    assert "  8 ranks (0–7) in send 0->1 #14147 of PIPELINE_MODEL_PARALLEL_GROUP (8 groups), for 8–15" in out
     assert "Nothing pending (stuck outside communication): 9, 14" in out
     assert "Ranks without a dump: none" in out and "Desync: none" in out
     assert "fault_injection.log" not in res.output  # not named for a rank: not a dump, not read

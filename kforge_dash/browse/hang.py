@@ -18,10 +18,10 @@ def hang_of(summary: dict | None) -> dict | None:
 
 
 def _ranks(rs) -> str:
-    from kforge_dash.ingest.flight_recorder import ranks_text
+    from kforge_dash.text import rank_list
 
     rs = [r for r in rs or [] if isinstance(r, int)]
-    return ("rank " if len(rs) == 1 else "ranks ") + ranks_text(rs) if rs else "no rank"
+    return rank_list(rs) or "no rank"
 
 
 def hang_lines(f: dict) -> list[str]:

@@ -43,14 +43,14 @@ def _merged(wait_groups: list[dict]) -> list[dict]:
 
 
 def _human(v, n_dumps: int, versions: str) -> list[str]:
-    from kforge_dash.ingest.flight_recorder import collective_text, ranks_text
-    from kforge_dash.text import counted
+    from kforge_dash.ingest.flight_recorder import collective_text
+    from kforge_dash.text import counted, rank_list, rank_runs
 
     def named(rs) -> str:
-        return ranks_text(rs) if rs else "none"
+        return rank_runs(rs) if rs else "none"
 
     lines = [f"{counted(n_dumps, 'dump')} (format {versions}), world size {v.world_size}"]
-    cause = ("ranks " if len(v.ranks) > 1 else "rank ") + ranks_text(v.ranks) if v.ranks else "not found in the dumps"
+    cause = rank_list(v.ranks) or "not found in the dumps"
     lines.append(f"Cause: {cause}")
     lines.append(f"  {v.reason}")
     if v.collective is not None:
@@ -61,9 +61,9 @@ def _human(v, n_dumps: int, versions: str) -> list[str]:
     if shown:
         lines.append("Who waits for whom (each rank's oldest collective not seen complete):")
     for g in shown[:_WAIT_LINES]:
-        whom = (f"completed by {ranks_text(g['completed_by'])}" if g["completed_by"] else
-                f"for {ranks_text(g['waits_for'])}" if g["waits_for"] else "for no rank the dumps tell")
-        lines.append(f"  {counted(len(g['ranks']), 'rank')} ({ranks_text(g['ranks'])}) in {g['op']} #{g['seq']} of "
+        whom = (f"completed by {rank_runs(g['completed_by'])}" if g["completed_by"] else
+                f"for {rank_runs(g['waits_for'])}" if g["waits_for"] else "for no rank the dumps tell")
+        lines.append(f"  {counted(len(g['ranks']), 'rank')} ({rank_runs(g['ranks'])}) in {g['op']} #{g['seq']} of "
                      f"{g['desc'] or 'group'} {g['group']}, {whom}")
     if len(shown) > _WAIT_LINES:
         lines.append(f"  (+{len(shown) - _WAIT_LINES} more in --json)")
@@ -77,7 +77,7 @@ def _human(v, n_dumps: int, versions: str) -> list[str]:
     if not v.desync:
         lines.append("Desync: none (every rank issued the same collective at each sequence number)")
     for d in v.desync:
-        variants = "; ".join(f"ranks {ranks_text(x['ranks'])}: {x['op']} {x['sizes']} {' '.join(map(str, x['dtypes']))}"
+        variants = "; ".join(f"ranks {rank_runs(x['ranks'])}: {x['op']} {x['sizes']} {' '.join(map(str, x['dtypes']))}"
                              for x in d["variants"])
         lines.append(f"Desync in {d['desc'] or 'group'} {d['group']} #{d['seq']}: {variants}")
     return lines

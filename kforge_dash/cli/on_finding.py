@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kforge_dash.optional import require
+from kforge_dash.text import step_range
 from kforge_record.atomic import write_json_atomic
 from kforge_record.checks import check_positive, check_seconds
 from kforge_record.regular_file import open_regular
@@ -230,6 +231,7 @@ def after_pass(hook: OnFinding, result, report: Callable[[str], None]) -> int:
             err = run_command(hook, f, r.run_dir)
             if err is not None:
                 failed += 1
-                report(f"--on-finding for {f.get('kind')} at steps {f.get('first_step')}-{f.get('last_step')} of "
+                steps = step_range(f.get("first_step"), f.get("last_step")) or "unknown steps"
+                report(f"--on-finding for {f.get('kind')} at {steps} of "
                        f"{r.run_dir}: {err}")
     return failed

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from kforge_dash.findings.finding import Finding, RunFacts
 from kforge_dash.findings.hang_evidence import RankStall, attempt_stall, fr_dump_paths
-from kforge_dash.text import counted, duration
+from kforge_dash.text import counted, duration, rank_list, rank_runs
 
 CLEAN_ENDS = ("close", "exit")  # end.json reasons of a loop that went on to its end: its last stall was no hang
 
@@ -143,14 +143,8 @@ def _waited(launch, s: RankStall) -> float:
     return max(0.0, (until or 0.0) - (s.last_time or until or 0.0))
 
 
-def ranks_text(ranks) -> str:
-    from kforge_dash.ingest.flight_recorder import ranks_text as text
-
-    return text(ranks)
-
-
 def _plural(ranks) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ranks_text(ranks)
+    return rank_list(ranks) or ""
 
 
 def _wheres(stalls, ranks) -> str:
@@ -174,7 +168,7 @@ def _where(s: RankStall) -> str:
 def _message(launch, stalls, ranks, by_own, phase, last, waited, silent, collective) -> str:
     by, own = by_own
     after = "before its first step" if last is None else f"after step {last}"
-    who = ("rank " if len(ranks) == 1 else "ranks ") + ranks_text(ranks) if ranks else ""
+    who = rank_list(ranks) or ""
     hosts = sorted({stalls[r].host for r in ranks if r in stalls and stalls[r].host})
     text = f"Launch {launch.index} hung {after}: "
     if ranks:
@@ -197,7 +191,7 @@ def _message(launch, stalls, ranks, by_own, phase, last, waited, silent, collect
     if collective:
         text += f"; they wait in {collective['op']} #{collective['seq']} of group {collective['group']}"
     if silent:
-        text += (f"; no evidence from {'rank' if len(silent) == 1 else 'ranks'} {ranks_text(silent)} (a rank that died, "
+        text += (f"; no evidence from {rank_list(silent)} (a rank that died, "
                  "exited or whose node failed leaves none; the others may wait for it)")
     return text + "."
 
@@ -206,7 +200,7 @@ def _desync(facts: RunFacts, launch, stalls, verdict) -> Finding:
     d = verdict.desync[0]
     variants = d["variants"]
     minority = tuple(sorted(r for v in variants[1:] for r in v["ranks"]))
-    desc = "; ".join(f"{ranks_text(v['ranks'])}: {v['op']} sizes {v['sizes']} {v['dtypes']}" for v in variants)
+    desc = "; ".join(f"{rank_runs(v['ranks'])}: {v['op']} sizes {v['sizes']} {v['dtypes']}" for v in variants)
     more = f" ({len(verdict.desync) - 1} more such sequence numbers)" if len(verdict.desync) > 1 else ""
     last = min((s.last_step for s in stalls.values() if s.last_step is not None), default=None)
     return HangFinding(kind="desync", severity="error", first_step=None if last is None else last + 1,

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 from kforge_dash.ingest.fr_dumps import Op, RankDump, fr_dump_files, normalize, printable, read_fr_dumps
 from kforge_dash.ingest.fr_waits import Ends, Job, Wait, same_collective, terminal, wait_of
+from kforge_dash.text import rank_list, rank_runs
 
-__all__ = ["Collective", "FrVerdict", "analyze_fr", "fr_dump_files", "read_fr_dumps", "ranks_text"]
+__all__ = ["Collective", "FrVerdict", "analyze_fr", "fr_dump_files", "read_fr_dumps"]
 
 # Ops whose every rank passes tensors of one shape; all_to_all and the *_v ops differ by design.
 _SAME_SIZES = {"all_reduce", "allreduce", "broadcast", "reduce", "_all_gather_base", "all_gather", "allgather",
@@ -72,21 +73,8 @@ class FrVerdict:
     wait_groups: list[dict] = field(default_factory=list)
 
 
-def ranks_text(ranks) -> str:
-    """'0-3, 8, 10': ranks in runs."""
-    rs = sorted(set(ranks))
-    runs, i = [], 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        runs.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}" if j > i + 1 else f"{rs[i]}, {rs[j]}")
-        i = j + 1
-    return ", ".join(runs)
-
-
 def _plural(ranks) -> str:
-    return ("rank " if len(set(ranks)) == 1 else "ranks ") + ranks_text(ranks)
+    return rank_list(sorted(set(ranks))) or ""
 
 
 def _desync(dumps: dict[int, RankDump], job: Job) -> list[dict]:
@@ -142,12 +130,12 @@ def _wait_groups(job: Job, waits: dict[int, Wait]) -> list[dict]:
 
 def _op_text(job: Job, rank: int, op: Op) -> str:
     members = job.members(rank, op.group)
-    group = f"{job.desc(op.group) or 'group'} {op.group}" + (f" (ranks {ranks_text(members)})" if len(members) > 1 else "")
+    group = f"{job.desc(op.group) or 'group'} {op.group}" + (f" (ranks {rank_runs(members)})" if len(members) > 1 else "")
     return f"{op.name} #{op.p2p_seq if op.is_p2p else op.seq} of {group}"
 
 
 def collective_text(c: Collective) -> str:
-    group = f"{c.desc or 'group'} {c.group}" + (f" (ranks {ranks_text(c.group_ranks)})" if len(c.group_ranks) > 1 else "")
+    group = f"{c.desc or 'group'} {c.group}" + (f" (ranks {rank_runs(c.group_ranks)})" if len(c.group_ranks) > 1 else "")
     return f"{c.op} #{c.seq} of {group}"
 
 
