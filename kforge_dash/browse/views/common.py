@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 
-import plotly.graph_objects as go
 import streamlit as st
 
 from kforge_dash import column_registry as reg
@@ -21,6 +20,7 @@ from kforge_dash.browse import live as prep_live
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
 from kforge_dash.browse.runs import NOT_INGESTED, STALE, RunInfo, RunPathError
+from kforge_dash.browse.views import chart
 from kforge_dash.text import md_text
 
 # A run whose recorder ended a step this recently (its heartbeat.bin; browse/live.is_live) is being
@@ -57,9 +57,7 @@ def plotly_preload(send: bool = True):
         st.session_state["_plotly_preloaded"] = True
         if not send:
             return slot
-        slot.plotly_chart(go.Figure(layout=dict(height=10, margin=dict(l=0, r=0, t=0, b=0), xaxis_visible=False,
-                                                yaxis_visible=False)),
-                          height=10, config={"staticPlot": True, "displayModeBar": False})
+        chart.preload(slot)
     return slot
 
 
