@@ -6,22 +6,23 @@ own DOM, no iframe) loads the registry's `plotly.js-basic-dist-min` instead (sca
 evaluated in ~0.2 s) for a figure of those traces only, and plotly's own full plotly.min.js (the plotly
 package's, served from where it is installed) for any other; both are served by Streamlit's component
 route from disk, never fetched from the network. The figure is drawn as kforge-report draws it
-(report.figure_spec: the same white template, the same config).
+(figures.figure_spec: the same white template, the same config).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import plotly
+import streamlit as st
 import streamlit.components.v1 as components_v1
 import streamlit.components.v2 as components_v2
 
-from kforge_dash.browse import report as prep_report
+from kforge_dash.browse import figures as prep_figures
 
-BASIC_TRACES = frozenset({"scatter", "bar", "pie"})  # the trace types plotly-basic.min.js draws
 _BASIC = components_v1.declare_component("plotlyjs", path=str(Path(__file__).parents[1] / "plotlyjs"))
 _FULL = components_v1.declare_component("plotlyjs_full", path=str(Path(plotly.__file__).parent / "package_data"))
 
@@ -52,7 +53,7 @@ export default function (c) {
     el.appendChild(gd);
   }
   const spec = JSON.parse(d.spec);
-  bundle(d.src).then(function (P) {
+  bundle(W.bundles[d.full] ? d.full : d.src).then(function (P) {
     W.turn = W.turn.then(function () {
       if (gd.__kforgePlotly && gd.__kforgePlotly !== P) { gd.__kforgePlotly.purge(gd); }
       gd.__kforgePlotly = P;
@@ -64,7 +65,9 @@ export default function (c) {
             if (x) { c.setTriggerValue("selection", {box: [{x: x}]}); }
           });
         }
-      }).then(function () { return new Promise(function (r) { setTimeout(r, 0); }); });
+      }).then(function () {  // the next chart once this one is painted
+        return new Promise(function (r) { requestAnimationFrame(function () { setTimeout(r, 0); }); });
+      });
     });
   });
 }
@@ -78,20 +81,24 @@ class Drawn:
     box_x: tuple | None
 
 
-def _src(spec: dict) -> str:
-    basic = all(t.get("type", "scatter") in BASIC_TRACES for t in spec["data"])
-    return f"/component/{_BASIC.name}/plotly-basic.min.js" if basic else f"/component/{_FULL.name}/plotly.min.js"
+def _srcs() -> tuple[str, str]:
+    """The URLs of the basic and the full bundle."""
+    return f"/component/{_BASIC.name}/plotly-basic.min.js", f"/component/{_FULL.name}/plotly.min.js"
+
+
 
 
 def chart(slot, fig, *, key: str, name: str = "chart", config: dict | None = None, select: bool = False) -> Drawn:
     """Draw `fig` in `slot` (st, a column or a container); its place is reserved at the figure's height."""
-    spec = prep_report.figure_spec(fig, name)
+    spec = prep_figures.figure_spec(fig, name)
     if config is not None:
         spec["config"] = {**config, "responsive": True}
     height = int(spec["layout"].get("height") or 450)
-    with slot:
-        ev = _ELEMENT(key=key, data={"spec": json.dumps(spec), "src": _src(spec), "select": select}, height=height,
-                      on_selection_change=lambda: None)
+    basic, full = _srcs()
+    data = {"spec": json.dumps(spec), "src": basic if prep_figures.bundle_for(spec) == "basic" else full, "full": full,
+            "select": select}
+    with contextlib.nullcontext() if slot is st else slot:
+        ev = _ELEMENT(key=key, data=data, height=height, on_selection_change=lambda: None)
     sel = (ev.get("selection") if ev else None) or {}
     box = sel.get("box") or []
     return Drawn(tuple(box[0]["x"]) if box and len(box[0].get("x") or []) == 2 else None)
@@ -100,5 +107,4 @@ def chart(slot, fig, *, key: str, name: str = "chart", config: dict | None = Non
 def preload(slot) -> None:
     """Start loading the basic bundle before any chart (an element that draws nothing)."""
     with slot:
-        _ELEMENT(key="plotlyjs-preload", data={"spec": None, "src": f"/component/{_BASIC.name}/plotly-basic.min.js"},
-                 height=1)
+        _ELEMENT(key="plotlyjs-preload", data={"spec": None, "src": _srcs()[0]}, height=1)

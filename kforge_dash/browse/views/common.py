@@ -45,13 +45,10 @@ def preload_pending() -> bool:
 
 
 def plotly_preload(send: bool = True):
-    """An empty, 10-pixel plotly element sent before the charts, once per session (only marked as
-    done when not `send`); returns its slot, which the page empties once its charts are sent.
-
-    Streamlit's frontend fetches and evaluates plotly.js (a 4.7 MB chunk) only when it renders the
-    first chart, after every widget's own code: the charts that arrive meanwhile are then all drawn
-    in one task, so the first one showed with the last. Loading it here overlaps that with the
-    widgets (benchmarks/bench_dash_browser.py)."""
+    """An element that only starts loading plotly.js (views/chart.preload), sent before the charts once
+    per session (only marked as done when not `send`); returns its slot, which the page empties once its
+    charts are sent. Loading it here overlaps that with the widgets' own code
+    (benchmarks/bench_dash_browser.py)."""
     slot = st.empty()
     if not st.session_state.get("_plotly_preloaded"):
         st.session_state["_plotly_preloaded"] = True
