@@ -315,7 +315,7 @@ def print_table(rows: dict, counts: dict, args, *, load: tuple[float, float], tb
         "kforge-dash": f"kforge-dash (compare page, {args.runs} runs selected at landing)",
         "kforge-dash (baseline)": f"kforge-dash baseline ({args.baseline})",
         "TensorBoard": f"TensorBoard {tb_version()} (time series, its own server)",
-        "floor": "Streamlit alone: one 3-point plotly chart (the floor of any Streamlit app here)",
+        "floor": "Streamlit alone: one 3-point st.plotly_chart (Streamlit's own plotly chunk)",
     }
     charts = {label: str(n) for label, n in counts.items()}
     charts.update({"TensorBoard": f"{counts.get('TensorBoard')} shown at load", "floor": "1"})

@@ -52,6 +52,7 @@ export default function (c) {
     gd.className = "kforge-chart";
     el.appendChild(gd);
   }
+  gd.__kforgeElement = c;  // the latest mount's (a new key, after a zoom, may reuse this node)
   const spec = JSON.parse(d.spec);
   bundle(W.bundles[d.full] ? d.full : d.src).then(function (P) {
     W.turn = W.turn.then(function () {
@@ -62,7 +63,7 @@ export default function (c) {
           gd.__kforgeSelect = true;
           gd.on("plotly_selected", function (ev) {
             const x = ev && ev.range && ev.range.x;
-            if (x) { c.setTriggerValue("selection", {box: [{x: x}]}); }
+            if (x) { gd.__kforgeElement.setTriggerValue("selection", {box: [{x: x}]}); }
           });
         }
       }).then(function () {  // the next chart once this one is painted
