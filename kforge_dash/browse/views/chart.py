@@ -26,9 +26,11 @@ from kforge_dash.browse import figures as prep_figures
 _BASIC = components_v1.declare_component("plotlyjs", path=str(Path(__file__).parents[1] / "plotlyjs"))
 _FULL = components_v1.declare_component("plotlyjs_full", path=str(Path(plotly.__file__).parent / "package_data"))
 
-# Each figure is drawn once its bundle has loaded; charts that were waiting for it are drawn one per task,
+# Each figure is drawn once its bundle has loaded; charts that were waiting for it are drawn one per frame,
 # so the first is painted before the next is drawn. A selection box (dragmode "select") is reported as
-# the trigger `selection`, {"box": [{"x": [x0, x1]}]} as st.plotly_chart reports one.
+# the trigger `selection`, {"box": [{"x": [x0, x1]}]} as st.plotly_chart reports one. A chart follows its
+# cell's width (a sidebar opened or closed; plotly's `responsive` follows only the window's). The bundles'
+# URLs are relative to the page (/compare, or under a server.baseUrlPath).
 _JS = r"""
 const W = window.__kforgePlotly = window.__kforgePlotly || {bundles: {}, turn: Promise.resolve()};
 function bundle(src) {
@@ -66,10 +68,20 @@ export default function (c) {
             if (x) { gd.__kforgeElement.setTriggerValue("selection", {box: [{x: x}]}); }
           });
         }
-      }).then(function () {  // the next chart once this one is painted
+      }).then(function () {
+        if (window.ResizeObserver && !gd.__kforgeResize) {
+          let w = gd.clientWidth;
+          gd.__kforgeResize = new ResizeObserver(function () {
+            if (gd.clientWidth !== w && gd.clientWidth > 0) { w = gd.clientWidth; gd.__kforgePlotly.Plots.resize(gd); }
+          });
+          gd.__kforgeResize.observe(gd);
+        }
+        // the next chart once this one is painted
         return new Promise(function (r) { requestAnimationFrame(function () { setTimeout(r, 0); }); });
       });
     });
+  }, function () {
+    gd.textContent = "plotly.js could not be loaded from " + new URL(d.src, document.baseURI) + ": chart not drawn.";
   });
 }
 """
@@ -84,9 +96,7 @@ class Drawn:
 
 def _srcs() -> tuple[str, str]:
     """The URLs of the basic and the full bundle."""
-    return f"/component/{_BASIC.name}/plotly-basic.min.js", f"/component/{_FULL.name}/plotly.min.js"
-
-
+    return f"component/{_BASIC.name}/plotly-basic.min.js", f"component/{_FULL.name}/plotly.min.js"
 
 
 def chart(slot, fig, *, key: str, name: str = "chart", config: dict | None = None, select: bool = False) -> Drawn:
