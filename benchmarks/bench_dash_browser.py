@@ -114,10 +114,10 @@ KFORGE_SHOWN = ("() => [...document.querySelectorAll('[class*=st-key-preview-] i
 KFORGE_FIRST = ("() => [...document.querySelectorAll('.js-plotly-plot')].some("
                 "e => e.querySelector('.scatterlayer .trace path.js-line'))")
 # All: the page's script is done (its "Drawing N of M points" note comes after every chart) and
-# every chart on it has a line.
-KFORGE_ALL = ("() => { const p = [...document.querySelectorAll('.js-plotly-plot')]; return p.length >= 1 && "
+# every chart cell holds a plotly chart with a line (a chart sent is drawn a few frames later).
+KFORGE_ALL = ("() => { const c = [...document.querySelectorAll('[class*=st-key-cell-]')]; return c.length >= 1 && "
               "document.body.innerText.includes('Drawing ') && "
-              "p.every(e => e.querySelector('.scatterlayer .trace path.js-line')); }")
+              "c.every(e => e.querySelector('.js-plotly-plot .scatterlayer .trace path.js-line')); }")
 
 
 def time_kforge(browser, url: str) -> tuple[float, float, float]:
@@ -315,7 +315,7 @@ def print_table(rows: dict, counts: dict, args, *, load: tuple[float, float], tb
         "kforge-dash": f"kforge-dash (compare page, {args.runs} runs selected at landing)",
         "kforge-dash (baseline)": f"kforge-dash baseline ({args.baseline})",
         "TensorBoard": f"TensorBoard {tb_version()} (time series, its own server)",
-        "floor": "Streamlit alone: one 3-point plotly chart (the floor of any Streamlit app here)",
+        "floor": "Streamlit alone: one 3-point st.plotly_chart (Streamlit's own plotly chunk)",
     }
     charts = {label: str(n) for label, n in counts.items()}
     charts.update({"TensorBoard": f"{counts.get('TensorBoard')} shown at load", "floor": "1"})

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from chart_specs import chart_elements, chart_spec
 from click.testing import CliRunner
 from dash_fixtures import SAMPLE_RUNS, copy_and_ingest_sample_runs, ingest_sample_run, sample_run_names, shown, write_run
 from streamlit.testing.v1 import AppTest
@@ -54,8 +55,8 @@ def decode(v):
 def charts(at):
     """{chart title: plotly spec} of the plotly charts on the page."""
     out = {}
-    for c in at.get("plotly_chart"):
-        spec = json.loads(c.proto.spec)
+    for c in chart_elements(at):
+        spec = chart_spec(c)
         out[spec["layout"].get("title", {}).get("text") or c.proto.id] = spec
     return out
 
@@ -210,7 +211,7 @@ def test_run_detail_page(app, root):
     app2.query_params["run"] = "../../etc"
     at2 = app2.run()
     at2.switch_page("views/run_detail.py").run()
-    assert not at2.exception and not at2.get("plotly_chart") and not at2.metric
+    assert not at2.exception and not chart_elements(at2) and not at2.metric
     assert any("'../../etc' is not under" in shown(e.value) for e in at2.error)
 
 

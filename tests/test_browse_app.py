@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+from chart_specs import chart_specs
 from click.testing import CliRunner
 from dash_fixtures import shown, write_run, write_shards_only
 from streamlit.testing.v1 import AppTest
@@ -28,7 +29,7 @@ def _app(root, monkeypatch, **params):
 
 
 def _titles(at):
-    return [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    return [s["layout"]["title"]["text"] for s in chart_specs(at)]
 
 
 def test_landing_page_draws_the_most_recent_runs_at_once(tmp_path, monkeypatch):
@@ -90,7 +91,7 @@ def test_group_band_and_zoom_inputs_on_the_compare_page(tmp_path, monkeypatch):
         write_run(tmp_path, name, n=300, seed=seed)
     at = _app(tmp_path, monkeypatch, group_by="name pattern", metrics=["loss"], step_from="101", step_to="200").run()
     assert not at.exception
-    (chart,) = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    (chart,) = chart_specs(at)
     fills = [t for t in chart["data"] if t.get("fill") == "tonexty"]
     assert len(fills) == 2  # one band per group
     means = [t for t in chart["data"] if t.get("line", {}).get("width") == 1.8]

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+from chart_specs import chart_specs
 from dash_fixtures import write_run
 from streamlit.testing.v1 import AppTest
 
@@ -34,7 +35,7 @@ def test_every_compare_chart_is_titled_with_its_registry_label_and_unit(tmp_path
     at.query_params.update(metrics=["loss", "step_time_s", "tokens_per_sec", "grad_norm", "mfu"])
     at.run()
     assert not at.exception
-    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    specs = chart_specs(at)
     titles = [s["layout"]["title"]["text"] for s in specs]
     shown = at.multiselect(key="metrics").value
     assert len(shown) == 5 and sorted(titles) == sorted(reg.lookup(m).titled for m in shown)  # (two columns)

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from chart_specs import chart_elements, chart_specs
 from dash_fixtures import SAMPLE_RUNS, detail_page, shown, write_run
 from streamlit.testing.v1 import AppTest
 
@@ -23,8 +24,7 @@ def root(tmp_path_factory):
 
 
 def _charts(at):
-    return {json.loads(c.proto.spec)["layout"].get("title", {}).get("text"): json.loads(c.proto.spec)
-            for c in at.get("plotly_chart")}
+    return {s["layout"].get("title", {}).get("text"): s for s in chart_specs(at)}
 
 
 def test_two_wall_times_each_labelled_and_the_waterfall_starts_at_the_job_clock(root, monkeypatch):
@@ -89,7 +89,7 @@ def test_a_run_deleted_while_its_page_is_open_is_said_gone_and_no_other_run_show
     errors = [shown(e.value) for e in at.error]
     assert any("'beta' is not under" in e and "deleted" in e for e in errors), errors
     assert not any("re-ingest" in e for e in errors)
-    assert not at.metric and not at.get("plotly_chart")  # alpha's data is not shown under beta's name
+    assert not at.metric and not chart_elements(at)  # alpha's data is not shown under beta's name
     assert at.query_params["run"] == "beta"  # the URL still names the run it was about
     other = at.selectbox(key="other_run")
     assert other.options == ["alpha"] and other.value is None

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from chart_specs import chart_specs
 from dash_fixtures import detail_page, lab, write_run
 
 from kforge_dash.browse import figures as prep_figures
@@ -156,6 +157,6 @@ def test_captions_name_the_runs_own_phases(tmp_path, monkeypatch):
     assert not at.exception
     caption = next(c.value for c in at.caption if "straggler shows" in c.value).replace("\\", "")
     assert "own work (optimizer)" in caption and "(data" not in caption and "data)" not in caption
-    title = next(json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")
-                 if json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "").startswith("steps where"))
+    title = next(s["layout"]["title"]["text"] for s in chart_specs(at)
+                 if s["layout"].get("title", {}).get("text", "").startswith("steps where"))
     assert "data" not in title and len(title) <= 45  # fits a half-width column (tested in Chromium)

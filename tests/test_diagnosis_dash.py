@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from chart_specs import chart_specs
 from dash_fixtures import SAMPLE_RUNS, shown
 from streamlit.testing.v1 import AppTest
 
@@ -52,7 +53,7 @@ def test_run_page_says_what_the_stragglers_cost_and_draws_both_waterfalls(root, 
     (info,) = [shown(i.value) for i in at.info if "stragglers" in i.value]
     assert info.startswith("Without its stragglers this run would have taken ") and "; rank 1 (" in info
     assert w["by_rank"][0]["rank"] == 1 and w["saved_s"] > 0.1 * w["total_s"]
-    titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text") or "" for c in at.get("plotly_chart")]
+    titles = [s["layout"].get("title", {}).get("text") or "" for s in chart_specs(at)]
     assert any(t.startswith("where the job's wall clock went") for t in titles)
     assert any(t.startswith("where the MFU went") for t in titles)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chart_specs import chart_specs
 from dash_fixtures import copy_and_ingest_sample_runs
 from streamlit.testing.v1 import AppTest
 
@@ -95,8 +96,7 @@ def app(root, monkeypatch):
 
 
 def _charts(at):
-    return {json.loads(c.proto.spec)["layout"].get("title", {}).get("text"): json.loads(c.proto.spec)
-            for c in at.get("plotly_chart")}
+    return {s["layout"].get("title", {}).get("text"): s for s in chart_specs(at)}
 
 
 def test_run_detail_opens_with_findings_and_the_straggler_view(app, root):

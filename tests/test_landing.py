@@ -9,6 +9,7 @@ from pathlib import Path
 import plotly.io
 import polars as pl
 import pytest
+from chart_specs import chart_elements
 from dash_fixtures import copy_and_ingest_sample_runs, lab, shown, write_run
 from streamlit.testing.v1 import AppTest
 
@@ -124,7 +125,7 @@ def test_a_url_step_no_input_can_hold_is_a_note_not_a_traceback(sample_root, mon
     (key, _), = param.items()
     assert f"{key}=" in _texts(at)
     # The page goes on: the chart is drawn, or (from a step past the run) it says there is nothing there.
-    assert at.get("plotly_chart") or f"in steps {prep_zoom.MAX_STEP}.." in _texts(at)
+    assert chart_elements(at) or f"in steps {prep_zoom.MAX_STEP}.." in _texts(at)
 
 
 # -- empty root ----------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Plotly figures from prepared data. No Streamlit here: pages only pass figures to st.plotly_chart.
+"""Plotly figures from prepared data, and the spec plotly.js draws of each (the dashboard's element, views/chart.py,
+and kforge-report draw the same). No Streamlit here.
 
 Lines are SVG scatter traces (not WebGL): about 1,000 points per series draw fast in SVG and
 render in any browser. WebGL (scattergl) was measured and rejected: headless Chromium without a GPU
@@ -8,6 +9,7 @@ draws it in software (SwiftShader), and the 7 landing charts took ~45 s instead 
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 
@@ -26,6 +28,8 @@ _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, hovermode="close
                legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
 GIB = 2**30
 IMAGE_FORMATS = ("png", "svg")
+TEMPLATE = "plotly_white"  # white with light grid lines, as Streamlit's theme drew the charts
+BASIC_TRACES = frozenset({"scatter", "bar", "pie"})  # the trace types of plotly.js-basic-dist-min
 
 
 def text(s) -> str:
@@ -57,6 +61,20 @@ def _axis_title(metric: str) -> str:
     if unit is None and not reg.known(metric) and metric.endswith("_s"):
         return "s"  # a user scalar timed in seconds (its name says so)
     return unit or ""
+
+
+def figure_spec(fig: go.Figure, name: str) -> dict:
+    """{"data", "layout", "config"} of `fig` as plotly.js draws it, on TEMPLATE; `name` names a saved image."""
+    import plotly.io
+
+    fig.update_layout(template=TEMPLATE)
+    spec = json.loads(plotly.io.to_json(fig, validate=False))
+    return {"data": spec["data"], "layout": spec["layout"], "config": {**chart_config(name), "responsive": True}}
+
+
+def bundle_for(spec: dict) -> str:
+    """"basic" when plotly.js-basic-dist-min draws every trace of the spec, else "full"."""
+    return "basic" if all(t.get("type", "scatter") in BASIC_TRACES for t in spec["data"]) else "full"
 
 
 def chart_config(metric: str, *, image_format: str = "png") -> dict:

@@ -1,7 +1,7 @@
 """A static SVG drawing of a compare chart, shown while plotly.js is still loading.
 
 On a session's first page the browser spends most of the time to the first chart fetching and
-evaluating plotly.js (a 4.7 MB chunk; benchmarks/bench_dash_browser.py): the page's data is ready
+evaluating plotly.js (1.2 MB, views/chart.py; benchmarks/bench_dash_browser.py): the page's data is ready
 long before. So the first page draws each chart twice: this SVG (lines, axes, title: a few tens of
 kB, drawn by the browser at once) under the interactive plotly chart, which covers it once drawn.
 No plotly here, no Streamlit: plain text out of the prepared series.

@@ -37,7 +37,6 @@ from kforge_record.atomic import atomic_path
 MAX_NONFINITE_ROWS = 50  # per run; the count in the heading is exact
 # The report zooms in the browser only, at the resolution written (no re-query): twice the dashboard's.
 REPORT_POINTS = 2000
-REPORT_TEMPLATE = "plotly_white"  # the dashboard's white (module _figure_spec)
 
 
 @dataclass(frozen=True)
@@ -158,26 +157,17 @@ def charts_html(runs: list[prep_runs.RunInfo], options: ReportOptions,
     dashes = {r.name: styles[r.name].dash for r in runs}
     specs = []
     for metric in data.drawn_metrics():  # no legend per chart: the run list above them is the page's one legend
-        specs.append(_figure_spec(prep_figures.metric_figure(data, metric, colours, dashes=dashes, legend=False), metric))
+        fig = prep_figures.metric_figure(data, metric, colours, dashes=dashes, legend=False)
+        specs.append(prep_figures.figure_spec(fig, metric))
     cells = "".join(f'<div class="chart" id="chart-{i}"></div>' for i in range(len(specs)))
     return (run_list_html(runs, styles) + f'<div class="charts">{cells}</div><script type="application/json" id="chart-specs">'
             f"{_script_json(specs)}</script>"), data.drawn_metrics(), prep_overlap.chart_notes([data])
 
 
-def _figure_spec(fig, name: str) -> dict:
-    """A figure as plotly.js draws it in the report: on the dashboard's white (Streamlit's theme draws
-    its charts on white with light grid lines; plotly's default template is grey)."""
-    import plotly.io
-
-    fig.update_layout(template=REPORT_TEMPLATE)
-    spec = json.loads(plotly.io.to_json(fig, validate=False))
-    return {"data": spec["data"], "layout": spec["layout"], "config": {**prep_figures.chart_config(name), "responsive": True}}
-
-
 def _run_figure_html(fig, name: str) -> str:
     """A run section's figure: its spec in a JSON script right after its cell; _DRAW_RUN_FIGURES draws it there."""
     return (f'<div class="run-figure"></div><script type="application/json" class="run-figure-spec">'
-            f"{_script_json(_figure_spec(fig, name))}</script>")
+            f"{_script_json(prep_figures.figure_spec(fig, name))}</script>")
 
 
 def run_list_html(runs: list[prep_runs.RunInfo], styles: dict[str, prep_runs.RunStyle]) -> str:

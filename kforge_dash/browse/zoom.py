@@ -1,8 +1,8 @@
 """Zoom that re-queries: a range dragged on a chart becomes a StepRange, which prepare_compare
 re-reads from the full-resolution series (and downsamples again, for that range only).
 
-Streamlit reports a plotly chart's box selection (st.plotly_chart(on_select="rerun",
-selection_mode="box")), not its client-side zoom, so the charts' drag mode is a horizontal select.
+The dashboard's chart element (views/chart.py) reports a plotly chart's box selection, not its
+client-side zoom, so the charts' drag mode is a horizontal select.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 
-import plotly.graph_objects as go
 import streamlit as st
 
 from kforge_dash import column_registry as reg
@@ -21,6 +20,7 @@ from kforge_dash.browse import live as prep_live
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
 from kforge_dash.browse.runs import NOT_INGESTED, STALE, RunInfo, RunPathError
+from kforge_dash.browse.views import chart
 from kforge_dash.text import md_text
 
 # A run whose recorder ended a step this recently (its heartbeat.bin; browse/live.is_live) is being
@@ -45,21 +45,16 @@ def preload_pending() -> bool:
 
 
 def plotly_preload(send: bool = True):
-    """An empty, 10-pixel plotly element sent before the charts, once per session (only marked as
-    done when not `send`); returns its slot, which the page empties once its charts are sent.
-
-    Streamlit's frontend fetches and evaluates plotly.js (a 4.7 MB chunk) only when it renders the
-    first chart, after every widget's own code: the charts that arrive meanwhile are then all drawn
-    in one task, so the first one showed with the last. Loading it here overlaps that with the
-    widgets (benchmarks/bench_dash_browser.py)."""
+    """An element that only starts loading plotly.js (views/chart.preload), sent before the charts once
+    per session (only marked as done when not `send`); returns its slot, which the page empties once its
+    charts are sent. Loading it here overlaps that with the widgets' own code
+    (benchmarks/bench_dash_browser.py)."""
     slot = st.empty()
     if not st.session_state.get("_plotly_preloaded"):
         st.session_state["_plotly_preloaded"] = True
         if not send:
             return slot
-        slot.plotly_chart(go.Figure(layout=dict(height=10, margin=dict(l=0, r=0, t=0, b=0), xaxis_visible=False,
-                                                yaxis_visible=False)),
-                          height=10, config={"staticPlot": True, "displayModeBar": False})
+        chart.preload(slot)
     return slot
 
 

@@ -20,7 +20,7 @@ from kforge_dash.browse import preview as prep_preview
 from kforge_dash.browse import runs as prep_runs
 from kforge_dash.browse import series as prep_series
 from kforge_dash.browse import zoom as prep_zoom
-from kforge_dash.browse.views import common
+from kforge_dash.browse.views import chart, common
 from kforge_dash.text import md_text
 
 LANDING_RUNS = 8  # the landing page opens with the most recent runs selected, up to this many
@@ -262,11 +262,10 @@ def _chart(cell, data, metric, *, tag) -> None:
     make = prep_figures.group_figure if grouped else prep_figures.metric_figure
     fig = make(data, metric, colours, log_y=log_y, select_zoom=True, dashes=dashes, legend=False)
     # The key changes with the zoom: the new chart starts without the box that made it.
-    ev = cell.plotly_chart(fig, key=f"chart-{metric}-{tag}", on_select="rerun", selection_mode="box",
-                           config=prep_figures.chart_config(metric, image_format=image_format))
-    box = (ev.selection.get("box") or []) if ev else []
-    if box and len(box[0].get("x") or []) == 2:
-        st.session_state["_box"] = tuple(box[0]["x"])
+    drawn = chart.chart(cell, fig, key=f"chart-{metric}-{tag}", name=metric, select=True,
+                        config=prep_figures.chart_config(metric, image_format=image_format))
+    if drawn.box_x is not None:
+        st.session_state["_box"] = drawn.box_x
         st.rerun()  # the whole page: the step inputs live in the sidebar
 
 

@@ -11,7 +11,7 @@ from kforge_dash.browse import findings as prep_findings
 from kforge_dash.browse import findings_figures, tables
 from kforge_dash.browse import lineage as prep_lineage
 from kforge_dash.browse import ranks as prep_ranks
-from kforge_dash.browse.views import common, hang_card
+from kforge_dash.browse.views import chart, common, hang_card
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
 from kforge_dash.run_view import run_view
 from kforge_dash.text import md_text
@@ -103,9 +103,9 @@ if view.what_if:  # from summary.json what_if: the run without its stragglers
 waterfall, mfu_fall = prep_findings.goodput_waterfall(s), prep_diagnosis.mfu_waterfall(s)
 left, right = st.columns(2) if mfu_fall is not None else (st.container(), None)
 if waterfall is not None:
-    left.plotly_chart(findings_figures.waterfall_figure(waterfall), key="goodput")
+    chart.chart(left, findings_figures.waterfall_figure(waterfall), key="goodput")
 if mfu_fall is not None:
-    right.plotly_chart(findings_figures.mfu_waterfall_figure(mfu_fall), key="mfu_waterfall")
+    chart.chart(right, findings_figures.mfu_waterfall_figure(mfu_fall), key="mfu_waterfall")
 
 try:  # a damaged ingested file, or one leading outside the run: name it, keep the app up
     steps_path, ranks_path = run.file(STEPS_FILE), run.file(RANKS_FILE)
@@ -116,8 +116,8 @@ try:  # a damaged ingested file, or one leading outside the run: name it, keep t
                                bind="query-params", placeholder="pick a finding's steps") if options else None
     focus = prep_findings.parse_focus(picked)
     if focus is not None:
-        section.plotly_chart(findings_figures.focus_figure(prep_findings.focus_steps(steps_path, *focus), *focus),
-                             key="focus_chart")
+        chart.chart(section, findings_figures.focus_figure(prep_findings.focus_steps(steps_path, *focus), *focus),
+                    key="focus_chart")
     # Scroll there after a button (the charts open ~900 px below it) or a new focus (also from the URL).
     asked = st.session_state.pop("scroll_to_focus", False)
     if focus is not None and (asked or st.session_state.get("focus_shown") != picked):
@@ -142,7 +142,7 @@ except ValueError as e:
 if d.heatmap is None:
     st.info(f"{md_text(ranks_path)} is missing: re-ingest the run for per-rank views.")
 else:
-    st.plotly_chart(prep_figures.heatmap_figure(d.heatmap), key="heatmap")
+    chart.chart(st, prep_figures.heatmap_figure(d.heatmap), key="heatmap")
 if d.phase_by_rank is not None and d.phase_by_rank.width > 1:
     st.caption(md_text(prep_ranks.per_rank_caption(d.slowest.phases if d.slowest else (), d.phase_by_rank.columns)))
     # Numbers stay numbers (right-aligned), each column to 4 decimals; a phase that did not run is 0 s, not a gap.
@@ -159,21 +159,21 @@ elif d.slowest is None:
               "be told apart from waiting in the collective, so it is not drawn.")
 else:
     # Short enough for a half-width column at 1280 px; the own-work phases are named in the caption above.
-    left.plotly_chart(prep_figures.bar_figure(
+    chart.chart(left, prep_figures.bar_figure(
         d.slowest.counts["rank"].to_list(), d.slowest.counts["steps_slowest"].to_list(), x_title="rank",
         y_title="steps", title="steps where each rank's own work was slowest"), key="slowest")
 if d.memory is None:
     right.info("No memory samples (CPU run, memory sampling off, or no ranks.parquet).")
 else:
     ranks, values, label = d.memory
-    right.plotly_chart(prep_figures.bar_figure(ranks, [v / text.GIB for v in values], x_title="rank", y_title="GiB",
-                                               title=f"max {label} per rank"), key="memory")
+    chart.chart(right, prep_figures.bar_figure(ranks, [v / text.GIB for v in values], x_title="rank", y_title="GiB",
+                                                title=f"max {label} per rank"), key="memory")
 
 st.subheader("Phase breakdown")
 if d.phases.is_empty():
     st.info("No phase timers recorded in this run.")
 else:
-    st.plotly_chart(prep_figures.phase_figure(d.phases), key="phases")
+    chart.chart(st, prep_figures.phase_figure(d.phases), key="phases")
     st.caption("Share of the average rank's step time. A phase that did not run in a step (a checkpoint every "
                "N steps) counts 0 s there; 'other' is the step time no timer covered.")
     if d.phase_totals.note:
@@ -182,7 +182,7 @@ else:
         d.phase_totals.table, {"total_s": "%.3f", "mean_s": "%.5f", "share": "percent"}))
 
 st.subheader("Restarts")
-st.plotly_chart(prep_figures.timeline_figure(d.timeline, s.get("restarts") or []), key="timeline")
+chart.chart(st, prep_figures.timeline_figure(d.timeline, s.get("restarts") or []), key="timeline")
 # A column with a gap is text there ("—" for none): its numbers still right-aligned, as in the columns without.
 shown_timeline = d.timeline.drop("attempt_ids")  # the ids below, as wrapped text: a table cell cut them at every width
 # Headers and their tooltips: the column registry's (as every table of the page).
@@ -198,7 +198,7 @@ if any(r.get("in_process") for r in s.get("restarts") or []) or lineage.height >
     srcs = common.sources({run.name: run}, [run.name])
     branch_data = common.compare_data(srcs, ["loss"], x_axis="step", smoothing=0.0) if srcs else None
     if branch_data is not None and branch_data.branches:
-        st.plotly_chart(prep_figures.metric_figure(branch_data, "loss", {run.name: "#1f77b4"}), key="lineage_chart")
+        chart.chart(st, prep_figures.metric_figure(branch_data, "loss", {run.name: "#1f77b4"}), key="lineage_chart")
         st.caption("The kept line, and faint the steps each restart superseded (hover: what superseded them).")
 
 st.subheader("Non-finite steps")
