@@ -1,0 +1,82 @@
+"""Where one ingest's wall time, CPU time and peak memory go, stage by stage (issue 29, goals 1 and 6).
+
+    python benchmarks/bench_ingest_stages.py RUN                 # RUN: e.g. bench_ingest_vs_duckdb.py --dir D's run
+    PYTHONPATH=/work/main python3 benchmarks/bench_ingest_stages.py RUN   # another checkout, same stages
+
+Runs ``ingest_run(RUN, force)`` once in this process with each stage wrapped: the peak RSS is reset
+before a stage (/proc/self/clear_refs, Linux) and read after it (VmHWM), so "peak" is the stage's own
+high-water mark, "end" the resident set it leaves. Stages nest: the findings (indented) are inside
+analyse_run. Nothing of kforge is changed: the wrappers replace module attributes in this process only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import resource
+import time
+
+FINDINGS = (("perstep", "per_step"), ("goodput", "goodput"), ("spikes", "spike_findings"),
+            ("nonfinite", "nonfinite_findings"), ("stragglers", "straggler_findings"), ("timeline", "memory_findings"),
+            ("timeline", "data_stall_findings"), ("timeline", "restart_findings"), ("kills", "unrecorded_findings"),
+            ("kills", "overlap_findings"), ("missing", "missing_rank_findings"), ("hang", "hang_findings"),
+            ("replicas", "replica_divergence_findings"), ("episodes", "slow_episode_findings"),
+            ("hardware", "episodes"), ("hardware", "throttle_findings"), ("whatif", "what_if"),
+            ("mfu", "mfu_waterfall"))
+RUN_STAGES = ("_list_inputs", "make_plan", "read_rows", "find_rollbacks", "_derive", "_write_outputs", "build_summary",
+              "analyse_run")
+
+
+def _status() -> tuple[float, float]:
+    """(VmHWM, VmRSS) in GiB."""
+    with open("/proc/self/status") as f:
+        got = {line.split(":")[0]: int(line.split()[1]) for line in f if line.startswith(("VmHWM", "VmRSS"))}
+    return got["VmHWM"] / 2**20, got["VmRSS"] / 2**20
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _wrap(mod, name: str, label: str, rows: list) -> None:
+    fn = getattr(mod, name, None)
+    if fn is None:
+        return
+
+    def timed(*a, **k):
+        _reset_peak()
+        t, c = time.perf_counter(), time.process_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            rows.append((label, time.perf_counter() - t, time.process_time() - c, *_status()))
+    setattr(mod, name, timed)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    import kforge_dash
+    import kforge_dash.ingest.run as run
+    from kforge_dash.ingest.options import IngestOptions
+    imported = time.perf_counter() - t0
+    rows: list = []
+    for name in RUN_STAGES:
+        _wrap(run, name, name, rows)
+    for mod, name in FINDINGS:
+        _wrap(importlib.import_module(f"kforge_dash.findings.{mod}"), name, f"  {name}", rows)
+    t, c = time.perf_counter(), time.process_time()
+    run.ingest_run(args.run, IngestOptions(force=True))
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    print(f"# {kforge_dash.__file__}: import {imported:.2f} s; ingest_run {wall:.2f} s wall, {cpu:.2f} CPU-s; "
+          f"peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+    print("| stage | wall s | CPU s | peak GiB | end GiB |\n| --- | ---: | ---: | ---: | ---: |")
+    for label, w, c, peak, end in rows:
+        print(f"| {label} | {w:.2f} | {c:.2f} | {peak:.2f} | {end:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
