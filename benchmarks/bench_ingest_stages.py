@@ -23,6 +23,15 @@ FINDINGS = (("perstep", "per_step"), ("goodput", "goodput"), ("spikes", "spike_f
             ("replicas", "replica_divergence_findings"), ("episodes", "slow_episode_findings"),
             ("hardware", "episodes"), ("hardware", "throttle_findings"), ("whatif", "what_if"),
             ("mfu", "mfu_waterfall"))
+# The row pass's parts, summed over its windows and batches (module, attribute); the thread they run on in brackets.
+ROW_PASS = (("window", "read_window", "main: read window/batch"), ("read", "_scan_together", "main:  parquet scan"),
+            ("read", "coalesce_logs", "main:  coalesce log rows"), ("window", "dedup_rows", "main: dedup_rows"),
+            ("window", "local_periods", "main: local_periods"), ("window", "arrow_table", "main: arrow_table"),
+            ("rows._Acc", "add", "main: periods and steps kept (_Acc.add)"),
+            ("ranks_writer.RanksWriter", "put", "main: RanksWriter.put (cast, NaN check, wait)"),
+            ("ranks_writer.RanksWriter", "_write", "writer: ranks.parquet write"),
+            ("accumulate.StepAcc", "add", "reducer: StepAcc.add"), ("accumulate.StepAcc", "result", "reducer: StepAcc.result"),
+            ("window", "reduce_steps", "reducer: reduce_steps"), ("rows", "_stack_steps", "main: _stack_steps"))
 RUN_STAGES = ("_list_inputs", "make_plan", "read_rows", "find_rollbacks", "_derive", "_write_outputs", "build_summary",
               "analyse_run")
 
@@ -54,6 +63,25 @@ def _wrap(mod, name: str, label: str, rows: list) -> None:
     setattr(mod, name, timed)
 
 
+def _wrap_sum(owner, name: str, label: str, sums: dict) -> None:
+    """Sum wall and this thread's CPU time of every call of owner.name."""
+    fn = getattr(owner, name, None)
+    if fn is None:
+        return
+    sums[label] = [0, 0.0, 0.0]
+
+    def timed(*a, **k):
+        t, c = time.perf_counter(), time.thread_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            got = sums[label]
+            got[0] += 1
+            got[1] += time.perf_counter() - t
+            got[2] += time.thread_time() - c
+    setattr(owner, name, timed)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run")
@@ -66,6 +94,11 @@ def main() -> None:
     rows: list = []
     for name in RUN_STAGES:
         _wrap(run, name, name, rows)
+    sums: dict = {}
+    for where, name, label in ROW_PASS:
+        mod, _, cls = where.partition(".")
+        owner = importlib.import_module(f"kforge_dash.ingest.{mod}")
+        _wrap_sum(getattr(owner, cls) if cls else owner, name, label, sums)
     for mod, name in FINDINGS:
         _wrap(importlib.import_module(f"kforge_dash.findings.{mod}"), name, f"  {name}", rows)
     t, c = time.perf_counter(), time.process_time()
@@ -76,6 +109,9 @@ def main() -> None:
     print("| stage | wall s | CPU s | peak GiB | end GiB |\n| --- | ---: | ---: | ---: | ---: |")
     for label, w, c, peak, end in rows:
         print(f"| {label} | {w:.2f} | {c:.2f} | {peak:.2f} | {end:.2f} |")
+    print("\n| row pass part [thread] | calls | wall s | thread CPU s |\n| --- | ---: | ---: | ---: |")
+    for label, (n, w, c) in sums.items():
+        print(f"| {label} | {n} | {w:.2f} | {c:.2f} |")
 
 
 if __name__ == "__main__":
