@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import resource
 import time
 
 FINDINGS = (("perstep", "per_step"), ("goodput", "goodput"), ("spikes", "spike_findings"),
@@ -64,14 +63,15 @@ def _wrap(mod, name: str, label: str, rows: list) -> None:
 
 
 def _wrap_sum(owner, name: str, label: str, sums: dict) -> None:
-    """Sum wall and this thread's CPU time of every call of owner.name."""
+    """Sum wall and this thread's CPU time of every call of owner.name, and how far the process's peak RSS
+    rose during its calls (threads overlap: a rise is the process's, not the call's alone)."""
     fn = getattr(owner, name, None)
     if fn is None:
         return
-    sums[label] = [0, 0.0, 0.0]
+    sums[label] = [0, 0.0, 0.0, 0.0]
 
     def timed(*a, **k):
-        t, c = time.perf_counter(), time.thread_time()
+        t, c, before = time.perf_counter(), time.thread_time(), _status()[0]
         try:
             return fn(*a, **k)
         finally:
@@ -79,6 +79,7 @@ def _wrap_sum(owner, name: str, label: str, sums: dict) -> None:
             got[0] += 1
             got[1] += time.perf_counter() - t
             got[2] += time.thread_time() - c
+            got[3] += _status()[0] - before
     setattr(owner, name, timed)
 
 
@@ -104,14 +105,15 @@ def main() -> None:
     t, c = time.perf_counter(), time.process_time()
     run.ingest_run(args.run, IngestOptions(force=True))
     wall, cpu = time.perf_counter() - t, time.process_time() - c
+    # (ru_maxrss is reset with VmHWM: the process's peak is its stages' highest)
     print(f"# {kforge_dash.__file__}: import {imported:.2f} s; ingest_run {wall:.2f} s wall, {cpu:.2f} CPU-s; "
-          f"peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+          f"peak {max(r[3] for r in rows if not r[0].startswith(' ')):.2f} GiB")
     print("| stage | wall s | CPU s | peak GiB | end GiB |\n| --- | ---: | ---: | ---: | ---: |")
     for label, w, c, peak, end in rows:
         print(f"| {label} | {w:.2f} | {c:.2f} | {peak:.2f} | {end:.2f} |")
-    print("\n| row pass part [thread] | calls | wall s | thread CPU s |\n| --- | ---: | ---: | ---: |")
-    for label, (n, w, c) in sums.items():
-        print(f"| {label} | {n} | {w:.2f} | {c:.2f} |")
+    print("\n| row pass part [thread] | calls | wall s | thread CPU s | peak rise GiB |\n| --- | ---: | ---: | ---: | ---: |")
+    for label, (n, w, c, rise) in sums.items():
+        print(f"| {label} | {n} | {w:.2f} | {c:.2f} | {rise:.2f} |")
 
 
 if __name__ == "__main__":
