@@ -39,9 +39,10 @@ METRICS = ("grad_norm", PARAM_CHECKSUM)
 GROUP_PREFIX = f"{PARAM_CHECKSUM}/"  # param_checksum/GROUP: compared among the ranks that record it (one group)
 MIN_RANKS = 3  # a majority needs at least two ranks agreeing against one
 MIN_AGREEING_SHARE = 0.5  # below this share of steps with a majority, the value is not replica-identical
-# Rank-steps read at once at most (see _step_windows). 2M, not 500k: 3.0 -> 1.4 CPU-s at 1,024 ranks x 20k steps, its
-# peak 0.86 -> 0.92 GiB (under the row pass's 0.96; bench_ingest_stages.py's replicas row)
-WINDOW_ROWS = 2_000_000
+# Rank-steps read at once at most (see _step_windows). 1M, not 500k: fewer reads of 1,024 ranks' 10M-row row-group
+# runs; at 1,024 ranks x 100k steps this stage takes 10.8 CPU-s and peaks at 0.74 GiB (53.7 CPU-s and 0.89 GiB before
+# this file's changes; `python3 benchmarks/bench_ingest_stages.py RUN`, its replicas row; 2M: +0.1 GiB)
+WINDOW_ROWS = 1_000_000
 
 
 def replica_divergence_findings(facts: RunFacts, warnings: list[str]) -> list[Finding]:
@@ -166,8 +167,10 @@ def _grid_majority(df: pl.DataFrame) -> pl.DataFrame | None:
     m = np.sort(df["v"].to_numpy().reshape(k, width), axis=0)
     c = m[k // 2]
     n_v = (m == c).sum(axis=0)
-    return pl.DataFrame({"attempt": np.full(width, df["attempt"][0], np.int64), "step": s[:width],
-                         "n": np.full(width, k, np.uint32), "v": c, "n_v": n_v.astype(np.uint32),
+    # copies, not views: a frame made of views keeps the window's whole step column and sorted matrix alive
+    # (1,024 ranks x 100k steps: 1.5 GiB held over the run's windows)
+    return pl.DataFrame({"attempt": np.full(width, df["attempt"][0], np.int64), "step": s[:width].copy(),
+                         "n": np.full(width, k, np.uint32), "v": c.copy(), "n_v": n_v.astype(np.uint32),
                          "majority": n_v * 2 > k})
 
 
