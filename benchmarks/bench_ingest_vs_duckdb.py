@@ -4,6 +4,7 @@
     python benchmarks/bench_ingest_vs_duckdb.py          # 64 ranks x 100k steps, median of 3
     python benchmarks/bench_ingest_vs_duckdb.py --quick  # 16 x 20k
     python benchmarks/bench_ingest_vs_duckdb.py --dir D  # write the run under D once, reuse it later
+    python benchmarks/bench_ingest_vs_duckdb.py --old /work/main  # + that checkout's kforge-ingest, interleaved
 
 The run is written by benchmarks/bench_ingest.py's generator (the recorder's format, 10k-step parts).
 Each pipeline runs in a fresh interpreter under /usr/bin/time (peak RSS = its max resident set),
@@ -80,12 +81,14 @@ def tree_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(r, n)) for r, _, names in os.walk(path) for n in names)
 
 
-def timed(cmd: list[str]) -> tuple[float, float]:
-    """(wall s, peak RSS GiB) of a fresh process."""
+def timed(cmd: list[str], path: str | None = None) -> tuple[float, float]:
+    """(wall s, peak RSS GiB) of a fresh process (``path``: its PYTHONPATH, a kforge checkout)."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **({"PYTHONPATH": path} if path else {}))
     with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
         t0 = time.perf_counter()
+        # cwd: not a checkout, so PYTHONPATH decides which kforge runs (python -c puts cwd first)
         subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], check=True,
-                       stdout=subprocess.DEVNULL, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+                       stdout=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir())
         wall = time.perf_counter() - t0
         return wall, int(rss.read().split()[-1]) / 2**20
 
@@ -112,6 +115,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="16 ranks x 20k steps")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved repeats; the median is shown (default 3)")
     ap.add_argument("--dir", default=None, help="write (or reuse) the run here (default: a temp dir, deleted after)")
+    ap.add_argument("--old", default=None, help="another kforge checkout whose kforge-ingest runs too, interleaved")
     args = ap.parse_args()
     if args.quick:
         args.ranks, args.steps = 16, 20_000
@@ -133,14 +137,21 @@ def main() -> None:
             "polars read+write": [py, "-c", POLARS_RW, listing, scratch],
             "kforge-ingest": ingest,
         }
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        paths = {"kforge-ingest": here}
+        if args.old:
+            pipelines["kforge-ingest (old)"] = ingest
+            paths["kforge-ingest (old)"] = os.path.abspath(args.old)
         names = list(pipelines)
         got = {n: [] for n in names}
+        disk = {}
         for i in range(max(1, args.repeat)):
             for name in names[i % len(names):] + names[:i % len(names)]:  # rotating order
-                got[name].append(timed(pipelines[name]))
+                got[name].append(timed(pipelines[name], paths.get(name)))
+                if name in paths:
+                    disk[name] = tree_bytes(os.path.join(run, "ingested"))
         cores = len(os.sched_getaffinity(0))
         shards = sum(os.path.getsize(p) for p in files)
-        added = tree_bytes(os.path.join(run, "ingested"))
         base_wall = statistics.median(w for w, _ in got["duckdb aggregates"])
         print(f"# {args.ranks} ranks x {args.steps:,} steps = {rows:,} rows in {len(files)} parts, {shards / 2**20:.0f} MiB; "
               f"{cores} cores; median of {args.repeat}; load average {os.getloadavg()[0]:.1f}")
@@ -150,8 +161,9 @@ def main() -> None:
             wall = statistics.median(w for w, _ in got[name])
             peak = max(m for _, m in got[name])
             print(f"| {name} | {wall:.2f} | {peak:.2f} | {rows / wall / cores / 1e6:.2f} | {base_wall / wall:.2f}x |")
-        print(f"# disk added by kforge-ingest: {added / 2**20:.0f} MiB = {100 * added / shards:.0f} % of the shards' "
-              f"{shards / 2**20:.0f} MiB")
+        for name, added in disk.items():
+            print(f"# disk added by {name}: {added / 2**20:.1f} MiB = {100 * added / shards:.1f} % of the shards' "
+                  f"{shards / 2**20:.0f} MiB")
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)

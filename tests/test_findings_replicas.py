@@ -118,3 +118,33 @@ def test_a_bit_flipped_in_one_ddp_replica_is_found_at_its_rank_and_step(tmp_path
     assert (f["metric"], f["ranks"], f["first_step"], f["last_step"]) == (PARAM_CHECKSUM, [FLIP_RANK], FLIP_STEP, STEPS)
     assert not [w for w in s["warnings"] if w.startswith("replica check")]
     assert os.path.isdir(run / "ingested")
+
+
+def test_a_step_majority_is_the_same_from_the_rank_by_step_grid_and_from_the_group_by():
+    """The fast path (every rank recorded every step of the window: a grid sorted down each step) and the
+    group_by give the same n, majority, and majority value and count: ties, -0.0 against 0.0, one rank."""
+    import numpy as np
+    import polars as pl
+
+    from kforge_dash.findings import replicas
+
+    rng = np.random.default_rng(7)
+    used = 0
+    for _ in range(200):
+        ranks, steps = int(rng.integers(1, 8)), int(rng.integers(1, 30))
+        pool = [0.0, -0.0, 1.0, 2.5, -3.0, 1e308][: int(rng.integers(1, 7))]
+        df = pl.DataFrame({"attempt": np.zeros(ranks * steps, np.int64),
+                           "step": np.tile(np.arange(1, 3 * steps + 1, 3, dtype=np.int64), ranks),
+                           "rank": np.repeat(np.arange(ranks, dtype=np.int64), steps),
+                           "v": rng.choice(pool, ranks * steps)})
+        grid = replicas._grid_majority(df)
+        used += grid is not None
+        # the group_by: the same rows in an order the grid does not take (steps not rank after rank)
+        by = replicas._step_majority(df.sort("step", "rank").lazy())
+        grid = by if grid is None else grid
+        key = ["attempt", "step"]
+        grid, by = grid.sort(key), by.sort(key)
+        assert grid.select(*key, "n", "majority").equals(by.select(*key, "n", "majority"))
+        assert grid.filter("majority")["n_v"].equals(by.filter("majority")["n_v"])
+        assert (grid.filter("majority")["v"] == by.filter("majority")["v"]).all()
+    assert used > 100

