@@ -9,6 +9,7 @@ threads (a shared machine inflates it less than wall time):
   units    grid_units.py: row group by row group (only when the run is one full grid)
   windows  step windows as numpy matrices (matrix.Window), grid_units off
   grouped  step windows through polars' group-by (_grouped, _blocks_grouped), matrices off
+  units-1t, windows-1t   the same on one perstep thread (not by default: what the two threads save)
 
 Cases: ``grid64``  64 ranks x 100k steps (windows of 15,625 steps, one row group each);
 ``grid1024``  1,024 ranks x 10k steps (one row-pass window, row groups of 100 ranks x 10k steps:
@@ -17,6 +18,7 @@ at step 25,001, rank 5 missing every 7th step of attempt 0 (not a grid: no units
 
     python benchmarks/bench_perstep.py --repeat 3
     python benchmarks/bench_perstep.py --cases grid1024 --ways units windows
+    python benchmarks/bench_perstep.py --cases grid64 --ways units units-1t windows windows-1t
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 CASES = {"grid64": (64, 100_000, 15_625), "grid1024": (1024, 10_000, 10_000), "restart": (64, 50_000, 15_625)}
-WAYS = ("units", "windows", "grouped")
+WAYS = ("units", "windows", "grouped", "units-1t", "windows-1t")
 OWN = ("time/data_s", "time/optimizer_s")
 
 
@@ -85,6 +87,9 @@ def child(case: str, way: str, out: str) -> None:
     from kforge_dash.findings.matrix import Window
     from kforge_dash.findings.thresholds import FindingsOptions
 
+    if way.endswith("-1t"):
+        perstep.usable_cpus = lambda: 1
+        way = way[:-3]
     if way != "units":
         grid_units.plan = lambda path: None
     if way == "grouped":
@@ -110,15 +115,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    p.add_argument("--ways", nargs="+", default=list(WAYS), choices=list(WAYS))
+    p.add_argument("--ways", nargs="+", default=list(WAYS[:3]), choices=list(WAYS))
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         return child(*a.child)
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    print("| case | way | wall s | CPU s | peak GiB | CPU x units/windows |\n| --- | --- | ---: | ---: | ---: | ---: |")
+    print("| case | way | wall s | CPU s | peak GiB | wall x first | CPU x first |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for case in a.cases:
-        ways = [w for w in a.ways if not (case == "restart" and w == "units")]
+        ways = [w for w in a.ways if not (case == "restart" and w.startswith("units"))]
         with tempfile.TemporaryDirectory(prefix="kforge-bench-perstep-") as out:
             make(out, case)
             res = {w: [] for w in ways}
@@ -128,10 +133,11 @@ def main() -> None:
                                        capture_output=True, text=True, check=True)
                     res[way].append(json.loads(r.stdout.strip().splitlines()[-1]))
         base = statistics.median(x["cpu"] for x in res[ways[0]])
+        wbase = statistics.median(x["wall"] for x in res[ways[0]])
         for way, xs in res.items():
-            c = statistics.median(x["cpu"] for x in xs)
-            print(f"| {case} | {way} | {statistics.median(x['wall'] for x in xs):.2f} | {c:.2f} | "
-                  f"{statistics.median(x['peak_gib'] for x in xs):.2f} | {c / base:.2f}x |", flush=True)
+            c, w = statistics.median(x["cpu"] for x in xs), statistics.median(x["wall"] for x in xs)
+            print(f"| {case} | {way} | {w:.2f} | {c:.2f} | {statistics.median(x['peak_gib'] for x in xs):.2f} | "
+                  f"{w / wbase:.2f}x | {c / base:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
