@@ -10,6 +10,8 @@ threads (a shared machine inflates it less than wall time):
   windows  step windows as numpy matrices (matrix.Window), grid_units off
   grouped  step windows through polars' group-by (_grouped, _blocks_grouped), matrices off
   units-1t, windows-1t   the same on one perstep thread (not by default: what the two threads save)
+  units-fresh, windows-fresh   the same with fresh numpy arrays for every window (not by default:
+           what reusing ingest.buffers.Buffers saves)
 
 Cases: ``grid64``  64 ranks x 100k steps (windows of 15,625 steps, one row group each);
 ``grid1024``  1,024 ranks x 10k steps (one row-pass window, row groups of 100 ranks x 10k steps:
@@ -19,6 +21,7 @@ at step 25,001, rank 5 missing every 7th step of attempt 0 (not a grid: no units
     python benchmarks/bench_perstep.py --repeat 3
     python benchmarks/bench_perstep.py --cases grid1024 --ways units windows
     python benchmarks/bench_perstep.py --cases grid64 --ways units units-1t windows windows-1t
+    python benchmarks/bench_perstep.py --ways units units-fresh windows windows-fresh
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 CASES = {"grid64": (64, 100_000, 15_625), "grid1024": (1024, 10_000, 10_000), "restart": (64, 50_000, 15_625)}
-WAYS = ("units", "windows", "grouped", "units-1t", "windows-1t")
+WAYS = ("units", "windows", "grouped", "units-1t", "windows-1t", "units-fresh", "windows-fresh")
 OWN = ("time/data_s", "time/optimizer_s")
 
 
@@ -87,6 +90,12 @@ def child(case: str, way: str, out: str) -> None:
     from kforge_dash.findings.matrix import Window
     from kforge_dash.findings.thresholds import FindingsOptions
 
+    if way.endswith("-fresh"):
+        import numpy as np
+
+        from kforge_dash.ingest.buffers import Buffers
+        Buffers.get = lambda self, role, dtype, shape: np.empty(shape, dtype)
+        way = way[:-6]
     if way.endswith("-1t"):
         perstep.usable_cpus = lambda: 1
         way = way[:-3]
