@@ -87,8 +87,8 @@ def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
         meds, blocks = fast
         return pl.concat(meds, how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())
     # Two windows at a time (of half the rows: the same memory as one): one is read (polars'
-    # threads) while the other's numpy work runs (it releases the GIL): one thread takes 1.22x the
-    # wall time with a restart, 1.09-1.29x on grids (`bench_perstep.py --ways windows windows-1t`).
+    # threads) while the other's numpy work runs (it releases the GIL): one thread took 1.22-1.29x
+    # the wall time with a restart (`bench_perstep.py --cases restart --ways windows windows-1t`).
     # Windows are whole straggler blocks, so their size does not change the results. Each window
     # has fresh arrays: reusing them window after window saved no CPU (`--ways windows windows-fresh`).
     threads = min(2, usable_cpus())
