@@ -75,21 +75,38 @@ def reference_steps(rows, means, ors, counts_col):
 
 
 def _lower_median(xs):
-    """An actual rank's value: the lower of the two middle ones; NaN sorts last."""
-    xs = sorted(xs, key=lambda x: (math.isnan(x), 0.0 if math.isnan(x) else x))
-    return xs[(len(xs) - 1) // 2]
+    """An actual rank's value: the lower of the two middle ones; NaN sorts last; null is left out."""
+    xs = sorted((x for x in xs if x is not None), key=lambda x: (math.isnan(x), 0.0 if math.isnan(x) else x))
+    return xs[(len(xs) - 1) // 2] if xs else None
 
 
 def _plain_median(xs):
+    """The middle value or the mean of the two; NaN when one is NaN (numpy's rule); null left out."""
+    xs = [x for x in xs if x is not None]
+    if not xs or any(math.isnan(x) for x in xs):
+        return math.nan if xs else None
     xs = sorted(xs)
     n = len(xs)
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
+def _work(r, cols):
+    """A rank's work over the phases ``cols``: their sum, null phases adding nothing; null if all are."""
+    got = [r[c] for c in cols if r.get(c) is not None]
+    return sum(got) if got else None
+
+
+def perstep_rows(raw, ph):
+    """ranks.parquet rows (dicts) -> reference_perstep's rows: those with a step time, with the
+    derived _own, _data, _ckpt, _eval and _wait (no wait phase timed: 0.0)."""
+    return [{**r, "_own": _work(r, ph.own), "_data": _work(r, ph.data), "_ckpt": _work(r, ph.checkpoint),
+             "_eval": _work(r, ph.eval), "_wait": _work(r, ph.wait) or 0.0} for r in raw if r["step_time_s"] is not None]
+
+
 def reference_perstep(rows, own, data_col, W, st_of):
     """docs/findings-and-goodput.md's per-step facts over ranks, written plainly: ``rows`` (dicts
     with step, rank, attempt, step_time_s, the own-work phases ``own`` and _own, _data, _ckpt,
-    _eval, _wait; none null but _ckpt/_eval) -> ({step: facts}, {(rank, attempt, block): facts}).
+    _eval, _wait: ``perstep_rows``) -> ({step: facts}, {(rank, attempt, block): facts}).
     ``data_col``: the column whose lower median is data_med; ``st_of``: step -> its median step time."""
     by_step, steps = {}, {}
     for r in rows:
@@ -114,8 +131,8 @@ def reference_perstep(rows, own, data_col, W, st_of):
         ss = [r["step"] for r in rs]
         o = {"first": min(ss), "last": max(ss), "n": len(rs), "st": _plain_median([st_of[s] for s in ss])}
         for c in own:
-            ex = [r[c] - steps[r["step"]][f"{c}\0med"] for r in rs]
+            ex = [r[c] - steps[r["step"]][f"{c}\0med"] for r in rs if r[c] is not None]
             o[f"{c}\0ex"] = _plain_median(ex)
-            o[f"{c}\0cost"] = sum(max(x, 0.0) for x in ex)
+            o[f"{c}\0cost"] = sum(x if math.isnan(x) else max(x, 0.0) for x in ex) if ex else None
         out[key] = o
     return steps, out

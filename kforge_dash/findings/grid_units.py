@@ -20,7 +20,6 @@ result is used, and perstep reads step windows as before.
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -96,11 +95,12 @@ class Reader:
         self.carry: dict[str, np.ndarray] = {}  # steps carry_lo .. unit.lo - 1, (steps x ranks)
         self.carry_lo: int | None = None
         self.unit: Unit | None = None
-        self._flip = 0
 
     def read(self, groups: list[Group], steps: tuple[int, int], pool: ThreadPoolExecutor, bufs) -> Unit:
         """The steps [a, b] of a unit's row groups, read ``pool``'s threads at a time (polars
-        releases the GIL)."""
+        releases the GIL), into fresh arrays (the carry keeps the last unit's)."""
+        self.buf = Buffers()
+
         def one(ig):
             i, g = ig
             lf = pl.scan_parquet(self.path, glob=False).slice(g.offset, g.rows)
@@ -142,8 +142,7 @@ class Reader:
         if any(df[c].dtype != pl.Float64 for c in self.names):
             raise NotAGrid  # the step windows keep another float type as it is; here all is float64
         ranks, lo, k = _grid(buf.flat("step", df["step"]), buf.flat("rank", df["rank"]), buf)
-        # kept for the unit, in the reader's arrays for the i-th row group of a unit: the same memory
-        # unit after unit (fresh arrays were page-faulted in again each time)
+        # kept for the unit, in the reader's arrays for the i-th row group of the unit
         flat = {c: self.buf.flat(f"g{i}/{c}", df[c]) for c in self.need}
         flat |= {c: self.buf.flat(f"g{i}/{c}", df[c].fill_null(np.nan)) for c in self.side}
         return ranks, lo, k, flat
@@ -159,8 +158,7 @@ class Reader:
         """Steps from a on wait for the next unit (copied out of the unit's arrays)."""
         u = self.unit
         b = u.lo + u.k
-        self._flip ^= 1
-        self.carry = {c: self.matrix(c, a, b, role=f"carry{self._flip}") for c in self.names} if a < b else {}
+        self.carry = {c: self.matrix(c, a, b, role="carry") for c in self.names} if a < b else {}
         self.carry_lo = a if a < b else None
 
     def matrix(self, name: str, a: int, b: int, role: str = "win", buf: Buffers | None = None) -> np.ndarray:
@@ -212,7 +210,9 @@ def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: in
     """perstep.per_step's (per-step frames, block frames) by units, or None (not one grid).
 
     A unit is read with polars' threads; its windows then run ``threads`` at a time (numpy
-    releases the GIL), each thread with its own buffers."""
+    releases the GIL), each with fresh arrays. One thread took 1.0-1.38x the wall time at 64
+    ranks x 100k steps but 0.78-0.93x at 1,024 x 10k on a loaded 2-core machine
+    (`bench_perstep.py --ways units units-1t`): measure on idle cores before keeping or cutting."""
     got = plan(path)
     if got is None:
         return None
@@ -221,20 +221,13 @@ def per_step_units(path: str, ph, select: list[pl.Expr], st: pl.DataFrame, W: in
     pieces = _pieces(units, len(rd.names), W)
     if pieces is None:
         return None
-    local = threading.local()
-
-    def bufs() -> Buffers:  # one set a thread
-        if not hasattr(local, "buf"):
-            local.buf = Buffers()
-        return local.buf
-
     got = []
     with ThreadPoolExecutor(threads, thread_name_prefix="kforge-perstep") as pool:
         try:
             for i, (groups, steps) in enumerate(pieces):
-                rd.push(rd.read(groups, steps, pool, bufs))
+                rd.push(rd.read(groups, steps, pool, Buffers))
                 spans, keep = unit_spans(rd, W, span_rows, threads, last=i == len(pieces) - 1)
-                got += list(pool.map(lambda span: window_facts(rd, span, ph, st, W, alias, attempt, bufs()), spans))
+                got += list(pool.map(lambda span: window_facts(rd, span, ph, st, W, alias, attempt, Buffers()), spans))
                 rd.keep_from(keep)
         except NotAGrid:
             return None

@@ -1,14 +1,15 @@
 """One window of ranks.parquet as numpy matrices (steps x ranks), when every step of it has one
 row per rank: the usual case, far cheaper than polars' per-group quantiles. Windows that are not
 full matrices (a rank missing at a step, nulls where a median is taken, two attempts in a
-straggler block's window) go the group-by way (perstep.py); both give the same values
-(tests/test_findings_perstep.py).
+straggler block's window) go the group-by way (perstep.py); both are checked against
+tests/reference_math.reference_perstep. (Where they part: a block's median excess over a NaN is
+NaN here, a number in polars' median, which leaves NaN out; a one-step block's summed -0.0 excess
+is +0.0 here, -0.0 there.)
 
-Where the time went was fresh memory, not arithmetic: every window's matrices, partition copies
-and excesses were new arrays, page-faulted in again each window. So a matrix is filled into a
-``Buffers`` array kept from one window to the next (one set per thread), and the usual row
-layout (rank by rank, steps ascending, in one or a few row-pass windows: "segments") is copied
-segment by segment with no index at all; any other layout is gathered through an index. Every
+A matrix is filled into a window's ``Buffers`` (its roles shared by the window's columns), and
+the usual row layout (rank by rank, steps ascending, in one or a few row-pass windows:
+"segments") is copied segment by segment with no index at all; any other layout is gathered
+through an index. Every
 reduction is the same numpy call on the same (steps x ranks) layout as before, so the values
 are the same bits (a partition or sum in another layout may break ties of -0.0 and 0.0, or add
 in another order).

@@ -7,12 +7,13 @@ When the run is one full grid of ranks x steps (the usual case), ranks.parquet i
 by row group, each decoded once, and cut into windows of whole straggler blocks (grid_units.py).
 Otherwise it is read in step windows (the Parquet reader skips the row groups outside a window),
 two at a time of about ``WINDOW_ROWS / 2`` rows each (one alone on one core), so memory stays
-bounded however many ranks and steps a run has. Both ways give the same bits.
+bounded however many ranks and steps a run has. Every way (units, a window's matrices, polars'
+group-by) is checked against the rules written plainly, tests/reference_math.reference_perstep.
+`python benchmarks/bench_perstep.py` times each way.
 """
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -86,16 +87,15 @@ def per_step(facts: RunFacts) -> tuple[pl.DataFrame, pl.DataFrame]:
         meds, blocks = fast
         return pl.concat(meds, how="vertical"), (pl.concat(blocks, how="vertical") if blocks else pl.DataFrame())
     # Two windows at a time (of half the rows: the same memory as one): one is read (polars'
-    # threads) while the other's numpy work runs (it releases the GIL), so both cores are busy.
-    # Windows are whole straggler blocks, so their size does not change the results.
+    # threads) while the other's numpy work runs (it releases the GIL): one thread took 1.22-1.29x
+    # the wall time with a restart (`bench_perstep.py --cases restart --ways windows windows-1t`).
+    # Windows are whole straggler blocks, so their size does not change the results. Each window
+    # has fresh arrays: reusing them window after window saved no CPU (`--ways windows windows-fresh`).
     threads = min(2, usable_cpus())
     spans = windows(facts, WINDOW_ROWS // threads) or [(0, 0)]
-    local = threading.local()  # one set of buffers per thread, reused window after window
 
     def one(span):
-        if not hasattr(local, "buf"):
-            local.buf = Buffers()
-        return _window(facts, span, st, W, local.buf)
+        return _window(facts, span, st, W, Buffers())
 
     if threads > 1 and len(spans) > 1:
         with ThreadPoolExecutor(threads, thread_name_prefix="kforge-perstep") as pool:
