@@ -104,12 +104,14 @@ def _grid(df: pl.DataFrame, buf: Buffers) -> tuple[np.ndarray, np.ndarray] | Non
 class Layout:
     """One batch's columns as (slots x steps) matrices: cell (k, j) holds the k-th row (in row
     order) of the j-th step. A grid's slots are its ranks, ascending, and every cell is filled
-    (``cells`` None); otherwise ``cells`` gives each row's flat cell and ``filled`` the cells used."""
+    (``cells`` None); otherwise ``cells`` gives each row's flat cell and ``filled`` the cells used,
+    unless the matrices would be far bigger than the rows (``sparse``: none is made)."""
 
     def __init__(self, df: pl.DataFrame, buf: Buffers):
         self.df, self.buf = df, buf
         grid = _grid(df, buf)
         self.cells = self.filled = self._ranks = None
+        self.sparse = False
         if grid is not None:
             self.slot_ranks, self.steps = grid
             self.shape = (len(self.slot_ranks), len(self.steps))
@@ -125,6 +127,12 @@ class Layout:
         at[order] = at_sorted
         slot[order] = np.arange(len(step)) - first[at_sorted]  # each row's place among its step's rows
         self.shape = (int(np.diff(np.r_[first, len(step)]).max()), len(self.steps))
+        self.at = at  # each row's step, as its index in self.steps
+        # Far more cells than rows (a step of many ranks among many steps of few): no matrix at all
+        # (StepAcc.add splits the rows first); 4,096 ranks x 6M steps asked for 24.6 GB of ``filled``.
+        self.sparse = self.shape[1] > 1 and self.shape[0] * self.shape[1] > 4 * len(step) + 4096
+        if self.sparse:
+            return
         self.cells = slot * len(self.steps) + at
         self.filled = np.zeros(self.shape, np.bool_)
         self.filled.flat[self.cells] = True
@@ -219,7 +227,7 @@ class StepAcc:
         if not df.height:
             return
         lay = Layout(df, self.buf)
-        if lay.cells is not None and lay.shape[1] > 1 and lay.filled.size > 4 * df.height + 4096:
+        if lay.sparse:
             # Sparse (a step of many ranks among many steps of few): half the steps at a time,
             # so the matrices stay about the size of the rows.
             mid = lay.steps[lay.shape[1] // 2]
@@ -274,7 +282,7 @@ class StepAcc:
         a["st_max"][ix] = best
         a["st_min"][ix] = np.fmin(a["st_min"][ix], smin)
         a["n_st"][ix] += n
-        self.kept.add(s, lay.steps)
+        self.kept.add(s, lay)
 
     def _tokens(self, lay: Layout, ix) -> None:
         v, has = lay("tokens", 0)
@@ -309,43 +317,62 @@ class StepAcc:
 
 
 class _Kept:
-    """The window's step times, batch after batch as (slots x steps) blocks (NaN where none), in a
-    buffer reused across windows."""
+    """The window's step times, in buffers reused across windows: a grid batch's as its (ranks x
+    steps) block, any other batch's one a row (NaN where not reported) with the row's step."""
 
     def __init__(self, buf: Buffers, expect: int):
         self.buf, self.n, self.expect = buf, 0, max(expect, 1)
         # Taken at the first batch, on the thread that reduces: the previous window's median
-        # (window.Reducer) may still be using the buffer when this window is set up.
-        self.v = np.empty(0)
-        self.blocks: list[tuple[int, int, np.ndarray]] = []  # (first index, slots, steps) per batch
+        # (window.Reducer) may still be using the buffers when this window is set up.
+        self.v, self.st = np.empty(0), np.empty(0, np.int64)
+        self.blocks: list[tuple[int, int, np.ndarray | None]] = []  # (first index, values, grid's steps | None)
 
-    def add(self, s: np.ndarray, steps: np.ndarray) -> None:
-        n = s.size
-        if not self.blocks:
-            self.v = self.buf.get("kept", np.float64, self.expect)
-        if self.n + n > self.v.size:  # more than the footers promised: grow (rare)
-            grown = self.buf.get("kept", np.float64, 2 * (self.n + n))  # a new array: self.v still holds the old
-            grown[:self.n] = self.v[:self.n]
-            self.v = grown
-        self.v[self.n:self.n + n] = s.ravel()
-        self.blocks.append((self.n, s.shape[0], steps))
+    def _room(self, a: np.ndarray, role: str, dtype, need: int) -> np.ndarray:
+        """``a`` if it holds ``need`` values, else a buffer of ``role`` that does, a's values copied."""
+        if need <= a.size:
+            return a
+        if not a.size:  # the window's first: the rows the footers promised
+            return self.buf.get(role, dtype, max(self.expect, need))
+        grown = self.buf.get(role, dtype, 2 * need)  # more than the footers promised (rare): a new array
+        held = a[:self.n]  # (kept/step may end short of the grids after it: those are filled at the median)
+        grown[:len(held)] = held
+        return grown
+
+    def add(self, s: np.ndarray, lay: Layout) -> None:
+        """A batch's times ``s`` as laid out by ``lay``."""
+        grid = lay.cells is None
+        n = s.size if grid else len(lay.cells)
+        self.v = self._room(self.v, "kept", np.float64, self.n + n)
+        if grid:
+            self.v[self.n:self.n + n] = s.ravel()
+        else:  # only the rows: the empty cells of the block would make rows x steps across blocks
+            np.take(s.ravel(), lay.cells, out=self.v[self.n:self.n + n])
+            self.st = self._room(self.st, "kept/step", np.int64, self.n + n)
+            np.take(lay.steps, lay.at, out=self.st[self.n:self.n + n])
+        self.blocks.append((self.n, n, lay.steps if grid else None))
         self.n += n
 
     def median(self, steps: np.ndarray, n: np.ndarray) -> pa.Array:
-        """The median of each step's ``n`` times: sorted down the slots (NaN last) in place, the
-        middle value or the mean of the two middle ones."""
-        slots = sum(k for _, k, _ in self.blocks)
-        if all(np.array_equal(st, steps) for _, _, st in self.blocks):
-            m = self.v[:self.n].reshape(slots, len(steps))
-        else:
-            m = self.buf.get("kept/all", np.float64, (slots, len(steps)))
-            m.fill(np.nan)
-            row = 0
-            for start, k, st in self.blocks:
-                m[row:row + k, np.searchsorted(steps, st)] = self.v[start:start + k * len(st)].reshape(k, len(st))
-                row += k
-        m.sort(axis=0)  # ~4x faster than np.median's partition along axis 0 of this layout
+        """The median of each step's ``n`` times (NaN sorted last): the middle value or the mean of
+        the two middle ones."""
         cols = np.arange(len(steps))
-        hi = m[np.minimum(n // 2, max(slots - 1, 0)), cols]
-        lo = m[np.maximum(n // 2 - 1, 0), cols]
-        return np_array(np.where(n % 2 == 1, hi, (lo + hi) / 2), mask=n == 0)
+        if all(g is not None and np.array_equal(g, steps) for _, _, g in self.blocks):
+            m = self.v[:self.n].reshape(-1, len(steps))  # every batch a grid of these steps: ranks x steps
+            m.sort(axis=0)  # ~4x faster than np.median's partition along axis 0 of this layout
+            hi = m[np.minimum(n // 2, max(m.shape[0] - 1, 0)), cols]
+            lo = m[np.maximum(n // 2 - 1, 0), cols]
+            return np_array(np.where(n % 2 == 1, hi, (lo + hi) / 2), mask=n == 0)
+        # Otherwise by (step, time), as polars' group_by did: memory and time of the rows; the
+        # (slots x steps) matrix took 3.27 GB / 23.6 s for 4,096 ranks at step 0 + one rank over
+        # 100k steps (/tmp/rv/t2.py 4096 100000 new, 0.1 s / 160 MB so).
+        at = self.st = self._room(self.st, "kept/step", np.int64, self.n)
+        for start, k, g in self.blocks:
+            at[start:start + k] = (np.tile(np.searchsorted(steps, g), k // len(g)) if g is not None
+                                   else np.searchsorted(steps, at[start:start + k]))
+        x, at = self.v[:self.n], at[:self.n]
+        x = x[np.lexsort((x, at))]
+        count = np.bincount(at, minlength=len(steps))
+        hi = np.minimum(np.cumsum(count) - count + n // 2, max(len(x) - 1, 0))
+        if not len(x):
+            return np_array(np.full(len(steps), np.nan), mask=n == 0)
+        return np_array(np.where(n % 2 == 1, x[hi], (x[np.maximum(hi - 1, 0)] + x[hi]) / 2), mask=n == 0)
