@@ -105,13 +105,13 @@ class Layout:
     """One batch's columns as (slots x steps) matrices: cell (k, j) holds the k-th row (in row
     order) of the j-th step. A grid's slots are its ranks, ascending, and every cell is filled
     (``cells`` None); otherwise ``cells`` gives each row's flat cell and ``filled`` the cells used,
-    unless the matrices would be far bigger than the rows (``sparse``: none is made)."""
+    unless the matrices would be far bigger than the rows (then none is made: ``parts`` says how to
+    split the rows so that none is)."""
 
     def __init__(self, df: pl.DataFrame, buf: Buffers):
         self.df, self.buf = df, buf
         grid = _grid(df, buf)
-        self.cells = self.filled = self._ranks = None
-        self.sparse = False
+        self.cells = self.filled = self._ranks = self.parts = None
         if grid is not None:
             self.slot_ranks, self.steps = grid
             self.shape = (len(self.slot_ranks), len(self.steps))
@@ -127,11 +127,11 @@ class Layout:
         at[order] = at_sorted
         slot[order] = np.arange(len(step)) - first[at_sorted]  # each row's place among its step's rows
         self.shape = (int(np.diff(np.r_[first, len(step)]).max()), len(self.steps))
-        self.at = at  # each row's step, as its index in self.steps
-        # Far more cells than rows (a step of many ranks among many steps of few): no matrix at all
-        # (StepAcc.add splits the rows first); 4,096 ranks x 6M steps asked for 24.6 GB of ``filled``.
-        self.sparse = self.shape[1] > 1 and self.shape[0] * self.shape[1] > 4 * len(step) + 4096
-        if self.sparse:
+        if self.shape[0] * self.shape[1] > 4 * len(step) + 4096:
+            # Far more cells than rows (a step of many ranks among many steps of few): no matrix
+            # (4,096 ranks x 6M steps asked for 24.6 GB); each row's part, the steps of 2**p-ish rows.
+            per_step = np.ceil(np.log2(np.diff(np.r_[first, len(step)]))).astype(np.int64)
+            self.parts = per_step[at]
             return
         self.cells = slot * len(self.steps) + at
         self.filled = np.zeros(self.shape, np.bool_)
@@ -227,12 +227,12 @@ class StepAcc:
         if not df.height:
             return
         lay = Layout(df, self.buf)
-        if lay.sparse:
-            # Sparse (a step of many ranks among many steps of few): half the steps at a time,
-            # so the matrices stay about the size of the rows.
-            mid = lay.steps[lay.shape[1] // 2]
-            self.add(df.filter(pl.col("step") < mid))
-            self.add(df.filter(pl.col("step") >= mid))
+        if lay.parts is not None:
+            # Sparse: the steps of 2**(p-1)+1..2**p rows for each p, whose matrices are at most twice
+            # their rows. Halving the steps until the matrices fit took 18 s / +390 MB for 1,024 ranks every
+            # 10th step + rank 0 every step over 24k (/tmp/kfix/r3scale.py 1024 24000 10; 1.2 s / +190 MB so).
+            for p in np.unique(lay.parts):
+                self.add(df.filter(pl.Series(lay.parts == p)))
             return
         ix, a = self._at(lay.steps), self.a
         a["n_ranks"][ix] += lay.count(lay.filled)
@@ -282,7 +282,7 @@ class StepAcc:
         a["st_max"][ix] = best
         a["st_min"][ix] = np.fmin(a["st_min"][ix], smin)
         a["n_st"][ix] += n
-        self.kept.add(s, lay)
+        self.kept.add(s, lay.steps)
 
     def _tokens(self, lay: Layout, ix) -> None:
         v, has = lay("tokens", 0)
@@ -317,15 +317,17 @@ class StepAcc:
 
 
 class _Kept:
-    """The window's step times, in buffers reused across windows: a grid batch's as its (ranks x
-    steps) block, any other batch's one a row (NaN where not reported) with the row's step."""
+    """The window's step times, in buffers reused across windows: while every batch has the same
+    steps, each batch's (slots x steps) block (NaN where none), stacked; from the first batch of
+    other steps on, only the times that are not NaN, each with its step (``by_step``)."""
 
     def __init__(self, buf: Buffers, expect: int):
         self.buf, self.n, self.expect = buf, 0, max(expect, 1)
         # Taken at the first batch, on the thread that reduces: the previous window's median
         # (window.Reducer) may still be using the buffers when this window is set up.
         self.v, self.st = np.empty(0), np.empty(0, np.int64)
-        self.blocks: list[tuple[int, int, np.ndarray | None]] = []  # (first index, values, grid's steps | None)
+        self.steps: np.ndarray | None = None  # the blocks' steps; None once by_step
+        self.slots = 0
 
     def _room(self, a: np.ndarray, role: str, dtype, need: int) -> np.ndarray:
         """``a`` if it holds ``need`` values, else a buffer of ``role`` that does, a's values copied."""
@@ -334,45 +336,55 @@ class _Kept:
         if not a.size:  # the window's first: the rows the footers promised
             return self.buf.get(role, dtype, max(self.expect, need))
         grown = self.buf.get(role, dtype, 2 * need)  # more than the footers promised (rare): a new array
-        held = a[:self.n]  # (kept/step may end short of the grids after it: those are filled at the median)
-        grown[:len(held)] = held
+        grown[:self.n] = a[:self.n]
         return grown
 
-    def add(self, s: np.ndarray, lay: Layout) -> None:
-        """A batch's times ``s`` as laid out by ``lay``."""
-        grid = lay.cells is None
-        n = s.size if grid else len(lay.cells)
-        self.v = self._room(self.v, "kept", np.float64, self.n + n)
-        if grid:
-            self.v[self.n:self.n + n] = s.ravel()
-        else:  # only the rows: the empty cells of the block would make rows x steps across blocks
-            np.take(s.ravel(), lay.cells, out=self.v[self.n:self.n + n])
-            self.st = self._room(self.st, "kept/step", np.int64, self.n + n)
-            np.take(lay.steps, lay.at, out=self.st[self.n:self.n + n])
-        self.blocks.append((self.n, n, lay.steps if grid else None))
-        self.n += n
+    def _append(self, v: np.ndarray, st: np.ndarray | None) -> None:
+        k = v.size
+        self.v = self._room(self.v, "kept", np.float64, self.n + k)
+        self.v[self.n:self.n + k] = v.ravel()
+        if st is not None:
+            self.st = self._room(self.st, "kept/step", np.int64, self.n + k)
+            self.st[self.n:self.n + k] = st
+        self.n += k
+
+    def add(self, s: np.ndarray, steps: np.ndarray) -> None:
+        """A batch's times as (slots x steps), NaN where none."""
+        if self.n == 0 or (self.steps is not None and np.array_equal(steps, self.steps)):
+            self.steps, self.slots = steps, self.slots + s.shape[0]
+            self._append(s, None)
+            return
+        if self.steps is not None:  # the first batch of other steps: the blocks so far, by step
+            # Blocks of other steps stacked as one (slots x all steps) matrix took 3.27 GB / 23.6 s for
+            # 4,096 ranks at step 0 + one rank over 100k steps (/tmp/rv/t2.py 4096 100000 new; 140 MB, 0.09 s so).
+            held = self.v[:self.n].reshape(self.slots, len(self.steps))
+            self.n, keep = 0, ~np.isnan(held)
+            self._append(held[keep], np.broadcast_to(self.steps, held.shape)[keep])
+            self.steps = None
+        keep = ~np.isnan(s)
+        self._append(s[keep], np.broadcast_to(steps, s.shape)[keep])
 
     def median(self, steps: np.ndarray, n: np.ndarray) -> pa.Array:
         """The median of each step's ``n`` times (NaN sorted last): the middle value or the mean of
         the two middle ones."""
+        if self.steps is None:
+            return self._by_step(steps, n)
+        m = self.v[:self.n].reshape(self.slots, len(steps))
+        m.sort(axis=0)  # ~4x faster than np.median's partition along axis 0 of this layout
         cols = np.arange(len(steps))
-        if all(g is not None and np.array_equal(g, steps) for _, _, g in self.blocks):
-            m = self.v[:self.n].reshape(-1, len(steps))  # every batch a grid of these steps: ranks x steps
-            m.sort(axis=0)  # ~4x faster than np.median's partition along axis 0 of this layout
-            hi = m[np.minimum(n // 2, max(m.shape[0] - 1, 0)), cols]
-            lo = m[np.maximum(n // 2 - 1, 0), cols]
-            return np_array(np.where(n % 2 == 1, hi, (lo + hi) / 2), mask=n == 0)
-        # Otherwise by (step, time), as polars' group_by did: memory and time of the rows; the
-        # (slots x steps) matrix took 3.27 GB / 23.6 s for 4,096 ranks at step 0 + one rank over
-        # 100k steps (/tmp/rv/t2.py 4096 100000 new, 0.1 s / 160 MB so).
-        at = self.st = self._room(self.st, "kept/step", np.int64, self.n)
-        for start, k, g in self.blocks:
-            at[start:start + k] = (np.tile(np.searchsorted(steps, g), k // len(g)) if g is not None
-                                   else np.searchsorted(steps, at[start:start + k]))
-        x, at = self.v[:self.n], at[:self.n]
+        hi = m[np.minimum(n // 2, max(self.slots - 1, 0)), cols]
+        lo = m[np.maximum(n // 2 - 1, 0), cols]
+        return np_array(np.where(n % 2 == 1, hi, (lo + hi) / 2), mask=n == 0)
+
+    def _by_step(self, steps: np.ndarray, n: np.ndarray) -> pa.Array:
+        """median() of the times by (step, time), as polars' group_by did: a step's NaN times (not
+        kept) come after its other ones."""
+        x, at = self.v[:self.n], np.searchsorted(steps, self.st[:self.n])
         x = x[np.lexsort((x, at))]
         count = np.bincount(at, minlength=len(steps))
-        hi = np.minimum(np.cumsum(count) - count + n // 2, max(len(x) - 1, 0))
-        if not len(x):
-            return np_array(np.full(len(steps), np.nan), mask=n == 0)
-        return np_array(np.where(n % 2 == 1, x[hi], (x[np.maximum(hi - 1, 0)] + x[hi]) / 2), mask=n == 0)
+        start, mid = np.cumsum(count) - count, n // 2
+
+        def nth(i: np.ndarray) -> np.ndarray:  # each step's i-th time, NaN past its last
+            return np.where(i < count, x[np.minimum(start + i, max(len(x) - 1, 0))] if len(x) else np.nan, np.nan)
+        hi = nth(mid)
+        return np_array(np.where(n % 2 == 1, hi, (nth(np.maximum(mid - 1, 0)) + hi) / 2), mask=n == 0)
