@@ -147,7 +147,8 @@ def test_a_wide_step_among_long_steps_needs_memory_of_the_rows_not_ranks_times_s
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    # (the (slots x steps) median matrix took 171 MB here: 1,024 x 20k x 8 bytes)
-    assert peak < 40 * row_bytes, f"peak {peak / 1e6:.1f} MB for {df.height} rows"
+    # 6.2 MB today (the ~25 per-step arrays, 4 MB, most of it); a (slots x steps) step-time median
+    # matrix took 171 MB here: 1,024 x 20k x 8 bytes
+    assert peak < 100 * row_bytes, f"peak {peak / 1e6:.1f} MB for {df.height} rows"
     want = reference_steps(df.to_dicts(), mean_columns(cols), [OR], True)
     _check(got, want)

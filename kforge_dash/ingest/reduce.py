@@ -4,13 +4,15 @@ A window's rows (one per (rank, step)) come in batches: a window far bigger than
 batches of ranks (read.read_batches), any other window as one batch. Each batch is laid out as a
 (slots x steps) matrix per column (``Layout``): when every rank reported the same steps, rank by
 rank (the common case), that is the rows themselves, reshaped; otherwise each row takes the next
-free slot of its step, in row order, and empty cells count as not reported. Every rule is then a
+free slot of its step, in row order, and empty cells count as not reported (a batch whose matrix
+would be far bigger than its rows is first split by its steps' numbers of rows). Every rule is then a
 numpy reduction down axis 0, combined with the batches before (``StepAcc``), so where a window is
 cut into batches never changes a value:
 
 * time: max of the finite end times; step_work_s/_min_s: max/min of the ranks' own step times
   (step_time_s, NaN ignored unless every one is NaN), step_work_median_s: their median (the middle
-  value or the mean of the two middle ones, NaN sorted last; every time is kept, 8 bytes a row);
+  value or the mean of the two middle ones, NaN sorted last; every time is kept, 8 bytes a row, 16
+  once batches differ in steps);
   slowest_rank: the lowest rank whose time is the max (NaN equal to NaN); n_ranks: rows; attempt: max;
 * tokens: the sum over the ranks that count them (null when none did, never 0);
 * grad_norm/lr: the lowest reporting rank's value; memory: max;
