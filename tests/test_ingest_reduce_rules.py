@@ -2,10 +2,13 @@
 plainly (tests/reference_math.reference_steps), on varied windows: full grids, a rank missing steps,
 a restart inside the window, log-only rows, one step of many ranks, a sparse window; values with
 NaN/inf/null, -0.0, bitmasks valid and not, ties for the slowest rank. Each window is reduced whole
-and in batches cut at random rows: every value must be the reference's, bit for bit."""
+and in batches cut at random rows: every value must be the reference's, bit for bit. And the
+kernel's work space (tracemalloc's peak, never a time) stays proportional to the rows when one step
+of many ranks lies among many steps of one rank (once a (slots x steps) median matrix)."""
 
 import math
 import struct
+import tracemalloc
 
 import numpy as np
 import polars as pl
@@ -118,3 +121,34 @@ def test_the_reference_itself_on_a_hand_worked_step():
     assert math.copysign(1, want[X]) == -1 and want["n_ranks"] == 2
     cols = [c for c in SCHEMA if c != "_counts"]
     _check(reduce_steps(pl.DataFrame(rows, schema=SCHEMA), cols, True), {7: want})
+
+
+def _wide_step_then_long_rank(ranks: int, steps: int) -> pl.DataFrame:
+    """``ranks`` ranks at step 0, then rank 0 alone at steps 1..steps-1 (an elastic shrink's shape)."""
+    rank = np.r_[np.arange(ranks), np.zeros(steps - 1, np.int64)]
+    step = np.r_[np.zeros(ranks, np.int64), np.arange(1, steps)]
+    n = len(rank)
+    rng = np.random.default_rng(0)
+    return pl.DataFrame({"step": step, "rank": rank, "attempt": np.zeros(n, np.int64)}).with_columns(
+        time=pl.Series(1e9 + step.astype(float)), step_time_s=pl.Series(rng.integers(1, 9, n) / 4),
+        loss=pl.Series(rng.random(n)), grad_norm=pl.lit(1.0), lr=pl.lit(0.1), tokens=pl.lit(7, pl.Int64),
+        mem_allocated_bytes=pl.lit(5, pl.Int64), mem_peak_bytes=pl.lit(6, pl.Int64),
+        mem_reserved_bytes=pl.lit(7, pl.Int64), _counts=pl.lit(True), **{OR: pl.lit(4.0), X: pl.lit(0.5)},
+    ).select([pl.col(c).cast(t) for c, t in SCHEMA.items()])
+
+
+def test_a_wide_step_among_long_steps_needs_memory_of_the_rows_not_ranks_times_steps():
+    df = _wide_step_then_long_rank(1024, 20_000)
+    cols = [c for c in SCHEMA if c != "_counts"]
+    row_bytes = df.height * 8  # one float64 a row: what each per-row array of the kernel costs
+    tracemalloc.start()
+    try:
+        got = reduce_steps(df, cols, True, Buffers())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # 6.2 MB today (the ~25 per-step arrays, 4 MB, most of it); a (slots x steps) step-time median
+    # matrix took 171 MB here: 1,024 x 20k x 8 bytes
+    assert peak < 100 * row_bytes, f"peak {peak / 1e6:.1f} MB for {df.height} rows"
+    want = reference_steps(df.to_dicts(), mean_columns(cols), [OR], True)
+    _check(got, want)

@@ -4,13 +4,15 @@ A window's rows (one per (rank, step)) come in batches: a window far bigger than
 batches of ranks (read.read_batches), any other window as one batch. Each batch is laid out as a
 (slots x steps) matrix per column (``Layout``): when every rank reported the same steps, rank by
 rank (the common case), that is the rows themselves, reshaped; otherwise each row takes the next
-free slot of its step, in row order, and empty cells count as not reported. Every rule is then a
+free slot of its step, in row order, and empty cells count as not reported (a batch whose matrix
+would be far bigger than its rows is first split by its steps' numbers of rows). Every rule is then a
 numpy reduction down axis 0, combined with the batches before (``StepAcc``), so where a window is
 cut into batches never changes a value:
 
 * time: max of the finite end times; step_work_s/_min_s: max/min of the ranks' own step times
   (step_time_s, NaN ignored unless every one is NaN), step_work_median_s: their median (the middle
-  value or the mean of the two middle ones, NaN sorted last; every time is kept, 8 bytes a row);
+  value or the mean of the two middle ones, NaN sorted last; every time is kept, 8 bytes a row, 16
+  once batches differ in steps);
   slowest_rank: the lowest rank whose time is the max (NaN equal to NaN); n_ranks: rows; attempt: max;
 * tokens: the sum over the ranks that count them (null when none did, never 0);
 * grad_norm/lr: the lowest reporting rank's value; memory: max;
@@ -104,12 +106,14 @@ def _grid(df: pl.DataFrame, buf: Buffers) -> tuple[np.ndarray, np.ndarray] | Non
 class Layout:
     """One batch's columns as (slots x steps) matrices: cell (k, j) holds the k-th row (in row
     order) of the j-th step. A grid's slots are its ranks, ascending, and every cell is filled
-    (``cells`` None); otherwise ``cells`` gives each row's flat cell and ``filled`` the cells used."""
+    (``cells`` None); otherwise ``cells`` gives each row's flat cell and ``filled`` the cells used,
+    unless the matrices would be far bigger than the rows (then none is made: ``parts`` says how to
+    split the rows so that none is)."""
 
     def __init__(self, df: pl.DataFrame, buf: Buffers):
         self.df, self.buf = df, buf
         grid = _grid(df, buf)
-        self.cells = self.filled = self._ranks = None
+        self.cells = self.filled = self._ranks = self.parts = None
         if grid is not None:
             self.slot_ranks, self.steps = grid
             self.shape = (len(self.slot_ranks), len(self.steps))
@@ -125,6 +129,12 @@ class Layout:
         at[order] = at_sorted
         slot[order] = np.arange(len(step)) - first[at_sorted]  # each row's place among its step's rows
         self.shape = (int(np.diff(np.r_[first, len(step)]).max()), len(self.steps))
+        if self.shape[0] * self.shape[1] > 4 * len(step) + 4096:
+            # Far more cells than rows (a step of many ranks among many steps of few): no matrix
+            # (4,096 ranks x 6M steps asked 24.6 GB for ``filled``); each row's part: its step's rows, log2.
+            per_step = np.ceil(np.log2(np.diff(np.r_[first, len(step)]))).astype(np.int64)
+            self.parts = per_step[at]
+            return
         self.cells = slot * len(self.steps) + at
         self.filled = np.zeros(self.shape, np.bool_)
         self.filled.flat[self.cells] = True
@@ -219,12 +229,12 @@ class StepAcc:
         if not df.height:
             return
         lay = Layout(df, self.buf)
-        if lay.cells is not None and lay.shape[1] > 1 and lay.filled.size > 4 * df.height + 4096:
-            # Sparse (a step of many ranks among many steps of few): half the steps at a time,
-            # so the matrices stay about the size of the rows.
-            mid = lay.steps[lay.shape[1] // 2]
-            self.add(df.filter(pl.col("step") < mid))
-            self.add(df.filter(pl.col("step") >= mid))
+        if lay.parts is not None:
+            # Sparse: the steps of 2**(p-1)+1..2**p rows for each p, whose matrices are at most twice
+            # their rows. Halving the steps until the matrices fit: 13.7 s CPU, 0.57 s so (bench_reduce.py
+            # --kinds every10 --ranks 1024 --steps 24000 --repeat 1 against that kernel).
+            for p in np.unique(lay.parts):
+                self.add(df.filter(pl.Series(lay.parts == p)))
             return
         ix, a = self._at(lay.steps), self.a
         a["n_ranks"][ix] += lay.count(lay.filled)
@@ -309,43 +319,74 @@ class StepAcc:
 
 
 class _Kept:
-    """The window's step times, batch after batch as (slots x steps) blocks (NaN where none), in a
-    buffer reused across windows."""
+    """The window's step times, in buffers reused across windows: while every batch has the same
+    steps, each batch's (slots x steps) block (NaN where none), stacked; from the first batch of
+    other steps on, only the times that are not NaN, each with its step (``by_step``)."""
 
     def __init__(self, buf: Buffers, expect: int):
         self.buf, self.n, self.expect = buf, 0, max(expect, 1)
         # Taken at the first batch, on the thread that reduces: the previous window's median
-        # (window.Reducer) may still be using the buffer when this window is set up.
-        self.v = np.empty(0)
-        self.blocks: list[tuple[int, int, np.ndarray]] = []  # (first index, slots, steps) per batch
+        # (window.Reducer) may still be using the buffers when this window is set up.
+        self.v, self.st = np.empty(0), np.empty(0, np.int64)
+        self.steps: np.ndarray | None = None  # the blocks' steps; None once by_step
+        self.slots = 0
+
+    def _room(self, a: np.ndarray, role: str, dtype, need: int) -> np.ndarray:
+        """``a`` if it holds ``need`` values, else a buffer of ``role`` that does, a's values copied."""
+        if need <= a.size:
+            return a
+        if not a.size:  # the window's first: the rows the footers promised
+            return self.buf.get(role, dtype, max(self.expect, need))
+        grown = self.buf.get(role, dtype, 2 * need)  # more than the footers promised (rare): a new array
+        grown[:self.n] = a[:self.n]
+        return grown
+
+    def _append(self, v: np.ndarray, st: np.ndarray | None) -> None:
+        k = v.size
+        self.v = self._room(self.v, "kept", np.float64, self.n + k)
+        self.v[self.n:self.n + k] = v.ravel()
+        if st is not None:
+            self.st = self._room(self.st, "kept/step", np.int64, self.n + k)
+            self.st[self.n:self.n + k] = st
+        self.n += k
 
     def add(self, s: np.ndarray, steps: np.ndarray) -> None:
-        n = s.size
-        if not self.blocks:
-            self.v = self.buf.get("kept", np.float64, self.expect)
-        if self.n + n > self.v.size:  # more than the footers promised: grow (rare)
-            grown = self.buf.get("kept", np.float64, 2 * (self.n + n))  # a new array: self.v still holds the old
-            grown[:self.n] = self.v[:self.n]
-            self.v = grown
-        self.v[self.n:self.n + n] = s.ravel()
-        self.blocks.append((self.n, s.shape[0], steps))
-        self.n += n
+        """A batch's times as (slots x steps), NaN where none."""
+        if self.n == 0 or (self.steps is not None and np.array_equal(steps, self.steps)):
+            self.steps, self.slots = steps, self.slots + s.shape[0]
+            self._append(s, None)
+            return
+        if self.steps is not None:  # the first batch of other steps: the blocks so far, by step
+            # Every block stacked as one (slots x all steps) matrix: 3,172 MiB peak / 6.6 s CPU, 37 MiB /
+            # 0.12 s so (bench_reduce.py --kinds wide_step --ranks 4096 --steps 100000 --repeat 1).
+            held = self.v[:self.n].reshape(self.slots, len(self.steps))
+            self.n, keep = 0, ~np.isnan(held)
+            self._append(held[keep], np.broadcast_to(self.steps, held.shape)[keep])
+            self.steps = None
+        keep = ~np.isnan(s)
+        self._append(s[keep], np.broadcast_to(steps, s.shape)[keep])
 
     def median(self, steps: np.ndarray, n: np.ndarray) -> pa.Array:
-        """The median of each step's ``n`` times: sorted down the slots (NaN last) in place, the
-        middle value or the mean of the two middle ones."""
-        slots = sum(k for _, k, _ in self.blocks)
-        if all(np.array_equal(st, steps) for _, _, st in self.blocks):
-            m = self.v[:self.n].reshape(slots, len(steps))
-        else:
-            m = self.buf.get("kept/all", np.float64, (slots, len(steps)))
-            m.fill(np.nan)
-            row = 0
-            for start, k, st in self.blocks:
-                m[row:row + k, np.searchsorted(steps, st)] = self.v[start:start + k * len(st)].reshape(k, len(st))
-                row += k
+        """The median of each step's ``n`` times (NaN sorted last): the middle value or the mean of
+        the two middle ones."""
+        if self.steps is None:
+            return self._by_step(steps, n)
+        m = self.v[:self.n].reshape(self.slots, len(steps))
         m.sort(axis=0)  # ~4x faster than np.median's partition along axis 0 of this layout
         cols = np.arange(len(steps))
-        hi = m[np.minimum(n // 2, max(slots - 1, 0)), cols]
+        hi = m[np.minimum(n // 2, max(self.slots - 1, 0)), cols]
         lo = m[np.maximum(n // 2 - 1, 0), cols]
         return np_array(np.where(n % 2 == 1, hi, (lo + hi) / 2), mask=n == 0)
+
+    def _by_step(self, steps: np.ndarray, n: np.ndarray) -> pa.Array:
+        """median() of the times by (step, time), as polars' group_by did: a step's NaN times (not
+        kept) come after its other ones."""
+        x, at = self.v[:self.n], np.searchsorted(steps, self.st[:self.n])
+        x = x[np.lexsort((x, at))]
+        count = np.bincount(at, minlength=len(steps))
+        start, mid = np.cumsum(count) - count, n // 2
+
+        def nth(i: np.ndarray) -> np.ndarray:  # each step's i-th time, NaN past its last
+            return np.where(i < count, x[np.minimum(start + i, max(len(x) - 1, 0))] if len(x) else np.nan, np.nan)
+        hi = nth(mid)
+        return np_array(np.where(n % 2 == 1, hi, (nth(np.maximum(mid - 1, 0)) + hi) / 2), mask=n == 0)
