@@ -22,6 +22,7 @@ scheduler fails the runs not done yet with a message that says so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -44,6 +45,7 @@ from kforge_dash.ingest.options import (
     IngestWaiting,
 )
 from kforge_dash.ingest.run import ingest_run
+from kforge_dash.ingest.shipped import Funnel, WindowBytes, window_bytes
 from kforge_dash.ingest.window import WindowRows, WindowTask
 from kforge_dash.optional import require
 from kforge_dash.pipeline import IngestPass, export_ingested, ingest_and_export, runs_at
@@ -186,23 +188,28 @@ class _Watch:
 _local = threading.local()
 
 
-def _on_worker(fn: Callable[..., WindowRows], task: WindowTask) -> WindowRows:
-    """``fn(task)`` with this worker thread's numpy work space, reused window after window."""
+def _on_worker(fn: Callable[..., WindowRows], task: WindowTask) -> tuple[WindowRows, WindowBytes]:
+    """``fn(task)`` with this worker thread's numpy work space, reused window after window, and
+    what its result weighs as shipped to the driver (ingest/shipped.py)."""
     buffers = getattr(_local, "buffers", None)
     if buffers is None:
         buffers = _local.buffers = Buffers()
-    return fn(task, buffers=buffers)
+    cpu, wall = time.process_time(), time.perf_counter()
+    out = fn(task, buffers=buffers)
+    return out, window_bytes(out, cpu_s=time.process_time() - cpu, wall_s=time.perf_counter() - wall)
 
 
 class DaskWindows:
     """A windows executor (ingest/window.py) whose windows run on Dask workers.
 
     At most ``windows_per_worker`` x workers windows are submitted ahead, so neither the cluster
-    nor this process holds more than that many windows of rows; results come back in order."""
+    nor this process holds more than that many windows of rows; results come back in order.
+    ``funnel``: what this process received, window by window (ingest/shipped.py)."""
 
     def __init__(self, client, opts: DaskOptions, *, run_dir: str):
         self.client, self.opts, self.run_dir = client, opts, run_dir
         self.watch = _Watch(client, opts)
+        self.funnel = Funnel()
 
     def map(self, fn: Callable[[WindowTask], WindowRows], tasks: Iterable[WindowTask]) -> Iterator[WindowRows]:
         todo = iter(list(enumerate(tasks)))
@@ -222,12 +229,15 @@ class DaskWindows:
                     break
             while pending:
                 t, f = pending.popleft()
-                out = self.watch.result(f, f"{self.run_dir}: window of steps [{t.lo}, {t.hi})")
+                out, weight = self.watch.result(f, f"{self.run_dir}: window of steps [{t.lo}, {t.hi})")
                 f.release()
+                self.funnel.add(weight)
                 nxt = next(todo, None)
                 if nxt is not None:
                     submit(nxt)
+                back = time.perf_counter()
                 yield out
+                self.funnel.driver_s += time.perf_counter() - back  # the caller's time on this window
         finally:
             for _, f in pending:  # a failed window (or the caller stopped): drop the rest
                 f.cancel()
@@ -276,8 +286,9 @@ def ingest_paths_dask(paths: Sequence[str], *, options: IngestOptions, exporters
             if run not in small:
                 if run in got:
                     continue
-                got[run] = ingest_and_export(run, options=options, exporters=exporters, progress=progress,
-                                             windows=DaskWindows(client, opts, run_dir=run))
+                windows = DaskWindows(client, opts, run_dir=run)
+                got[run] = _with_funnel(ingest_and_export(run, options=options, exporters=exporters,
+                                                          progress=progress, windows=windows), windows.funnel)
                 _fail_rest_if_lost(got, runs, watch, opts)
         for run, fut in whole.items():
             if run not in got:
@@ -290,6 +301,12 @@ def ingest_paths_dask(paths: Sequence[str], *, options: IngestOptions, exporters
         r = got[run]
         (out.failed if isinstance(r, IngestFailure) else out.waiting if isinstance(r, IngestWaiting) else out.ok).append(r)
     return out
+
+
+def _with_funnel(res, funnel: Funnel):
+    """An IngestResult with what the driver received for its windows (none: as it was)."""
+    total = funnel.total()
+    return dataclasses.replace(res, driver=total) if isinstance(res, IngestResult) and total else res
 
 
 def _gather_run(run: str, fut, watch: _Watch, exporters, progress, lock_timeout_s: float):
