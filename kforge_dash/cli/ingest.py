@@ -54,7 +54,7 @@ def _screen(res) -> list[str]:
     if res.options is not None:
         lines.append(_options_line(res.options))
     if res.driver is not None:
-        lines.append(_driver_line(res.driver))
+        lines += _driver_lines(res.driver)
     lines += _findings_lines(s, v)
     nonfinite = {k: n for k, n in (s.get("nonfinite") or {}).items() if n}
     if nonfinite:
@@ -72,16 +72,17 @@ def _screen(res) -> list[str]:
     return lines
 
 
-def _driver_line(d) -> str:
+def _driver_lines(d) -> list[str]:
     """--dask, window by window: what this process received from the workers (ingest/shipped.py)."""
     from kforge_dash import text
 
     parts = [f"{text.size(d.rows)} rows for ranks.parquet", f"{text.size(d.steps)} per-step rows",
              f"{text.size(d.periods)} step-end periods", f"{text.size(d.other)} other"]
     per_row = None if not d.n_rows else 1e6 * d.worker_cpu_s / d.n_rows
-    return (f"  dask: driver received {text.size(d.received)} from {text.counted(d.windows, 'window')} "
-            f"({text.percent(d.fraction)} of the rows' {text.size(d.rows_arrow)}: {', '.join(parts)}); "
-            f"workers {text.fixed(per_row, 2)} CPU-µs a row, driver {text.duration(d.driver_s / d.windows)} a window")
+    return [f"  dask: driver received {text.size(d.received)} from {text.counted(d.windows, 'window')} "
+            f"({text.percent(d.fraction)} of the rows' {text.size(d.rows_arrow)}): {', '.join(parts)}",
+            f"        workers {text.fixed(per_row, 2)} CPU-µs a row; driver {text.duration(d.driver_s / d.windows)} "
+            f"a window on the results (receiving not counted)"]
 
 
 def _options_line(decided) -> str:
