@@ -13,6 +13,9 @@ Two kinds of task, both plain functions of plain values:
   it is on a cluster), so hundreds of small runs ingest side by side while the driver works
   through the big ones window by window.
 
+What the driver received for a run's windows (bytes as shipped, split; the workers' CPU) is
+measured on the way (ingest/shipped.py) and carried in its IngestResult (``driver``).
+
 Exports (TensorBoard, W&B) run on the driver after each run's ingest. Failures never hang and
 never leave half a file: every wait has a timeout, a window whose worker died fails its run
 (the outputs are published by rename only at the end, so the last good ones stay), and a lost
@@ -114,8 +117,9 @@ def dask_client(opts: DaskOptions) -> Iterator:
     timeout = f"{opts.connect_timeout_s}s"
     cluster = None
     # Results straight from the workers, not through the scheduler (distributed's default for a
-    # client outside a worker): a window of 1.28M rows, 64x20000 on local:2, 18.3 s -> 3.3 s
-    # (python benchmarks/bench_dask.py --size 64x20000). The driver must reach the workers' addresses.
+    # client outside a worker): 64x20000 (one window of 1.28M rows) on local:2, 18.3 s -> 3.3 s
+    # (python benchmarks/bench_dask.py --size 64x20000 --repeat 2, False vs True here). The driver
+    # must reach the workers' addresses.
     direct = {"timeout": timeout, "direct_to_workers": True}
     try:
         if opts.local_workers is not None:
