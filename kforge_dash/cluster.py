@@ -13,6 +13,9 @@ Two kinds of task, both plain functions of plain values:
   it is on a cluster), so hundreds of small runs ingest side by side while the driver works
   through the big ones window by window.
 
+What the driver received for a run's windows (bytes as shipped, split; the workers' CPU) is
+measured on the way (ingest/shipped.py) and carried in its IngestResult (``driver``).
+
 Exports (TensorBoard, W&B) run on the driver after each run's ingest. Failures never hang and
 never leave half a file: every wait has a timeout, a window whose worker died fails its run
 (the outputs are published by rename only at the end, so the last good ones stay), and a lost
@@ -22,6 +25,7 @@ scheduler fails the runs not done yet with a message that says so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -44,6 +48,7 @@ from kforge_dash.ingest.options import (
     IngestWaiting,
 )
 from kforge_dash.ingest.run import ingest_run
+from kforge_dash.ingest.shipped import Funnel, WindowBytes, window_bytes
 from kforge_dash.ingest.window import WindowRows, WindowTask
 from kforge_dash.optional import require
 from kforge_dash.pipeline import IngestPass, export_ingested, ingest_and_export, runs_at
@@ -111,6 +116,11 @@ def dask_client(opts: DaskOptions) -> Iterator:
     distributed = require("distributed", extra="dask", purpose=_PURPOSE)
     timeout = f"{opts.connect_timeout_s}s"
     cluster = None
+    # Results straight from the workers, not through the scheduler (distributed's default for a
+    # client outside a worker): 64x20000 (one window of 1.28M rows) on local:2, 18.3 s -> 3.3 s
+    # (python benchmarks/bench_dask.py --size 64x20000 --repeat 2, False vs True here). The driver
+    # must reach the workers' addresses.
+    direct = {"timeout": timeout, "direct_to_workers": True}
     try:
         if opts.local_workers is not None:
             # One thread per worker: a window at a time each (memory bounded by the window), while
@@ -119,11 +129,11 @@ def dask_client(opts: DaskOptions) -> Iterator:
             cluster = distributed.LocalCluster(n_workers=opts.local_workers, threads_per_worker=1, processes=True,
                                                host="127.0.0.1", dashboard_address="127.0.0.1:0",
                                                scheduler_kwargs={"dashboard": False}, silence_logs=logging.ERROR)
-            client = distributed.Client(cluster, timeout=timeout)
+            client = distributed.Client(cluster, **direct)
         elif opts.address.endswith(".json"):
-            client = distributed.Client(scheduler_file=opts.address, timeout=timeout)
+            client = distributed.Client(scheduler_file=opts.address, **direct)
         else:
-            client = distributed.Client(opts.address, timeout=timeout)
+            client = distributed.Client(opts.address, **direct)
     except (OSError, TimeoutError) as e:
         if cluster is not None:
             cluster.close()
@@ -186,23 +196,28 @@ class _Watch:
 _local = threading.local()
 
 
-def _on_worker(fn: Callable[..., WindowRows], task: WindowTask) -> WindowRows:
-    """``fn(task)`` with this worker thread's numpy work space, reused window after window."""
+def _on_worker(fn: Callable[..., WindowRows], task: WindowTask) -> tuple[WindowRows, WindowBytes]:
+    """``fn(task)`` with this worker thread's numpy work space, reused window after window, and
+    what its result weighs as shipped to the driver (ingest/shipped.py)."""
     buffers = getattr(_local, "buffers", None)
     if buffers is None:
         buffers = _local.buffers = Buffers()
-    return fn(task, buffers=buffers)
+    cpu, wall = time.process_time(), time.perf_counter()
+    out = fn(task, buffers=buffers)
+    return out, window_bytes(out, cpu_s=time.process_time() - cpu, wall_s=time.perf_counter() - wall)
 
 
 class DaskWindows:
     """A windows executor (ingest/window.py) whose windows run on Dask workers.
 
     At most ``windows_per_worker`` x workers windows are submitted ahead, so neither the cluster
-    nor this process holds more than that many windows of rows; results come back in order."""
+    nor this process holds more than that many windows of rows; results come back in order.
+    ``funnel``: what this process received, window by window (ingest/shipped.py)."""
 
     def __init__(self, client, opts: DaskOptions, *, run_dir: str):
         self.client, self.opts, self.run_dir = client, opts, run_dir
         self.watch = _Watch(client, opts)
+        self.funnel = Funnel()
 
     def map(self, fn: Callable[[WindowTask], WindowRows], tasks: Iterable[WindowTask]) -> Iterator[WindowRows]:
         todo = iter(list(enumerate(tasks)))
@@ -222,12 +237,15 @@ class DaskWindows:
                     break
             while pending:
                 t, f = pending.popleft()
-                out = self.watch.result(f, f"{self.run_dir}: window of steps [{t.lo}, {t.hi})")
+                out, weight = self.watch.result(f, f"{self.run_dir}: window of steps [{t.lo}, {t.hi})")
                 f.release()
+                self.funnel.add(weight)
                 nxt = next(todo, None)
                 if nxt is not None:
                     submit(nxt)
+                back = time.perf_counter()
                 yield out
+                self.funnel.driver_s += time.perf_counter() - back  # the caller's time on this window
         finally:
             for _, f in pending:  # a failed window (or the caller stopped): drop the rest
                 f.cancel()
@@ -276,8 +294,9 @@ def ingest_paths_dask(paths: Sequence[str], *, options: IngestOptions, exporters
             if run not in small:
                 if run in got:
                     continue
-                got[run] = ingest_and_export(run, options=options, exporters=exporters, progress=progress,
-                                             windows=DaskWindows(client, opts, run_dir=run))
+                windows = DaskWindows(client, opts, run_dir=run)
+                got[run] = _with_funnel(ingest_and_export(run, options=options, exporters=exporters,
+                                                          progress=progress, windows=windows), windows.funnel)
                 _fail_rest_if_lost(got, runs, watch, opts)
         for run, fut in whole.items():
             if run not in got:
@@ -290,6 +309,12 @@ def ingest_paths_dask(paths: Sequence[str], *, options: IngestOptions, exporters
         r = got[run]
         (out.failed if isinstance(r, IngestFailure) else out.waiting if isinstance(r, IngestWaiting) else out.ok).append(r)
     return out
+
+
+def _with_funnel(res, funnel: Funnel):
+    """An IngestResult with what the driver received for its windows (none: as it was)."""
+    total = funnel.total()
+    return dataclasses.replace(res, driver=total) if isinstance(res, IngestResult) and total else res
 
 
 def _gather_run(run: str, fut, watch: _Watch, exporters, progress, lock_timeout_s: float):

@@ -65,6 +65,17 @@ def gib(n_bytes, digits: int = 2) -> str:
     return f"{n_bytes / GIB:.{digits}f} GiB" if known(n_bytes) else MISSING
 
 
+def size(n_bytes) -> str:
+    """Bytes in binary units: 512 -> "512 B"; 290_000_000 -> "277 MiB"; 3 << 30 -> "3.00 GiB"."""
+    if not known(n_bytes):
+        return MISSING
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n_bytes) >= scale:
+            v = n_bytes / scale
+            return f"{v:.2f} {unit}" if unit == "GiB" or v < 10 else f"{v:,.0f} {unit}"
+    return f"{int(n_bytes)} B"
+
+
 def number(v, fmt: str = "{:,.6g}") -> str:
     """A value with ``fmt``; MISSING for None; NaN and inf as they are (facts about the run, not missing)."""
     if v is None:

@@ -2,6 +2,7 @@
 (local:2) and on a scheduler + 2 workers started as separate processes on 127.0.0.1; failures are
 quick and clear and never touch the last good outputs. Dask starts in seconds: few, shared clusters."""
 
+import functools
 import json
 import os
 import shutil
@@ -12,12 +13,13 @@ import time
 import dask
 import distributed
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from ingest_fixtures import close_all, flush_all, open_ranks, read_outputs, run_steps
 from ports_fixtures import free_port
 
-from kforge_dash.cli.ingest import main
+from kforge_dash.cli.ingest import _screen, main
 from kforge_dash.cluster import ClusterError, DaskOptions, DaskWindows, dask_client, ingest_paths_dask
 from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
@@ -97,6 +99,24 @@ def test_windows_on_local2_equal_a_local_ingest(tmp_path, monkeypatch, local2):
     windows = [t for t in ts.data if str(t["key"]).startswith("kforge-window-")]
     assert len(windows) >= 4  # the run went window by window through the workers
     assert_same(outputs(run), want)
+
+
+def test_the_driver_s_bytes_are_measured_and_printed(tmp_path, monkeypatch, local2):
+    """Issue 29 goal 3: what the driver receives per run, split, beside the rows' own bytes; printed."""
+    client, opts = local2
+    run = make_run(tmp_path / "a", monkeypatch)
+    res = ingest_paths_dask([run], options=IngestOptions(chunk_rows=CHUNK), exporters=[], client=client, opts=opts)
+    d = res.ok[0].driver
+    ranks = pq.read_table(os.path.join(run, "ingested", "ranks.parquet"))
+    assert d.windows >= 4 and d.n_rows == ranks.num_rows
+    assert d.received == d.rows + d.steps + d.periods + d.other
+    assert d.rows_arrow >= 0.5 * ranks.nbytes
+    # every row's buffers shipped, plus the schema and pickle's framing (~6 KB) per window
+    assert d.rows_arrow <= d.rows <= d.rows_arrow + 10_000 * d.windows
+    assert d.steps > 0 and d.periods > 0 and d.worker_cpu_s > 0
+    assert d.fraction >= 1.0  # today's funnel: all the rows come to the driver
+    line = [x for x in _screen(res.ok[0]) if "dask: driver received" in x]
+    assert len(line) == 1 and "of the rows'" in line[0] and "rows for ranks.parquet" in line[0], _screen(res.ok[0])
 
 
 def test_an_append_on_local2_equals_a_local_ingest(tmp_path, monkeypatch, local2):
@@ -182,6 +202,19 @@ def test_cli_dask_local2_equals_a_local_ingest(tmp_path, monkeypatch):
     assert [r["run_dir"] for r in got["runs"]] == [str(tmp_path / "runs" / n) for n in ("a", "b")]
     for name in ("a", "b"):
         assert_same(outputs(str(tmp_path / "runs" / name)), outputs(os.path.join(local, name)))
+
+
+def test_cli_dask_prints_what_the_driver_received(tmp_path, monkeypatch):
+    """A run window by window (whole_run_bytes=0) through the CLI: --json's "driver" per run."""
+    import kforge_dash.cluster as cluster
+
+    run = make_run(tmp_path / "a", monkeypatch, ranks=2)
+    monkeypatch.setattr(cluster, "DaskOptions", functools.partial(DaskOptions, whole_run_bytes=0))
+    res = CliRunner().invoke(main, [run, "--dask", "local:1", "--json", *NO_EXPORT])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)["runs"][0]["driver"]
+    assert d["windows"] == 1 and d["n_rows"] > 0 and d["received"] >= d["rows"] >= d["rows_arrow"] > 0
+    assert d["fraction"] == d["received"] / d["rows_arrow"]
 
 
 def test_an_unreachable_scheduler_fails_fast_and_writes_nothing(tmp_path, monkeypatch):

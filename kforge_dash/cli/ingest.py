@@ -53,6 +53,8 @@ def _screen(res) -> list[str]:
     ]
     if res.options is not None:
         lines.append(_options_line(res.options))
+    if res.driver is not None:
+        lines += _driver_lines(res.driver)
     lines += _findings_lines(s, v)
     nonfinite = {k: n for k, n in (s.get("nonfinite") or {}).items() if n}
     if nonfinite:
@@ -68,6 +70,19 @@ def _screen(res) -> list[str]:
         if len(warnings) > 8:
             lines.append(f"    ... and {len(warnings) - 8} more in {res.ingested_dir}/summary.json")
     return lines
+
+
+def _driver_lines(d) -> list[str]:
+    """--dask, window by window: what this process received from the workers (ingest/shipped.py)."""
+    from kforge_dash import text
+
+    parts = [f"{text.size(d.rows)} rows for ranks.parquet", f"{text.size(d.steps)} per-step rows",
+             f"{text.size(d.periods)} step-end periods", f"{text.size(d.other)} other"]
+    per_row = None if not d.n_rows else 1e6 * d.worker_cpu_s / d.n_rows
+    return [f"  dask: driver received {text.size(d.received)} from {text.counted(d.windows, 'window')} "
+            f"({text.percent(d.fraction)} of the rows' {text.size(d.rows_arrow)}): {', '.join(parts)}",
+            f"        workers {text.fixed(per_row, 2)} CPU-µs a row; driver {text.duration(d.driver_s / d.windows)} "
+            f"a window on the results (receiving not counted)"]
 
 
 def _options_line(decided) -> str:
@@ -127,7 +142,8 @@ def _report(result, *, as_json: bool, quiet: bool, only_changed: bool = False, j
     if as_json:
         click.echo(json.dumps({
             "runs": [{"run_dir": r.run_dir, "skipped": r.skipped, "appended": r.appended, "summary": r.summary,
-                      "options": None if r.options is None else r.options.to_dict()} for r in shown],
+                      "options": None if r.options is None else r.options.to_dict(),
+                      "driver": None if r.driver is None else r.driver.to_dict()} for r in shown],
             "failed": [{"run_dir": f.run_dir, "error": f.error} for f in result.failed]
             + [{"run_dir": None, "error": e} for e in result.errors],
             "waiting": [{"run_dir": w.run_dir, "reason": w.reason} for w in result.waiting],

@@ -16,6 +16,7 @@
     coalesce.py   Recorder.log rows folded into their step's end_step row
     window.py     ingest_window: one window's rows -> de-duplicated -> one row per step (start_window +
                   Reducer: each batch reduced on a worker thread while the next is read)
+    shipped.py    what a window's result weighs as shipped to the --dask driver, and its worker's CPU
     rows.py       the row pass: every window, into ranks.parquet and per-step rows
     merge.py      old kept rows merged with new ones (append)
     rollbacks.py  steps that went back within an attempt: in-process restarts, superseded.parquet, their wasted time

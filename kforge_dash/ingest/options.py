@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from kforge_dash.contract import INGESTED_DIR
 from kforge_dash.findings.thresholds import FindingsOptions
 from kforge_dash.ingest import option_spec as spec
+from kforge_dash.ingest.shipped import DriverBytes
 from kforge_record.checks import check_flag, check_int, check_seconds
 
 
@@ -126,6 +127,7 @@ class IngestResult:
     skipped: bool  # True: shards and options unchanged since the last ingest, outputs reused
     appended: bool = False  # True: only new part files were read, on top of the last outputs (docs/CONTRACT.md, "Re-ingest")
     options: DecidedOptions | None = None  # the options used and where each came from (None: not known)
+    driver: DriverBytes | None = None  # --dask, window by window: what the driver received (shipped.py)
 
     @property
     def ingested_dir(self) -> str:
