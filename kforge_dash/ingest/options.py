@@ -67,9 +67,10 @@ class IngestOptions:
     findings: Mapping[str, object] | FindingsOptions | None = None
     reset_options: bool = False
     force: bool = False
-    # Rows a window (memory ~200 bytes each with polars' work space). 1M, not 4M: half the peak and no
-    # slower (the last window's write, which nothing overlaps, is smaller; benchmarks/bench_ingest.py).
-    chunk_rows: int = 1_000_000
+    # Rows a window or batch (memory ~200 bytes each with polars' work space). 500k, not 1M: peak 0.44 vs
+    # 0.63 GB at 64 x 100k with the same user CPU and less system time (3.0-3.3 vs 3.4-5.8 s wall), and
+    # 0.95 vs 1.14 GiB at 1,024 x 100k (issue 29's 1 GiB goal); /usr/bin/time on ingest_run, see docs/scale.md.
+    chunk_rows: int = 500_000
     lock_timeout_s: float = 600.0
 
     def __post_init__(self):
