@@ -80,8 +80,8 @@ def child(which: str, out: str, ranks: int) -> None:
         pl.scan_parquet(os.path.join(out, "ranks.parquet")).group_by("step").agg(pl.col("step_time_s").max()).collect()
     else:
         from kforge_dash.findings import FindingsOptions, analyse_run
-        from kforge_dash.ingest.launches import Launch
-        from kforge_dash.ingest.shards import Attempt
+        from kforge_dash.ingest.inputs.launches import Launch
+        from kforge_dash.ingest.inputs.shards import Attempt
 
         steps = pl.read_parquet(os.path.join(out, "steps.parquet"))
         L = Launch(0, [Attempt(r, "a", out, {"host": f"node{r // 8}"}, True, 1.8e9, None) for r in range(ranks)])

@@ -93,7 +93,7 @@ def child(case: str, way: str, out: str) -> None:
     if way.endswith("-fresh"):
         import numpy as np
 
-        from kforge_dash.ingest.buffers import Buffers
+        from kforge_dash.ingest.rowpass.buffers import Buffers
         Buffers.get = lambda self, role, dtype, shape: np.empty(shape, dtype)
         way = way[:-6]
     if way.endswith("-1t"):

@@ -1,4 +1,4 @@
-"""One window's per-step reductions (kforge_dash/ingest/reduce.py reduce_steps) of this checkout and
+"""One window's per-step reductions (kforge_dash/ingest/rowpass/reduce.py reduce_steps) of this checkout and
 another, alternated in one process (same data, same load), median CPU time of each.
 
     python benchmarks/bench_reduce.py --old /work/main                   # grid, missing, restart; 64 x 10k
@@ -21,7 +21,7 @@ import tracemalloc
 import numpy as np
 import polars as pl
 
-from kforge_dash.ingest.buffers import Buffers
+from kforge_dash.ingest.rowpass.buffers import Buffers
 
 
 def load(path, name):
@@ -64,8 +64,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args()
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    old = load(os.path.join(args.old, "kforge_dash/ingest/reduce.py"), "old_reduce")
-    new = load(os.path.join(here, "kforge_dash/ingest/reduce.py"), "new_reduce")
+    old = load(os.path.join(args.old, "kforge_dash/ingest/rowpass/reduce.py"), "old_reduce")
+    new = load(os.path.join(here, "kforge_dash/ingest/rowpass/reduce.py"), "new_reduce")
     for kind in args.kinds.split(","):
         df = frame(kind, args.ranks, args.steps)
         cols, bufs, ts = list(df.columns), {"old": Buffers(), "new": Buffers()}, {"old": [], "new": []}

@@ -4,10 +4,10 @@
 
 Writes three runs with the real Recorder (``--ranks`` ranks, about ``--steps`` steps each, a few scalars):
 ``clean`` (no repeat), ``rollback`` (steps 1..S, back to 2S/3, on to S + S/3: the rows after the rollback
-point are read again, ingest/rollbacks.py) and ``relaunch`` (a second launch resumed from 2S/3: the first
+point are read again, ingest/lineage/rollbacks.py) and ``relaunch`` (a second launch resumed from 2S/3: the first
 launch's rows past it are read for superseded.parquet). Each run is ingested (``force``: from scratch) in a
 fresh process by the reference tree and by this tree, interleaved, ``--repeats`` times; prints the median
-wall time of each, their ratio, and the median time of this tree's lineage pass (ingest/rollbacks.py) within it.
+wall time of each, their ratio, and the median time of this tree's lineage pass (ingest/lineage/rollbacks.py) within it.
 """
 
 from __future__ import annotations

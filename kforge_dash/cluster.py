@@ -2,7 +2,7 @@
 
 Two kinds of task, both plain functions of plain values:
 
-* a **step window** of one run (ingest/window.py ``window_rows``): it reads every rank's rows for
+* a **step window** of one run (ingest/rowpass/window.py ``window_rows``): it reads every rank's rows for
   its steps, so per-step max/median/slowest rank stay exact without a shuffle. The driver (this
   process) plans the run from its footers, keeps a few windows in flight per worker, gathers the
   results in window order, writes ranks.parquet as they come, then derives tokens/s, MFU and
@@ -36,8 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kforge_dash.export.outcome import Exporter
-from kforge_dash.ingest import shards as _shards
-from kforge_dash.ingest.buffers import Buffers
+from kforge_dash.ingest.inputs import shards as _shards
 from kforge_dash.ingest.option_spec import CONNECT_TIMEOUT
 from kforge_dash.ingest.options import (
     IngestError,
@@ -47,9 +46,10 @@ from kforge_dash.ingest.options import (
     IngestResult,
     IngestWaiting,
 )
+from kforge_dash.ingest.rowpass.buffers import Buffers
+from kforge_dash.ingest.rowpass.window import WindowRows, WindowTask
 from kforge_dash.ingest.run import ingest_run
 from kforge_dash.ingest.shipped import Funnel, WindowBytes, window_bytes
-from kforge_dash.ingest.window import WindowRows, WindowTask
 from kforge_dash.optional import require
 from kforge_dash.pipeline import IngestPass, export_ingested, ingest_and_export, runs_at
 from kforge_dash.progress import NullProgress
@@ -208,7 +208,7 @@ def _on_worker(fn: Callable[..., WindowRows], task: WindowTask) -> tuple[WindowR
 
 
 class DaskWindows:
-    """A windows executor (ingest/window.py) whose windows run on Dask workers.
+    """A windows executor (ingest/rowpass/window.py) whose windows run on Dask workers.
 
     At most ``windows_per_worker`` x workers windows are submitted ahead, so neither the cluster
     nor this process holds more than that many windows of rows; results come back in order.

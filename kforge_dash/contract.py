@@ -17,7 +17,7 @@ STEPS_FILE = "steps.parquet"
 RANKS_FILE = "ranks.parquet"
 SUMMARY_FILE = "summary.json"
 OPTIONS_FILE = "options.json"  # the options kept with the run (kforge_dash/ingest/kept.py)
-# Steps a rollback superseded (kforge_dash/ingest/rollbacks.py); kforge-import writes the same format to
+# Steps a rollback superseded (kforge_dash/ingest/lineage/rollbacks.py); kforge-import writes the same format to
 # RUN/imported/ (docs/CONTRACT.md): tag, step, time, value, reason, superseded_at_step (+ attempt here)
 SUPERSEDED_FILE = "superseded.parquet"
 MANIFEST_FILE = "manifest.parquet"  # ingest's own footer cache, safe to delete
@@ -44,7 +44,7 @@ RESERVED_OUTPUT_NAMES = frozenset({"rank", "attempt", "step_work_s", "step_work_
                                    "n_ranks", *RUN_DERIVED_COLUMNS})
 
 # steps.parquet columns before the phases and user scalars; the EMAs come last. step_time_s is the
-# job's step time: the period between consecutive step ends, mean over ranks (ingest/period.py);
+# job's step time: the period between consecutive step ends, mean over ranks (ingest/rowpass/period.py);
 # step_work_s / _min_s / _median_s: the max / min / median over ranks of each rank's own
 # start_step -> end_step time (ranks.parquet step_time_s), slowest_rank the rank with the max.
 STEP_HEAD = ("step", "time", "step_time_s", "step_work_s", "step_work_min_s", "step_work_median_s", "slowest_rank",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from kforge_dash.contract import EXPORT_NAMES, SUMMARY_FILE, read_summary_file
 from kforge_dash.export.exporters import choose_exporters, run_exporters
 from kforge_dash.export.outcome import Exporter
-from kforge_dash.ingest import shards as _shards
+from kforge_dash.ingest.inputs import shards as _shards
 from kforge_dash.ingest.options import (
     IngestError,
     IngestFailure,

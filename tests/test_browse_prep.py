@@ -183,7 +183,7 @@ def test_plotly_text_is_escaped_and_image_export_is_configured():
 
 
 def test_gelu_mlp_counts_two_matrices_and_a_bad_kind_is_refused():
-    from kforge_dash.ingest.flops import flops_per_token
+    from kforge_dash.ingest.inputs.flops import flops_per_token
     from kforge_record.model import ModelSpec
 
     gpt2 = dict(n_layers=12, dim=768, n_heads=12, n_kv_heads=12, ffn_hidden_dim=3072, vocab_size=50257, seq_len=1024)

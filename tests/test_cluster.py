@@ -22,8 +22,8 @@ from ports_fixtures import free_port
 from kforge_dash.cli.ingest import _screen, main
 from kforge_dash.cluster import ClusterError, DaskOptions, DaskWindows, dask_client, ingest_paths_dask
 from kforge_dash.ingest.options import IngestOptions
+from kforge_dash.ingest.rowpass.window import ingest_window
 from kforge_dash.ingest.run import ingest_run
-from kforge_dash.ingest.window import ingest_window
 
 NO_EXPORT = ["--no-tensorboard", "--no-wandb"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

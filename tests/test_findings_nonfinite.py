@@ -17,7 +17,7 @@ from kforge_dash.contract import RANKS_NONFINITE_KEY
 from kforge_dash.findings.finding import RunFacts
 from kforge_dash.findings.nonfinite import nonfinite_findings
 from kforge_dash.findings.thresholds import FindingsOptions
-from kforge_dash.ingest.ranks_writer import may_be_nonfinite
+from kforge_dash.ingest.rowpass.ranks_writer import may_be_nonfinite
 
 
 @pytest.mark.filterwarnings("ignore::kforge_dash.ingest.options.IngestWarning")

@@ -3,7 +3,7 @@
 import pytest
 from ingest_fixtures import LLAMA7B
 
-from kforge_dash.ingest.flops import PEAK_TFLOPS, flops_per_token, peak_for_device
+from kforge_dash.ingest.inputs.flops import PEAK_TFLOPS, flops_per_token, peak_for_device
 
 
 def test_llama7b_dense_shape_by_hand():

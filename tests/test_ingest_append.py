@@ -254,7 +254,7 @@ def test_a_restart_whose_first_parts_are_corrupt_plans_as_a_full_ingest(tmp_path
 
 
 def test_a_footer_that_failed_to_read_once_is_read_again(tmp_path, monkeypatch):
-    import kforge_dash.ingest.parquet_io as footers  # where shards.read_part opens a footer
+    import kforge_dash.ingest.inputs.parquet_io as footers  # where shards.read_part opens a footer
 
     run = str(tmp_path / "flaky")
     recs = open_ranks(run, 2, flush_every_steps=10**6)
@@ -313,7 +313,7 @@ def test_means_are_bit_identical_whichever_window_a_step_falls_in(tmp_path, monk
 def test_footers_read_by_worker_processes_give_the_same_ingest(tmp_path, monkeypatch):
     import sys
 
-    import kforge_dash.ingest.manifest as ingest_state
+    import kforge_dash.ingest.inputs.manifest as ingest_state
 
     run = str(tmp_path / "many")
     recs = open_ranks(run, 3, flush_every_steps=4, merge_parts=False)  # many small footers
@@ -323,7 +323,7 @@ def test_footers_read_by_worker_processes_give_the_same_ingest(tmp_path, monkeyp
     with open(bad, "r+b") as f:
         f.truncate(100)  # a footer that cannot be read: its warning must come back from the worker
     want = full_outputs(run)
-    import kforge_dash.ingest.shards as shards
+    import kforge_dash.ingest.inputs.shards as shards
 
     real = shards.read_part
 
@@ -345,7 +345,7 @@ def test_appends_stay_appends_while_the_recorder_merges_its_parts(tmp_path, monk
     """Merges of parts an ingest already read are not changed parts: each pass reads only the rows after the last
     one, also out of a merged part that holds old and new rows (kforge_record/compact.py). With row groups of 7
     rows a merged part has many, and windows end where they start (read.py): never below the append's rows."""
-    import kforge_dash.ingest.plan as plan_mod
+    import kforge_dash.ingest.inputs.plan as plan_mod
     import kforge_record.compact as compact
 
     monkeypatch.setattr(compact, "ROW_GROUP_ROWS", row_group_rows)

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kforge_dash.ingest.parquet_io import column_max
+from kforge_dash.ingest.inputs.parquet_io import column_max
 
 
 @pytest.mark.parametrize("stats", [True, False])

@@ -7,7 +7,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kforge_dash.ingest import shards
+from kforge_dash.ingest.inputs import shards
 
 
 def test_parts_sharing_their_kforge_metadata_are_each_checked(tmp_path):
@@ -41,7 +41,7 @@ def _rchar() -> int:
 def test_a_footer_is_read_from_the_file_tail_alone_and_bad_files_warn_as_before(tmp_path):
     from pyarrow._parquet import ParquetReader
 
-    from kforge_dash.ingest import parquet_io
+    from kforge_dash.ingest.inputs import parquet_io
 
     n = 200_000  # a ~1.6 MB file: pyarrow alone reads its last 64 KB to find a ~1 KB footer
     big = str(tmp_path / "big.parquet")
@@ -82,8 +82,8 @@ def test_a_footer_is_read_from_the_file_tail_alone_and_bad_files_warn_as_before(
 
 
 def test_footers_sharing_a_schema_keep_their_own_facts_and_a_wrong_type_is_still_refused(tmp_path):
-    from kforge_dash.ingest import parquet_io as footer_schema
-    from kforge_dash.ingest.shards import read_part
+    from kforge_dash.ingest.inputs import parquet_io as footer_schema
+    from kforge_dash.ingest.inputs.shards import read_part
 
     def part(name, steps, step_time):
         path = str(tmp_path / name)

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from ingest_fixtures import FakeClock, close_all, open_ranks, run_steps
 
-import kforge_dash.ingest.reduce as reduce
+import kforge_dash.ingest.rowpass.reduce as reduce
 import kforge_record.recorder as recorder_mod
 from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run

@@ -1,4 +1,4 @@
-"""The per-step reduction kernel (kforge_dash/ingest/reduce.py) against the contract's rules written
+"""The per-step reduction kernel (kforge_dash/ingest/rowpass/reduce.py) against the contract's rules written
 plainly (tests/reference_math.reference_steps), on varied windows: full grids, a rank missing steps,
 a restart inside the window, log-only rows, one step of many ranks, a sparse window; values with
 NaN/inf/null, -0.0, bitmasks valid and not, ties for the slowest rank. Each window is reduced whole
@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 from reference_math import reference_steps
 
-from kforge_dash.ingest.buffers import Buffers
-from kforge_dash.ingest.reduce import StepAcc, mean_columns, reduce_steps
+from kforge_dash.ingest.rowpass.buffers import Buffers
+from kforge_dash.ingest.rowpass.reduce import StepAcc, mean_columns, reduce_steps
 
 OR, X = "hw/throttle_reasons", "x"
 SCHEMA = {"step": pl.Int64, "time": pl.Float64, "step_time_s": pl.Float64, "loss": pl.Float64, "grad_norm": pl.Float64,

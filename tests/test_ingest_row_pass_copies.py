@@ -9,10 +9,10 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from kforge_dash.ingest import coalesce, window
-from kforge_dash.ingest.buffers import Buffers
-from kforge_dash.ingest.ranks_writer import arrow_table
-from kforge_dash.ingest.reduce import Layout
+from kforge_dash.ingest.rowpass import coalesce, window
+from kforge_dash.ingest.rowpass.buffers import Buffers
+from kforge_dash.ingest.rowpass.ranks_writer import arrow_table
+from kforge_dash.ingest.rowpass.reduce import Layout
 
 
 def _column(rng, n: int, dtype, nulls: bool) -> pl.Series:
@@ -134,7 +134,7 @@ def test_rows_for_ranks_parquet_keep_their_chunks_without_a_copy():
 
 
 def test_np_array_is_pa_array():
-    from kforge_dash.ingest.arrays import np_array
+    from kforge_dash.ingest.rowpass.arrays import np_array
 
     for values in (np.array([1.5, np.nan, -np.inf, 4.0]), np.arange(4, dtype=np.int64), np.arange(4, dtype=np.uint32),
                    np.arange(8, dtype=np.float64)[::2], np.array([], np.float64), np.array([True, False, True, True])):

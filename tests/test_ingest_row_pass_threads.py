@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 from row_pass_fixtures import Whole, make_run, outputs, warns_of_make_run
 
-from kforge_dash.ingest import buffers, reduce, window
 from kforge_dash.ingest.options import IngestOptions
+from kforge_dash.ingest.rowpass import buffers, reduce, window
 from kforge_dash.ingest.run import ingest_run
 
 

@@ -84,8 +84,8 @@ def test_a_window_of_one_step_over_many_ranks_adds_them_in_rank_order(tmp_path, 
 def test_windows_end_inside_big_merged_parts(tmp_path, monkeypatch):
     """A merged part spans many steps (kforge_record/compact.py): windows must still hold about
     chunk_rows rows, cut inside it, or one window would hold the whole run."""
-    import kforge_dash.ingest.read as read
-    import kforge_dash.ingest.rows as rows_mod
+    import kforge_dash.ingest.inputs.read as read
+    import kforge_dash.ingest.rowpass.rows as rows_mod
 
     run = str(tmp_path / "merged")
     recs = open_ranks(run, 3, flush_every_steps=2)
@@ -107,7 +107,7 @@ def test_windows_end_where_a_merged_parts_row_groups_start(tmp_path, monkeypatch
     import pyarrow.parquet as pq
     from ingest_fixtures import part_files
 
-    import kforge_dash.ingest.rows as rows_mod
+    import kforge_dash.ingest.rowpass.rows as rows_mod
 
     run = str(tmp_path / "merged")
     recs = open_ranks(run, 3, flush_every_steps=2)
@@ -127,8 +127,8 @@ def test_windows_end_where_a_merged_parts_row_groups_start(tmp_path, monkeypatch
 
 
 def test_the_window_work_is_one_function_of_plain_values(tmp_path, monkeypatch):
-    from kforge_dash.ingest.plan import make_plan
-    from kforge_dash.ingest.read import overlapping_parts
+    from kforge_dash.ingest.inputs.plan import make_plan
+    from kforge_dash.ingest.inputs.read import overlapping_parts
     from kforge_dash.ingest.run import WindowTask, ingest_window, plan_windows
 
     run = make_run(tmp_path / "run", monkeypatch, world=2)

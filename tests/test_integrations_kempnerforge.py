@@ -18,7 +18,7 @@ from ingest_fixtures import warns_each
 from kempnerforge_fixtures import SHIPPED, kempnerforge_fixture, kf_estimate, router_flops  # noqa: F401  (the fixture)
 
 from kforge_dash import ingest_run
-from kforge_dash.ingest.flops import flops_per_token
+from kforge_dash.ingest.inputs.flops import flops_per_token
 from kforge_record.integrations.kempnerforge import MetricsTracker
 
 LINE = re.compile(r"^\[rank 0\] INFO     \[step (\d+)\] loss=(\S+) \| lr=(\S+) \| grad_norm=(\S+) \| tok/s=(\S+) \| "

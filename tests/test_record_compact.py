@@ -15,7 +15,7 @@ import pytest
 from ingest_fixtures import close_all, flush_all, open_ranks, read_outputs, run_steps
 from polars.testing import assert_frame_equal
 
-import kforge_dash.ingest.shards as shards
+import kforge_dash.ingest.inputs.shards as shards
 import kforge_record.compact as compact
 from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run

@@ -67,8 +67,8 @@ def test_a_log_at_step_0_of_every_launch_does_not_drop_earlier_launches(tmp_path
 def test_an_unknown_start_is_none_and_ordered_last_by_attempt_id(tmp_path, monkeypatch):
     import dataclasses
 
-    from kforge_dash.ingest import shards as shards
-    from kforge_dash.ingest.launches import group_launches
+    from kforge_dash.ingest.inputs import shards as shards
+    from kforge_dash.ingest.inputs.launches import group_launches
 
     run = str(tmp_path / "starts")
     for _ in range(3):  # three launches of one rank

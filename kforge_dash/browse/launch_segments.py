@@ -9,7 +9,7 @@ looked like a clean hand-off while the table said 51 steps were run again):
 - ``recomputed``: from where a later launch resumed to where this one reached (recorded or not): ran twice;
 - ``unrecorded``: past its last row up to the resume (or its end): trained, no row (no later launch redid them);
 - ``rolled back``: steps the launch ran, then went back over in its own process and ran again (summary
-  ``restarts`` with ``in_process``: ingest/rollbacks.py).
+  ``restarts`` with ``in_process``: ingest/lineage/rollbacks.py).
 """
 
 from __future__ import annotations

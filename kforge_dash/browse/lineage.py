@@ -1,7 +1,7 @@
 """A run's lineage: the segments of its timeline (launches and in-process rollbacks) and the steps each
 restart superseded, drawn faint as a branch leaving the kept line (docs/restarts.md "Lineage").
 
-The superseded steps come from ``RUN/ingested/superseded.parquet`` (kforge_dash/ingest/rollbacks.py; ``tag``
+The superseded steps come from ``RUN/ingested/superseded.parquet`` (kforge_dash/ingest/lineage/rollbacks.py; ``tag``
 is the steps.parquet column) and, for an imported run, from kforge-import's ``RUN/imported/superseded.parquet``
 (the same format; its tags mapped to columns by ``source.json``; its purged points only).
 """

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from kforge_dash.ingest import heartbeat_check
+from kforge_dash.ingest.inputs import heartbeat_check
 from kforge_record.heartbeat import HEARTBEAT_FILE, read_heartbeat
 from kforge_record.regular_file import open_regular
 from kforge_record.schema import END_FILE, META_FILE, RANK_PREFIX

@@ -1,7 +1,7 @@
 """Smoothing each series by its own density: the weight is per step, so a series logged every k
 steps gets weight**k per point, and a series of a few points is not smoothed at all.
 
-The EMA itself is ingest's (kforge_dash.ingest.reduce.ema_expr, docs/CONTRACT.md): for a series
+The EMA itself is ingest's (kforge_dash.ingest.rowpass.reduce.ema_expr, docs/CONTRACT.md): for a series
 logged every step, the dashboard's smoothed line equals ingest's *_ema column at alpha = 1 - weight.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kforge_dash.ingest.reduce import ema_expr
+from kforge_dash.ingest.rowpass.reduce import ema_expr
 
 MIN_SMOOTH_POINTS = 10  # fewer points than this: every one is a reading, none is noise to average out
 MIN_WEIGHT = 0.05  # a per-point weight below this changes the line by less than the eye can see

@@ -14,7 +14,7 @@ The timeline is cut into consecutive pieces, each in exactly one bucket, so
   its step time).
 - ``wasted_progress``: an earlier launch's time after its last kept step, i.e. the steps a later
   launch recomputed after resuming from an older checkpoint (``wasted_steps`` counts them), and the
-  steps a launch rolled back in its own process (ingest/rollbacks.py: their time, ``wasted_s``, is out
+  steps a launch rolled back in its own process (ingest/lineage/rollbacks.py: their time, ``wasted_s``, is out
   of the kept steps' periods). Steps
   a killed launch ended after its last flushed row are known from its heartbeat
   (kforge_record/heartbeat.py): the time from its last row to its heartbeat is shared out pro
@@ -23,7 +23,7 @@ The timeline is cut into consecutive pieces, each in exactly one bucket, so
 - A launch that overlaps the next (still writing after it started: restarts.py) is on the clock
   only until the next one starts; what it did after that ran beside it, not after it.
 - Per step, its job step time (steps.parquet ``step_time_s``: the period since the ranks'
-  previous step end, each on its own clock, mean over ranks: ingest/period.py) is cut in this
+  previous step end, each on its own clock, mean over ranks: ingest/rowpass/period.py) is cut in this
   order, never more than is left: ``checkpoint`` (the longest ``checkpoint*``/``ckpt*`` phase of
   any rank), ``eval`` (``eval*`` phases); then the step of the *critical rank* (the one that waited
   least in the wait phases, i.e. reached the all-reduce last: everyone waited for it), less its own
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from kforge_dash.findings.finding import RunFacts
-from kforge_dash.ingest.parquet_io import column_max
+from kforge_dash.ingest.inputs.parquet_io import column_max
 
 BUCKETS = ("startup", "warmup", "wasted_progress", "downtime", "checkpoint", "data_stall", "straggler_wait", "eval",
            "between_steps", "other")
@@ -157,7 +157,7 @@ def goodput(facts: RunFacts, med: pl.DataFrame) -> dict | None:
     2. ``startup``: a launch's start to the start of its first kept step (its end minus its step
        time) (``_book_start``).
     3. Each kept step books its job step time (steps.parquet ``step_time_s``: the period since the
-       ranks' previous step end, ingest/period.py), whatever the order its steps were ended in
+       ranks' previous step end, ingest/rowpass/period.py), whatever the order its steps were ended in
        (``_book_steps``, cut by ``_inside``): ``checkpoint`` (longest checkpoint phase of any
        rank), ``eval`` (eval phases), the critical rank's own step (its work, less its own
        checkpoint/eval) as ``warmup`` / ``data_stall`` / ``straggler_wait`` / productive, and what
@@ -260,7 +260,7 @@ def _book_steps(la: _Launch, kept: pl.DataFrame, med: pl.DataFrame) -> None:
 
 def _book_rollbacks(la: _Launch, summary: dict, index: int) -> None:
     """The steps the launch ran and then rolled back in its own process (summary ``restarts`` with
-    ``in_process``, ingest/rollbacks.py): their time, taken out of the kept steps' periods, is
+    ``in_process``, ingest/lineage/rollbacks.py): their time, taken out of the kept steps' periods, is
     ``wasted_progress``; their steps are ``wasted_steps``."""
     for r in summary.get("restarts") or []:
         if r.get("in_process") and r["attempt"] == index:

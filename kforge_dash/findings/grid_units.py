@@ -27,8 +27,8 @@ import numpy as np
 import polars as pl
 
 from kforge_dash.findings.matrix import Window
-from kforge_dash.ingest.buffers import Buffers
-from kforge_dash.ingest.parquet_io import read_metadata
+from kforge_dash.ingest.inputs.parquet_io import read_metadata
+from kforge_dash.ingest.rowpass.buffers import Buffers
 
 # The most the kept columns of a unit may hold (8 B a value); a bigger unit is read in pieces of
 # steps, each decoding its row groups again, up to MAX_PIECES; beyond: perstep's step windows.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from kforge_dash.ingest.buffers import Buffers
+from kforge_dash.ingest.rowpass.buffers import Buffers
 
 # More segments than this (rows in an odd order) and one gather is cheaper than many copies.
 MAX_SEGMENTS = 32

@@ -23,8 +23,8 @@ import polars as pl
 from kforge_dash.findings.finding import RunFacts
 from kforge_dash.findings.grid_units import per_step_units
 from kforge_dash.findings.matrix import Window
-from kforge_dash.ingest.buffers import Buffers
-from kforge_dash.ingest.footers import usable_cpus
+from kforge_dash.ingest.inputs.footers import usable_cpus
+from kforge_dash.ingest.rowpass.buffers import Buffers
 
 WINDOW_ROWS = 2_000_000
 

@@ -145,7 +145,7 @@ def restart_findings(facts: RunFacts, good: dict | None) -> list[Finding]:
 
 
 def _rollback_finding(facts: RunFacts, r: dict) -> Finding:
-    """A launch that went back to an earlier step in its own process (ingest/rollbacks.py): no downtime."""
+    """A launch that went back to an earlier step in its own process (ingest/lineage/rollbacks.py): no downtime."""
     n, k = r["superseded_steps"], r["attempt"]
     ranks = tuple(r.get("ranks") or facts.ranks_of(k))
     return Finding(

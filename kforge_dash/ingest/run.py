@@ -30,12 +30,22 @@ pl = require("polars", extra="ingest", purpose="kforge-ingest")
 
 from kforge_dash.findings import analyse_run  # noqa: E402  (after the polars check)
 from kforge_dash.findings.hang_evidence import watchdog_dump_stats  # noqa: E402
-from kforge_dash.ingest import shards as _shards  # noqa: E402
-from kforge_dash.ingest.append import attempts_state  # noqa: E402
+from kforge_dash.ingest.inputs import shards as _shards  # noqa: E402
+from kforge_dash.ingest.inputs.launches import launch_flops, world_size_of  # noqa: E402
+from kforge_dash.ingest.inputs.manifest import output_stat, save_manifest  # noqa: E402
+from kforge_dash.ingest.inputs.plan import IngestInputs, IngestPlan, make_plan  # noqa: E402
+from kforge_dash.ingest.inputs.read import plan_windows, read_window  # noqa: E402  (public here too: see __all__)
 from kforge_dash.ingest.kept import decide, read_kept, save_kept  # noqa: E402
-from kforge_dash.ingest.launches import launch_flops, world_size_of  # noqa: E402
+from kforge_dash.ingest.lineage.restarts import killed_since  # noqa: E402
+from kforge_dash.ingest.lineage.rollbacks import (  # noqa: E402
+    Lineage,
+    apply_fix,
+    find_rollbacks,
+    holds_tails,
+    warn_duplicates,
+    write_superseded,
+)
 from kforge_dash.ingest.lock import LockBusy, run_lock  # noqa: E402
-from kforge_dash.ingest.manifest import output_stat, save_manifest  # noqa: E402
 from kforge_dash.ingest.options import (  # noqa: E402
     DecidedOptions,
     IngestError,
@@ -45,22 +55,12 @@ from kforge_dash.ingest.options import (  # noqa: E402
     IngestWarning,
     PartVanished,
 )
-from kforge_dash.ingest.plan import IngestInputs, IngestPlan, make_plan  # noqa: E402
-from kforge_dash.ingest.read import plan_windows, read_window  # noqa: E402  (public here too: see __all__)
-from kforge_dash.ingest.reduce import ema_expr, reduce_steps  # noqa: E402
-from kforge_dash.ingest.restarts import killed_since  # noqa: E402
-from kforge_dash.ingest.rollbacks import (  # noqa: E402
-    Lineage,
-    apply_fix,
-    find_rollbacks,
-    holds_tails,
-    warn_duplicates,
-    write_superseded,
-)
-from kforge_dash.ingest.rows import Rows, read_rows  # noqa: E402
+from kforge_dash.ingest.rowpass.append import attempts_state  # noqa: E402
+from kforge_dash.ingest.rowpass.reduce import ema_expr, reduce_steps  # noqa: E402
+from kforge_dash.ingest.rowpass.rows import Rows, read_rows  # noqa: E402
+from kforge_dash.ingest.rowpass.window import WindowTask, ingest_window  # noqa: E402
 from kforge_dash.ingest.summary import SummaryInput, build_summary  # noqa: E402
 from kforge_dash.ingest.temps import remove_stale_temps  # noqa: E402
-from kforge_dash.ingest.window import WindowTask, ingest_window  # noqa: E402
 from kforge_dash.progress import NullProgress  # noqa: E402
 
 __all__ = ["ingest_run", "ingest_window", "plan_windows", "read_window", "reduce_steps", "WindowTask"]

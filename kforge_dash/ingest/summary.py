@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import polars as pl
 
 from kforge_dash.contract import EMA_METRICS, OUTPUT_SCHEMA_VERSION
-from kforge_dash.ingest.launches import lead_meta, start_of, world_size_of
-from kforge_dash.ingest.restarts import launch_timeline, with_rollbacks
+from kforge_dash.ingest.inputs.launches import lead_meta, start_of, world_size_of
+from kforge_dash.ingest.lineage.restarts import launch_timeline, with_rollbacks
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ import polars as pl
 import pyarrow as pa
 
 from kforge_dash.contract import REDUCED_HEAD
-from kforge_dash.ingest.arrays import np_array
-from kforge_dash.ingest.buffers import Buffers
+from kforge_dash.ingest.rowpass.arrays import np_array
+from kforge_dash.ingest.rowpass.buffers import Buffers
 from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS
 
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from kforge_dash.ingest.buffers import Buffers
+from kforge_dash.ingest.rowpass.buffers import Buffers
 
 
 @dataclass

@@ -27,11 +27,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kforge_dash.contract import RANKS_FILE, STEPS_FILE
-from kforge_dash.ingest import shards as _shards
-from kforge_dash.ingest.coverage import Coverage, unread_tail
-from kforge_dash.ingest.manifest import Prior, output_stat
-from kforge_dash.ingest.merge import AppendConflict
-from kforge_dash.ingest.parquet_io import read_columns
+from kforge_dash.ingest.inputs import shards as _shards
+from kforge_dash.ingest.inputs.coverage import Coverage, unread_tail
+from kforge_dash.ingest.inputs.manifest import Prior, output_stat
+from kforge_dash.ingest.inputs.parquet_io import read_columns
+from kforge_dash.ingest.rowpass.merge import AppendConflict
 from kforge_record.regular_file import check_regular_file
 from kforge_record.schema import META_FILE
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import pyarrow.compute as pc
 
 from kforge_dash import text
-from kforge_dash.ingest import heartbeat_check
-from kforge_dash.ingest.launches import Launch
-from kforge_dash.ingest.parquet_io import column_max, read_columns
-from kforge_dash.ingest.plan import ended_bound
+from kforge_dash.ingest.inputs import heartbeat_check
+from kforge_dash.ingest.inputs.launches import Launch
+from kforge_dash.ingest.inputs.parquet_io import column_max, read_columns
+from kforge_dash.ingest.inputs.plan import ended_bound
 from kforge_record.heartbeat import HEARTBEAT_FILE, read_heartbeat
 from kforge_record.leftovers import folder_writer_gone
 from kforge_record.regular_file import read_regular_bytes

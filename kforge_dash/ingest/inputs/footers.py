@@ -2,7 +2,7 @@
 
 Parsing a Parquet footer is Python-bound (pyarrow's ParquetFile set-up), about 60-100 us a file,
 so threads do not help; a run of 1024 ranks x 1000 parts has a million footers. Workers are
-plain `python -m kforge_dash.ingest.footers IN OUT` processes (not multiprocessing, whose spawn
+plain `python -m kforge_dash.ingest.inputs.footers IN OUT` processes (not multiprocessing, whose spawn
 re-imports the caller's __main__: a notebook, a Streamlit page or an unguarded script would
 break or run again). Any failure leaves the footers to be read one by one by the caller.
 """
@@ -42,7 +42,7 @@ def read_footers(items: list, *, workers: int) -> dict | None:
                     pickle.dump(items[i:i + size], f, protocol=pickle.HIGHEST_PROTOCOL)
                 # cwd: `python -m` puts the working directory first on sys.path, where another
                 # checkout's kforge_dash/ could shadow this one.
-                procs.append((subprocess.Popen([sys.executable, "-m", "kforge_dash.ingest.footers", src, dst],
+                procs.append((subprocess.Popen([sys.executable, "-m", "kforge_dash.ingest.inputs.footers", src, dst],
                                                cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL), dst))
             # A worker never takes this long unless stuck (footers take ~0.1 ms each): give up on it.
@@ -65,7 +65,7 @@ def read_footers(items: list, *, workers: int) -> dict | None:
 
 
 def _main(src: str, dst: str) -> None:
-    from kforge_dash.ingest.shards import read_part
+    from kforge_dash.ingest.inputs.shards import read_part
 
     with open(src, "rb") as f:
         items = pickle.load(f)

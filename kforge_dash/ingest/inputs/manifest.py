@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kforge_dash.contract import MANIFEST_FILE
-from kforge_dash.ingest import shards as _shards
+from kforge_dash.ingest.inputs import shards as _shards
+from kforge_dash.ingest.inputs.parquet_io import interned, read_columns
 from kforge_dash.ingest.options import PartVanished
-from kforge_dash.ingest.parquet_io import interned, read_columns
 from kforge_record.atomic import atomic_path
 
 _STATE_KEY = b"kforge_ingest_state"
@@ -102,7 +102,7 @@ class FooterCache:
         if sum(len(af.parts) for af in listing) < least:  # (before a cache look-up per part)
             return
         todo = [(p, af.rank) for af in listing for p in af.parts if self._hit(p) is None]
-        from kforge_dash.ingest.footers import read_footers, usable_cpus
+        from kforge_dash.ingest.inputs.footers import read_footers, usable_cpus
 
         workers = workers or min(usable_cpus(), 8)
         if len(todo) < least or workers < 2:

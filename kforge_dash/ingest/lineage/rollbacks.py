@@ -41,7 +41,7 @@ import numpy as np
 import polars as pl
 
 from kforge_dash.contract import SUPERSEDED_FILE
-from kforge_dash.ingest.read import PartToRead, scan_part
+from kforge_dash.ingest.inputs.read import PartToRead, scan_part
 from kforge_record.atomic import atomic_path
 
 ROLLBACK = "rollback"  # superseded.parquet ``reason`` and restarts[].why of an in-process rollback

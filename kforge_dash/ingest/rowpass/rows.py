@@ -9,16 +9,16 @@ from dataclasses import dataclass
 import polars as pl
 
 from kforge_dash.contract import RANKS_FILE, RUN_DERIVED_COLUMNS
-from kforge_dash.ingest.append import AppendPlan, copy_head, old_ranks_parts, old_steps_head, recheck_bad
-from kforge_dash.ingest.buffers import Buffers
-from kforge_dash.ingest.merge import AppendConflict
+from kforge_dash.ingest.inputs.plan import IngestPlan
+from kforge_dash.ingest.inputs.read import PartToRead, overlapping_parts, plan_windows
 from kforge_dash.ingest.options import IngestError
-from kforge_dash.ingest.period import PeriodAcc, exact_periods
-from kforge_dash.ingest.plan import IngestPlan
-from kforge_dash.ingest.ranks_writer import RanksWriter
-from kforge_dash.ingest.read import PartToRead, overlapping_parts, plan_windows
-from kforge_dash.ingest.reduce import step_columns
-from kforge_dash.ingest.window import Reducer, WindowTask, ingest_window, start_window
+from kforge_dash.ingest.rowpass.append import AppendPlan, copy_head, old_ranks_parts, old_steps_head, recheck_bad
+from kforge_dash.ingest.rowpass.buffers import Buffers
+from kforge_dash.ingest.rowpass.merge import AppendConflict
+from kforge_dash.ingest.rowpass.period import PeriodAcc, exact_periods
+from kforge_dash.ingest.rowpass.ranks_writer import RanksWriter
+from kforge_dash.ingest.rowpass.reduce import step_columns
+from kforge_dash.ingest.rowpass.window import Reducer, WindowTask, ingest_window, start_window
 from kforge_record.atomic import atomic_path
 
 

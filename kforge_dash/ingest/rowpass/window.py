@@ -10,7 +10,7 @@ periods (period.LocalPeriods, 16 bytes a row) are held at once.
 
 ``ingest_window`` takes a ``WindowTask`` (picklable: paths, footers, column names, numbers) and
 returns a ``WindowRows``, so windows can be handed to other processes; ingest itself runs them
-one after the other (kforge_dash.ingest.rows) through ``start_window``: each batch's reductions
+one after the other (kforge_dash.ingest.rowpass.rows) through ``start_window``: each batch's reductions
 on a worker thread (``Reducer``) while the next batch is read, and its rows written by the ranks
 writer's thread, so reading, reducing and writing overlap.
 """
@@ -25,13 +25,13 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from kforge_dash.ingest.append import old_rows
-from kforge_dash.ingest.buffers import Buffers
-from kforge_dash.ingest.coalesce import Clashes
-from kforge_dash.ingest.period import LocalPeriods, local_periods
-from kforge_dash.ingest.ranks_writer import arrow_table
-from kforge_dash.ingest.read import LOGGED_FIXED, PartToRead, ReadSpec, read_batches, read_window, rows_in
-from kforge_dash.ingest.reduce import StepAcc, reduce_steps
+from kforge_dash.ingest.inputs.read import LOGGED_FIXED, PartToRead, ReadSpec, read_batches, read_window, rows_in
+from kforge_dash.ingest.rowpass.append import old_rows
+from kforge_dash.ingest.rowpass.buffers import Buffers
+from kforge_dash.ingest.rowpass.coalesce import Clashes
+from kforge_dash.ingest.rowpass.period import LocalPeriods, local_periods
+from kforge_dash.ingest.rowpass.ranks_writer import arrow_table
+from kforge_dash.ingest.rowpass.reduce import StepAcc, reduce_steps
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kforge_dash.ingest.parquet_io import read_columns
-from kforge_dash.ingest.read import PartToRead
+from kforge_dash.ingest.inputs.parquet_io import read_columns
+from kforge_dash.ingest.inputs.read import PartToRead
 from kforge_record.regular_file import check_regular_file
 from kforge_record.schema import PARQUET_META_KEY, PartSpan, part_span
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kforge_dash.ingest import shards as _shards
-from kforge_dash.ingest.append import AppendPlan, plan_append
-from kforge_dash.ingest.launches import Launch, group_launches
-from kforge_dash.ingest.manifest import FooterCache, load_prior
+from kforge_dash.ingest.inputs import shards as _shards
+from kforge_dash.ingest.inputs.launches import Launch, group_launches
+from kforge_dash.ingest.inputs.manifest import FooterCache, load_prior
+from kforge_dash.ingest.inputs.read import PartToRead, ReadSpec, output_columns
 from kforge_dash.ingest.options import IngestError, IngestNotReady
-from kforge_dash.ingest.read import PartToRead, ReadSpec, output_columns
+from kforge_dash.ingest.rowpass.append import AppendPlan, plan_append
 
 
 @dataclass(frozen=True)

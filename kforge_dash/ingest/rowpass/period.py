@@ -33,7 +33,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from kforge_dash.ingest.arrays import np_array
+from kforge_dash.ingest.rowpass.arrays import np_array
 
 END_COLUMNS = ("rank", "attempt", "step", "time", "step_time_s")
 

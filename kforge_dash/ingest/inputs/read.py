@@ -17,11 +17,11 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from kforge_dash.contract import RESERVED_OUTPUT_NAMES
-from kforge_dash.ingest.buffers import Buffers
-from kforge_dash.ingest.coalesce import Clashes, coalesce_logs
-from kforge_dash.ingest.merge import merge_old
+from kforge_dash.ingest.inputs.shards import PartInfo, corrupt_part
 from kforge_dash.ingest.options import PartVanished
-from kforge_dash.ingest.shards import PartInfo, corrupt_part
+from kforge_dash.ingest.rowpass.buffers import Buffers
+from kforge_dash.ingest.rowpass.coalesce import Clashes, coalesce_logs
+from kforge_dash.ingest.rowpass.merge import merge_old
 from kforge_record.schema import FIXED_NAMES, MEM_COLUMNS, PHASE_PREFIX
 
 INT_COLS = {"step", "tokens", *MEM_COLUMNS}

@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 import pyarrow.compute as pc
 
 from kforge_dash.contract import INGESTED_DIR
-from kforge_dash.ingest import heartbeat_check
-from kforge_dash.ingest.meta_fields import typed_fields
-from kforge_dash.ingest.parquet_io import (
+from kforge_dash.ingest.inputs import heartbeat_check
+from kforge_dash.ingest.inputs.meta_fields import typed_fields
+from kforge_dash.ingest.inputs.parquet_io import (
     corrupt_part,  # noqa: F401 (read.py's and append.py's name for it)
     kforge_metadata,
     open_footer,
     read_columns,
     step_facts,
 )
-from kforge_dash.ingest.second_writers import warn_second_writers
+from kforge_dash.ingest.inputs.second_writers import warn_second_writers
 from kforge_record.heartbeat import HEARTBEAT_FILE, Heartbeat, read_heartbeat
 from kforge_record.regular_file import read_regular_bytes
 from kforge_record.schema import (

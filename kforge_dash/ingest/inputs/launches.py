@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kforge_dash.ingest import flops as _flops
+from kforge_dash.ingest.inputs import flops as _flops
 
 
 @dataclass
