@@ -57,6 +57,8 @@ def test_the_abandoned_steps_past_where_the_second_pass_stopped_are_superseded(t
     (r,) = summary["restarts"]
     assert (r["resumed_at_step"], r["previous_last_step"], r["superseded_steps"]) == (101, 150, 50)
     assert r["wasted_s"] == pytest.approx(50.0)
+    (f,) = [f for f in summary["findings"] if f["kind"] == "restart"]
+    assert "50 steps superseded, 20 of them run again (50.0 s of wasted progress)" in f["message"], f["message"]
     g = summary["goodput"]
     assert g["buckets"]["wasted_progress"] == pytest.approx(50.0) and g["wasted_steps"] == 50
     assert g["productive_s"] + sum(g["buckets"].values()) == pytest.approx(g["total_s"])

@@ -147,13 +147,17 @@ def restart_findings(facts: RunFacts, good: dict | None) -> list[Finding]:
 def _rollback_finding(facts: RunFacts, r: dict) -> Finding:
     """A launch that went back to an earlier step in its own process (ingest/lineage/rollbacks.py): no downtime."""
     n, k = r["superseded_steps"], r["attempt"]
+    first, last = r["resumed_at_step"], r["previous_last_step"]
     ranks = tuple(r.get("ranks") or facts.ranks_of(k))
+    # A pass that stopped short of where it went back from re-ran only some of the superseded steps.
+    redone = facts.steps.filter(pl.col("step").is_between(first, last)).height if n else 0
+    again = "recomputed" if redone >= n else f"superseded, {redone} of them run again"
     return Finding(
-        kind="restart", severity="info", first_step=r["resumed_at_step"],
-        last_step=r["previous_last_step"] if n else r["resumed_at_step"], ranks=ranks, hosts=facts.hosts_of(ranks, {k}),
+        kind="restart", severity="info", first_step=first,
+        last_step=last if n else first, ranks=ranks, hosts=facts.hosts_of(ranks, {k}),
         score=0.0,
-        message=(f"Launch {k} rolled back in its own process at step {r['previous_last_step']} and resumed at step "
-                 f"{r['resumed_at_step']} (a checkpoint reloaded): {text.counted(n, 'step')} recomputed "
+        message=(f"Launch {k} rolled back in its own process at step {last} and resumed at step "
+                 f"{first} (a checkpoint reloaded): {text.counted(n, 'step')} {again} "
                  f"({text.duration(r.get('wasted_s') or 0.0)} of wasted progress), no downtime."),
     )
 
