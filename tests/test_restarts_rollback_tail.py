@@ -111,3 +111,87 @@ def test_an_append_gives_what_a_full_ingest_gives(tmp_path, monkeypatch, seen):
     assert summary["restarts"] == summary2["restarts"]
     assert summary["goodput"]["buckets"] == pytest.approx(summary2["goodput"]["buckets"])
     assert sup.equals(pl.read_parquet(os.path.join(run, "ingested", "superseded.parquet")))
+
+
+TWICE = list(range(1, 151)) + list(range(101, 131)) + list(range(111, 121))  # back to 101, then to 111
+DEEPER = list(range(1, 151)) + list(range(101, 131)) + list(range(51, 61))  # back to 101, then to 51
+
+
+@pytest.mark.parametrize(("order", "top", "wasted"), [(TWICE, 120, {101: 50.0, 111: 20.0}),
+                                                      (DEEPER, 60, {101: 50.0, 51: 80.0})])
+@pytest.mark.parametrize("chunk_rows", [None, 50])
+def test_two_rollbacks_in_a_row_bring_back_no_abandoned_row(tmp_path, monkeypatch, order, top, wasted, chunk_rows):
+    run = str(tmp_path / "rb")
+    _record(run, monkeypatch, order, world=3)
+    ingest_run(run, options=IngestOptions(chunk_rows=chunk_rows) if chunk_rows else None)
+    steps, ranks, summary = read_outputs(run)
+    assert steps["step"].to_list() == list(range(1, top + 1))
+    assert ranks.group_by("rank").agg(pl.col("step").max())["step"].to_list() == [top] * 3
+    assert ranks.height == 3 * top
+    assert steps["step_time_s"].to_list() == pytest.approx([1.0] * top)
+    last = {s: p for p, s in enumerate(_passes(order)) for s in s}  # each step's last pass
+    assert steps["loss"].to_list() == [1000.0 * last[s] + s for s in range(1, top + 1)]
+    assert {r["resumed_at_step"]: r["wasted_s"] for r in summary["restarts"]} == pytest.approx(wasted)
+    assert not [w for w in summary["warnings"] if "zero or below" in w]
+    sup = pl.read_parquet(os.path.join(run, "ingested", "superseded.parquet")).filter(pl.col("tag") == "loss")
+    assert not sup.filter(pl.col("step") <= top).join(steps.select("step", pl.col("loss").alias("value")),
+                                                      on=["step", "value"], how="semi").height  # kept ones not there
+
+
+def _passes(order):
+    out, done = [[]], set()
+    for s in order:
+        if s in done:
+            out.append([])
+            done = set()
+        done.add(s)
+        out[-1].append(s)
+    return out
+
+
+def test_a_failed_second_row_pass_keeps_every_last_output(tmp_path, monkeypatch):
+    from kforge_dash.ingest.rowpass import rows as rows_mod
+
+    run = str(tmp_path / "rb")
+    _record(run, monkeypatch, SHORT, world=2)
+    ingest_run(run)
+    ing = os.path.join(run, "ingested")
+    before = {n: open(os.path.join(ing, n), "rb").read() for n in sorted(os.listdir(ing)) if not n.startswith(".")}
+    start = rows_mod.start_window
+
+    def fail_in_the_tails_pass(task, **kw):
+        if task.spec.tails is not None:
+            raise OSError("disk gone")
+        return start(task, **kw)
+
+    monkeypatch.setattr(rows_mod, "start_window", fail_in_the_tails_pass)
+    with pytest.raises(OSError, match="disk gone"):
+        ingest_run(run, options=IngestOptions(force=True))
+    after = {n: open(os.path.join(ing, n), "rb").read() for n in sorted(os.listdir(ing)) if not n.startswith(".")}
+    assert after == before
+    assert not [n for n in os.listdir(ing) if n.endswith(".tmp")]
+
+
+def test_rows_without_an_end_time_keep_no_abandoned_row(tmp_path, monkeypatch):
+    import glob
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = str(tmp_path / "rb")
+    _record(run, monkeypatch, SHORT, world=3, flush_every_steps=10)
+    parts = sorted(glob.glob(os.path.join(run, "rank-00001", "**", "*.parquet"), recursive=True))
+    for p in parts:  # rank 1's end times lost
+        f = pq.ParquetFile(p)
+        t = f.read()
+        t = t.set_column(t.schema.get_field_index("time"), "time", pa.nulls(t.num_rows, pa.float64()))
+        pq.write_table(t.replace_schema_metadata(f.schema_arrow.metadata), p)
+    with pytest.warns(Warning):
+        ingest_run(run)
+    steps, ranks, summary = read_outputs(run)
+    assert steps["step"].to_list() == list(range(1, 121))
+    assert ranks.group_by("rank").agg(pl.col("step").max()).sort("rank")["step"].to_list() == [120] * 3
+    assert ranks.filter(pl.col("rank") == 1)["loss"].to_list() == [float(s) for s in range(1, 101)] + [
+        1000.0 + s for s in range(101, 121)]
+    null = [w for w in summary["warnings"] if "no end time" in w]
+    assert len(null) == 1 and "rank-00001" in null[0], summary["warnings"]

@@ -182,6 +182,9 @@ def _one(light: pl.DataFrame, fetch, key: tuple, events: dict, fix: list, tails:
         e["time"] = start if e["time"] is None else min(e["time"], start)
     orphan = by_rollback & ~superseded  # on the kept line until the row pass drops them (dedup_rows)
     if orphan.any():
+        # every row of such a step goes, the ones ended before it too: steps 121-130 of 1-150, 101-130, 111-120
+        # are pass 2's tails, and pass 1's would come back once those were left out
+        orphan = np.isin(s, s[orphan])
         tails.append(ended.filter(pl.Series(orphan)).select(
             pl.lit(rank, pl.Int64).alias("rank"), pl.lit(att, pl.Int64).alias("attempt"), "step", "time"))
     own = np.r_[st[0], np.diff(t)]  # each row's period in end-time order
@@ -230,7 +233,7 @@ def _rolled_back(s: np.ndarray, drops: np.ndarray, prv: np.ndarray, nxt: np.ndar
 def _held(rank: int, att: int, s, own, by_rollback, superseded, drop_of, fix: list) -> None:
     """The seconds of rows a rollback superseded, held by the period of the next kept row (one with a kept
     row before them: the first kept row of a (rank, attempt) has its own step time as its period): one
-    ``fix`` entry per such kept row, with the rollback of the last of them (``drop_of``: each row's)."""
+    ``fix`` entry per such kept row and rollback (``drop_of``: each row's)."""
     seq = np.flatnonzero(by_rollback | ~superseded)  # in end-time order
     rb = by_rollback[seq]
     kept = np.flatnonzero(~rb)  # places in seq of the kept rows
@@ -242,12 +245,11 @@ def _held(rank: int, att: int, s, own, by_rollback, superseded, drop_of, fix: li
     k, to = k[to < kept.size], to[to < kept.size]
     if not k.size:
         return
-    held = np.bincount(to, weights=own[seq[k]], minlength=kept.size)
-    last = np.full(kept.size, -1)
-    np.maximum.at(last, to, k)
-    for j in np.unique(to).tolist():
-        d = drop_of[seq[last[j]]]
-        fix.append((rank, att, int(s[seq[kept[j]]]), float(held[j]), int(s[d]), int(s[d - 1])))
+    d = drop_of[seq[k]]  # each one's rollback: a kept row may hold the rows of two (1-150, 101-130, 51-60)
+    pairs, at = np.unique(np.stack([to, d], axis=1), axis=0, return_inverse=True)
+    held = np.bincount(at.ravel(), weights=own[seq[k]], minlength=len(pairs))
+    for (j, dj), h in zip(pairs.tolist(), held.tolist()):
+        fix.append((rank, att, int(s[seq[kept[j]]]), float(h), int(s[dj]), int(s[dj - 1])))
 
 
 def _fold_logs(rows: pl.DataFrame, logs: pl.DataFrame, ended: pl.DataFrame) -> pl.DataFrame:
