@@ -57,7 +57,7 @@ from kforge_dash.ingest.options import (  # noqa: E402
 )
 from kforge_dash.ingest.rowpass.append import attempts_state  # noqa: E402
 from kforge_dash.ingest.rowpass.reduce import ema_expr, reduce_steps  # noqa: E402
-from kforge_dash.ingest.rowpass.rows import Rows, read_rows  # noqa: E402
+from kforge_dash.ingest.rowpass.rows import Rows, discard_ranks, publish_ranks, read_rows  # noqa: E402
 from kforge_dash.ingest.rowpass.window import WindowTask, ingest_window  # noqa: E402
 from kforge_dash.ingest.summary import SummaryInput, build_summary  # noqa: E402
 from kforge_dash.ingest.temps import remove_stale_temps  # noqa: E402
@@ -145,12 +145,24 @@ def _ingest_locked(run_dir: str, out_dir: str, opts: IngestOptions, progress, wi
     plan = make_plan(inputs, warnings, force=opts.force, chunk_rows=opts.chunk_rows)
     mark = len(warnings)
     rows = read_rows(plan, progress, warnings, windows)
+    try:  # ranks.parquet stays under its temp name until every output is written (_write_outputs)
+        return _ingest_rows(plan, rows, decided, kept, progress, warnings, windows, mark)
+    except BaseException:
+        discard_ranks(rows.ranks_tmp)
+        raise
+
+
+def _ingest_rows(plan: IngestPlan, rows: Rows, decided: DecidedOptions, kept, progress, warnings: list[str],
+                 windows, mark: int) -> IngestResult:
+    """What follows the row pass: rollbacks, the derived columns, the outputs and the summary. ``mark``: where
+    the row pass's warnings start (a second pass gives them again)."""
+    run_dir, out_dir, inputs = plan.run_dir, plan.out_dir, plan.inputs
     lineage = find_rollbacks(plan, rows.repeats, rows.bad)  # steps that went back: in-process restarts
-    if holds_tails(os.path.join(out_dir, RANKS_FILE), lineage):  # a rollback's pass stopped below where it went
+    if holds_tails(rows.ranks_tmp, lineage):  # a rollback's pass stopped below where it went
         # back from: its abandoned rows are on the kept line; read again, without them (rare: one more row pass)
         del warnings[mark:]
         plan = replace(plan, spec=replace(plan.spec, tails=lineage.tails), append=None)
-        rows = read_rows(plan, progress, warnings, windows)
+        rows = read_rows(plan, progress, warnings, windows)  # (the same temp name: the first pass's rows gone)
     warn_duplicates(lineage.duplicates, warnings)
     flops = {launch.index: launch_flops(launch, warnings, flops_per_token=decided.flops_per_token,
                                         peak_tflops=decided.peak_tflops)
@@ -199,9 +211,10 @@ def _unchanged_summary(inputs: IngestInputs) -> dict | None:
 
 
 def _write_outputs(plan: IngestPlan, rows: Rows, steps: pl.DataFrame, lineage: Lineage) -> None:
-    """steps.parquet (ranks.parquet is written by the row pass), superseded.parquet, then the manifest
-    that describes both."""
+    """ranks.parquet (written by the row pass under its temp name), steps.parquet, superseded.parquet,
+    then the manifest that describes them."""
     if rows.wrote:
+        publish_ranks(rows, plan.out_dir)
         with atomic_path(os.path.join(plan.out_dir, STEPS_FILE)) as steps_tmp:
             steps.write_parquet(steps_tmp, compression="zstd", statistics=True)
     write_superseded(plan.out_dir, lineage)

@@ -313,12 +313,13 @@ def apply_fix(steps: pl.DataFrame, lineage: Lineage, *, from_step: int | None, f
         (pl.col("step_time_s") - pl.col("share").fill_null(0.0)).alias("step_time_s")).drop("share")
 
 
-def holds_tails(ranks_path: str, lineage: Lineage) -> bool:
-    """Whether ranks.parquet (the kept line the row pass wrote) holds rows of ``lineage.tails``: rows a
-    rollback superseded that no later row ended again, which only a row pass that knows them leaves out.
-    An append on top of such a pass finds none (its old rows have none, a new part ends no step earlier)."""
+def holds_tails(ranks_path: str | None, lineage: Lineage) -> bool:
+    """Whether ranks.parquet (the kept line the row pass wrote, under its temp name; None: it wrote none) holds
+    rows of ``lineage.tails``: rows a rollback superseded that no later row ended again, which only a row pass
+    that knows them leaves out. An append on top of such a pass finds none (its old rows have none, a new part
+    ends no step earlier)."""
     tails = lineage.tails
-    if tails is None or not os.path.exists(ranks_path):
+    if tails is None or ranks_path is None or not os.path.exists(ranks_path):
         return False
     kept = pl.scan_parquet(ranks_path, glob=False).select("rank", "attempt", "step", "time")
     tails = tails.cast(dict(kept.collect_schema()))

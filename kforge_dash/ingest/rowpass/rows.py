@@ -3,6 +3,7 @@ scratch or (with an AppendPlan) on top of the last ingest's outputs (docs/CONTRA
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from kforge_dash.ingest.rowpass.period import PeriodAcc, exact_periods
 from kforge_dash.ingest.rowpass.ranks_writer import RanksWriter
 from kforge_dash.ingest.rowpass.reduce import step_columns
 from kforge_dash.ingest.rowpass.window import Reducer, WindowTask, ingest_window, start_window
-from kforge_record.atomic import atomic_path
+from kforge_record.atomic import publish, temp_name
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Rows:
     wrote: bool  # ranks.parquet was written, and steps.parquet needs writing
     appended: bool  # only new part files were read, on top of the last outputs
     periods_from: int | None = None  # the first step whose period this pass computed (None: every step)
+    ranks_tmp: str | None = None  # the new ranks.parquet, unpublished (publish_ranks), when ``wrote``
 
 
 def read_rows(plan: IngestPlan, progress, warnings: list[str], windows=None) -> Rows:
@@ -85,20 +87,39 @@ def _row_pass(plan: IngestPlan, append: AppendPlan | None, progress, warnings: l
         extra = [PartToRead(*t) for t in old_ranks_parts(append.ranks_path, append.start)]
     if not files:
         raise IngestError(f"{plan.run_dir}: no readable rows (all rows superseded)")
-    with atomic_path(os.path.join(plan.out_dir, RANKS_FILE)) as ranks_tmp:
+    # ranks.parquet under its temp name, published by ingest_run with the other outputs (run.py publish_ranks):
+    # a pass that fails, or a second one (a rollback's tails) that does, leaves the last good one in place
+    ranks_tmp = temp_name(os.path.join(plan.out_dir, RANKS_FILE))
+    try:
         n_new = _write_windows(plan, ranks_tmp, files, extra, append, acc, warnings, progress, windows)
         if not n_new and append is None:  # (an append keeps the old rows, even if every new part is bad)
             raise IngestError(f"{plan.run_dir}: no readable rows ({'; '.join(warnings[:5]) or 'all rows superseded'})")
-    if acc.periods.out_of_order:  # steps ended out of order across windows: all at once (period.py)
-        periods = exact_periods(os.path.join(plan.out_dir, RANKS_FILE))
-    else:
-        periods = acc.periods.result()
-        if head_periods is not None:
-            periods = pl.concat([head_periods, periods], how="vertical_relaxed")
+        if acc.periods.out_of_order:  # steps ended out of order across windows: all at once (period.py)
+            periods = exact_periods(ranks_tmp)
+        else:
+            periods = acc.periods.result()
+            if head_periods is not None:
+                periods = pl.concat([head_periods, periods], how="vertical_relaxed")
+    except BaseException:
+        discard_ranks(ranks_tmp)
+        raise
     steps = _stack_steps(acc.step_parts, plan.spec.cols, append is not None)
     return Rows(steps.join(periods, on="step", how="left").sort("step"), acc.rank_ids, acc.repeats,
                 acc.bad, wrote=True, appended=append is not None,
-                periods_from=None if append is None or acc.periods.out_of_order else append.start)
+                periods_from=None if append is None or acc.periods.out_of_order else append.start, ranks_tmp=ranks_tmp)
+
+
+def publish_ranks(rows: Rows, out_dir: str) -> None:
+    """Publish the ranks.parquet the row pass wrote under its temp name (none when it wrote none)."""
+    if rows.ranks_tmp is not None:
+        publish(rows.ranks_tmp, os.path.join(out_dir, RANKS_FILE))
+
+
+def discard_ranks(path: str | None) -> None:
+    """Remove an unpublished ranks.parquet (a failed ingest, or a row pass read again)."""
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 def _stack_steps(step_parts: list[pl.DataFrame], cols: list[str], appended: bool) -> pl.DataFrame:
