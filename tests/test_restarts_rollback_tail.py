@@ -3,6 +3,7 @@ reloads the step-100 checkpoint and runs 101-120, then the job ends. Steps 121-1
 pass are superseded too (superseded.parquet), not left on the kept line after 120 (docs/restarts.md
 "Rollbacks in one process"); steps ended out of order lose no row."""
 
+import math
 import os
 
 import polars as pl
@@ -193,5 +194,7 @@ def test_rows_without_an_end_time_keep_no_abandoned_row(tmp_path, monkeypatch):
     assert ranks.group_by("rank").agg(pl.col("step").max()).sort("rank")["step"].to_list() == [120] * 3
     assert ranks.filter(pl.col("rank") == 1)["loss"].to_list() == [float(s) for s in range(1, 101)] + [
         1000.0 + s for s in range(101, 121)]
+    assert not steps["step_time_s"].is_nan().any()
+    assert all(math.isfinite(r["wasted_s"]) for r in summary["restarts"])
     null = [w for w in summary["warnings"] if "no end time" in w]
     assert len(null) == 1 and "rank-00001" in null[0], summary["warnings"]

@@ -163,6 +163,7 @@ def _ingest_rows(plan: IngestPlan, rows: Rows, decided: DecidedOptions, kept, pr
         del warnings[mark:]
         plan = replace(plan, spec=replace(plan.spec, tails=lineage.tails), append=None)
         rows = read_rows(plan, progress, warnings, windows)  # (the same temp name: the first pass's rows gone)
+    warnings.extend(lineage.warnings)
     warn_duplicates(lineage.duplicates, warnings)
     flops = {launch.index: launch_flops(launch, warnings, flops_per_token=decided.flops_per_token,
                                         peak_tflops=decided.peak_tflops)

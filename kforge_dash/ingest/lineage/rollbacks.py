@@ -64,6 +64,7 @@ class Lineage:
     # rank, attempt, step, time of the rows a rollback superseded that were never ended again (the pass after
     # it stopped below them: steps 121-150 of 1-150 then 101-120), which the row pass drops (window.dedup_rows)
     tails: pl.DataFrame | None = None
+    warnings: list[str] = field(default_factory=list)  # for summary.json: rows with no end time, per file
 
 
 def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
@@ -82,6 +83,7 @@ def find_rollbacks(plan, repeats: dict, bad: dict) -> Lineage:
         items = sorted(by[key], key=lambda f: os.path.basename(f.part.path))
         try:  # the steps and times first (a plain duplicate costs no more), every column of the rolled-back steps
             light = _rows(items, plan.spec, columns=_ENDS)
+            _warn_no_time(light, items, key, out.warnings)
             got = _went_back(light) and _one(light, lambda lo, hi, i=items: _rows(i, plan.spec, steps=(lo, hi)),
                                              key, events, out.period_fix, tails)
         except (pl.exceptions.PolarsError, OSError):  # unreadable now: the row pass warned about its parts
@@ -199,6 +201,19 @@ def _one(light: pl.DataFrame, fetch, key: tuple, events: dict, fix: list, tails:
     return dup, _fold_logs(rows, full.filter(pl.col("step_time_s").is_null()), ended_full)
 
 
+def _warn_no_time(light: pl.DataFrame, items: list, key: tuple, warnings: list[str]) -> None:
+    """One warning per (rank, attempt) whose rows that ended a step have no end time (``time`` null), naming
+    its files: such rows are placed in write order, after every row with a time."""
+    at = light.filter(pl.col("step_time_s").is_not_null() & pl.col("time").is_null()).select(
+        pl.col("_pos") // (1 << 32))["_pos"]  # the part's place in ``items``
+    if not at.len():
+        return
+    files = [items[i].part.path for i in at.unique().sort().to_list()]
+    more = f" and {len(files) - 1} more part files" if len(files) > 1 else ""
+    warnings.append(f"{files[0]}{more}: {at.len()} rows of rank {key[0]}, attempt {key[1]} ended a step with no end "
+                    "time (time null); placed in write order, after the rows with one, to tell a rollback")
+
+
 def _rolled_back(s: np.ndarray, drops: np.ndarray, prv: np.ndarray, nxt: np.ndarray) -> np.ndarray:
     """Per row (end-time order, steps ``s``), the rollback that superseded it (that row's place), -1: none.
 
@@ -249,6 +264,8 @@ def _held(rank: int, att: int, s, own, by_rollback, superseded, drop_of, fix: li
     pairs, at = np.unique(np.stack([to, d], axis=1), axis=0, return_inverse=True)
     held = np.bincount(at.ravel(), weights=own[seq[k]], minlength=len(pairs))
     for (j, dj), h in zip(pairs.tolist(), held.tolist()):
+        if not np.isfinite(h):  # rows with no end time (find_rollbacks warns): no time to take off
+            continue
         fix.append((rank, att, int(s[seq[kept[j]]]), float(h), int(s[dj]), int(s[dj - 1])))
 
 
@@ -324,7 +341,8 @@ def holds_tails(ranks_path: str | None, lineage: Lineage) -> bool:
     kept = pl.scan_parquet(ranks_path, glob=False).select("rank", "attempt", "step", "time")
     tails = tails.cast(dict(kept.collect_schema()))
     got = (kept.filter(pl.col("step").is_between(tails["step"].min(), tails["step"].max()))
-           .join(tails.lazy(), on=["rank", "attempt", "step", "time"], how="semi").select(pl.len()).collect())
+           .join(tails.lazy(), on=["rank", "attempt", "step", "time"], how="semi", nulls_equal=True)
+           .select(pl.len()).collect())
     return bool(got.item())
 
 

@@ -230,7 +230,8 @@ def dedup_rows(df: pl.DataFrame, repeats: dict, buffers: Buffers | None = None,
     if tails is not None:
         _count_repeats(df, repeats)
         tails = tails.cast({c: df.schema[c] for c in tails.columns})
-        df = df.join(tails, on=["rank", "attempt", "step", "time"], how="anti", maintain_order="left")
+        # (a null end time matches a null one: a part written without times, rollbacks.find_rollbacks warns)
+        df = df.join(tails, on=["rank", "attempt", "step", "time"], how="anti", maintain_order="left", nulls_equal=True)
     elif _steps_increase(df, buffers or Buffers()):
         return df
     else:
