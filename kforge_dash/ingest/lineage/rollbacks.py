@@ -62,7 +62,8 @@ class Lineage:
     # the time of superseded rows, the rollback they belong to
     period_fix: list = field(default_factory=list)
     # rank, attempt, step, time of the rows a rollback superseded that were never ended again (the pass after
-    # it stopped below them: steps 121-150 of 1-150 then 101-120), which the row pass drops (window.dedup_rows)
+    # it stopped below them: steps 121-150 of 1-150 then 101-120), and every earlier row of their steps (121-130
+    # of pass 1 in 1-150, 101-130, 111-120), which the row pass drops (window.dedup_rows)
     tails: pl.DataFrame | None = None
     warnings: list[str] = field(default_factory=list)  # for summary.json: rows with no end time, per file
 
