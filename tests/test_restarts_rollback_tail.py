@@ -15,6 +15,8 @@ from kforge_dash.ingest.options import IngestOptions
 from kforge_dash.ingest.run import ingest_run
 
 SHORT = list(range(1, 151)) + list(range(101, 121))  # back to 101 from 150, stopped at 120
+TWICE = list(range(1, 151)) + list(range(101, 131)) + list(range(111, 121))  # back to 101, then to 111
+DEEPER = list(range(1, 151)) + list(range(101, 131)) + list(range(51, 61))  # back to 101, then to 51
 
 
 def _record(run, monkeypatch, order, *, world=2, seen=None, flush_every_steps=40, log_loss=False):
@@ -98,24 +100,22 @@ def test_steps_ended_out_of_order_lose_no_row(tmp_path, monkeypatch, order, top,
     assert [(r["resumed_at_step"], r["previous_last_step"]) for r in summary["restarts"]] == went_back
 
 
-@pytest.mark.parametrize("seen", [50, 150, 160])
-def test_an_append_gives_what_a_full_ingest_gives(tmp_path, monkeypatch, seen):
+@pytest.mark.parametrize(("order", "seen", "top"), [(SHORT, 50, 120), (SHORT, 150, 120), (SHORT, 160, 120),
+                                                    (TWICE, 170, 120), (TWICE, 185, 120), (DEEPER, 185, 60)])
+def test_an_append_gives_what_a_full_ingest_gives(tmp_path, monkeypatch, order, seen, top):
     run = str(tmp_path / "rb")
-    _record(run, monkeypatch, SHORT, seen=seen, flush_every_steps=10)
+    _record(run, monkeypatch, order, seen=seen, flush_every_steps=10)
     ingest_run(run)
     steps, _, summary = read_outputs(run)
     sup = pl.read_parquet(os.path.join(run, "ingested", "superseded.parquet"))
     ingest_run(run, options=IngestOptions(force=True))
     steps2, _, summary2 = read_outputs(run)
-    assert steps2["step"].to_list() == list(range(1, 121))
+    assert steps2["step"].to_list() == list(range(1, top + 1))
     assert steps.select("step", "step_time_s", "loss").equals(steps2.select("step", "step_time_s", "loss"))
     assert summary["restarts"] == summary2["restarts"]
     assert summary["goodput"]["buckets"] == pytest.approx(summary2["goodput"]["buckets"])
     assert sup.equals(pl.read_parquet(os.path.join(run, "ingested", "superseded.parquet")))
 
-
-TWICE = list(range(1, 151)) + list(range(101, 131)) + list(range(111, 121))  # back to 101, then to 111
-DEEPER = list(range(1, 151)) + list(range(101, 131)) + list(range(51, 61))  # back to 101, then to 51
 
 
 @pytest.mark.parametrize(("order", "top", "wasted"), [(TWICE, 120, {101: 50.0, 111: 20.0}),
