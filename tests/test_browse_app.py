@@ -220,23 +220,3 @@ def test_back_on_compare_from_another_page_the_runs_are_shown_as_they_were(tmp_p
     assert sorted(at.pills(key="legend").value) == sorted(r for r in runs if r != "run1")  # as it was left
     assert not [i for i in at.info if "Every run is hidden" in i.value] and chart_specs(at)
 
-
-def test_charts_follow_the_dark_theme(tmp_path, monkeypatch):
-    """The dashboard's charts sit on Streamlit's dark background (they were white boxes); the report stays white."""
-    from streamlit import config
-
-    def paper(spec):
-        return spec["layout"].get("paper_bgcolor") or spec["layout"]["template"]["layout"]["paper_bgcolor"]
-
-    write_run(tmp_path, "run0", n=40)
-    light = _app(tmp_path, monkeypatch).run()
-    assert {paper(s) for s in chart_specs(light)} == {"white"}
-    base = config.get_option("theme.base")
-    config.set_option("theme.base", "dark")  # as STREAMLIT_THEME_BASE=dark sets it
-    try:
-        at = _app(tmp_path, monkeypatch).run()
-    finally:
-        config.set_option("theme.base", base)
-    assert not at.exception and chart_specs(at)
-    assert {paper(s) for s in chart_specs(at)} == {"rgba(0,0,0,0)"}
-    assert {s["layout"]["template"]["layout"]["font"]["color"] for s in chart_specs(at)} == {"#f2f5fa"}  # light text

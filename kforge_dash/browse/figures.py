@@ -29,7 +29,6 @@ _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, hovermode="close
 GIB = 2**30
 IMAGE_FORMATS = ("png", "svg")
 TEMPLATE = "plotly_white"  # white with light grid lines, as Streamlit's theme drew the charts
-DARK_TEMPLATE = "plotly_dark"  # the dashboard under Streamlit's dark theme (the report stays white)
 BASIC_TRACES = frozenset({"scatter", "bar", "pie"})  # the trace types of plotly.js-basic-dist-min
 
 
@@ -64,14 +63,11 @@ def _axis_title(metric: str) -> str:
     return unit or ""
 
 
-def figure_spec(fig: go.Figure, name: str, *, dark: bool = False) -> dict:
-    """{"data", "layout", "config"} of `fig` as plotly.js draws it, on TEMPLATE (`dark`: on plotly_dark with
-    transparent backgrounds, for the dashboard's dark theme); `name` names a saved image."""
+def figure_spec(fig: go.Figure, name: str) -> dict:
+    """{"data", "layout", "config"} of `fig` as plotly.js draws it, on TEMPLATE; `name` names a saved image."""
     import plotly.io
 
     fig.update_layout(template=TEMPLATE)
-    if dark:
-        fig.update_layout(template=DARK_TEMPLATE, paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
     spec = json.loads(plotly.io.to_json(fig, validate=False))
     return {"data": spec["data"], "layout": spec["layout"], "config": {**chart_config(name), "responsive": True}}
 

@@ -6,7 +6,8 @@ own DOM, no iframe) loads the registry's `plotly.js-basic-dist-min` instead (sca
 evaluated in ~0.2 s) for a figure of those traces only, and plotly's own full plotly.min.js (the plotly
 package's, served from where it is installed) for any other; both are served by Streamlit's component
 route from disk, never fetched from the network. The figure is drawn as kforge-report draws it
-(figures.figure_spec: the same white template, plotly_dark under Streamlit's dark theme; the same config).
+(figures.figure_spec: the same white template, the same config); under a dark theme (light page text) the
+element draws it on a transparent background in the page's text colour.
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ function bundle(src) {
   }
   return W.bundles[src];
 }
+// Under a dark theme (the page's text is light) the white template's backgrounds go transparent and its text
+// and grid lines take the page's colours; the element is drawn again when the theme changes.
+function themed(layout, el) {
+  const fg = getComputedStyle(el).color, m = fg.match(/[\d.]+/g);
+  if (!m || 0.299 * m[0] + 0.587 * m[1] + 0.114 * m[2] < 128) { return layout; }
+  const grid = "rgba(250, 250, 250, 0.15)", L = Object.assign({}, layout, {
+    paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", font: Object.assign({}, layout.font, {color: fg}),
+    modebar: Object.assign({bgcolor: "rgba(0,0,0,0)", color: grid, activecolor: fg}, layout.modebar)});
+  Object.keys(L).concat(["xaxis", "yaxis"]).forEach(function (k) {
+    if (/^[xy]axis[0-9]*$/.test(k)) { L[k] = Object.assign({}, L[k], {gridcolor: grid, zerolinecolor: grid, linecolor: grid}); }
+  });
+  return L;
+}
 export default function (c) {
   const d = c.data, el = c.parentElement;
   if (!d.spec) { bundle(d.src); return; }
@@ -61,7 +75,7 @@ export default function (c) {
       if (gd.__kforgeGone) { return; }  // unmounted before its turn came
       if (gd.__kforgePlotly && gd.__kforgePlotly !== P) { gd.__kforgePlotly.purge(gd); }
       gd.__kforgePlotly = P;
-      return P.react(gd, spec.data, spec.layout, spec.config).then(function () {
+      return P.react(gd, spec.data, themed(spec.layout, el), spec.config).then(function () {
         if (d.select && !gd.__kforgeSelect) {
           gd.__kforgeSelect = true;
           gd.on("plotly_selected", function (ev) {
@@ -104,12 +118,6 @@ class Drawn:
     box_x: tuple | None
 
 
-def dark_theme() -> bool:
-    """The page is drawn in Streamlit's dark theme: as the browser reports it, else as the server's
-    theme.base sets it (a first run may not know the browser's yet)."""
-    return (st.context.theme.type or st.get_option("theme.base")) == "dark"
-
-
 def _srcs() -> tuple[str, str]:
     """The URLs of the basic and the full bundle."""
     return f"component/{_BASIC.name}/plotly-basic.min.js", f"component/{_FULL.name}/plotly.min.js"
@@ -117,7 +125,7 @@ def _srcs() -> tuple[str, str]:
 
 def chart(slot, fig, *, key: str, name: str = "chart", config: dict | None = None, select: bool = False) -> Drawn:
     """Draw `fig` in `slot` (st, a column or a container); its place is reserved at the figure's height."""
-    spec = prep_figures.figure_spec(fig, name, dark=dark_theme())
+    spec = prep_figures.figure_spec(fig, name)
     if config is not None:
         spec["config"] = {**config, "responsive": True}
     height = int(spec["layout"].get("height") or 450)

@@ -1,7 +1,10 @@
-"""A chart the page no longer shows is purged: plotly's window resize listener and the chart's
-ResizeObserver would keep every chart of every zoom and page alive (the JS heap grew 23 -> 97 MB in 8 zooms).
+"""views/chart.py's element in Chromium: a chart the page no longer shows is purged (plotly's window resize
+listener and the chart's ResizeObserver kept every chart of every zoom and page alive: the JS heap grew
+23 -> 97 MB in 8 zooms); under Streamlit's dark theme the charts are not white boxes.
 
 Needs Debian's chromium at /usr/bin/chromium; playwright never downloads one."""
+
+import re
 
 import pytest
 from browser_fixtures import DRAWN, new_page, serve, settled
@@ -24,6 +27,11 @@ def resize_listeners(cdp) -> int:
     r = cdp.send("Runtime.evaluate", {"expression": "(getEventListeners(window).resize || []).length",
                                       "includeCommandLineAPI": True, "returnByValue": True})
     return r["result"]["value"]
+
+
+def backgrounds(page) -> list[str]:
+    """Each chart's paper background, as plotly drew it."""
+    return page.evaluate("[...document.querySelectorAll('.js-plotly-plot')].map(g => g._fullLayout.paper_bgcolor)")
 
 
 def zoom_and_back(page) -> None:
@@ -56,6 +64,21 @@ def test_zoomed_out_and_left_charts_are_purged(browser, two_runs):
     for _ in range(3):
         zoom_and_back(page)
     assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == charts
+    assert set(backgrounds(page)) == {"white"}  # the light theme keeps the report's white template
     # each round mounts every chart twice: unpurged, each old chart kept its listener (+2 per chart a round)
     assert resize_listeners(cdp) == start
     assert not left
+
+
+def test_charts_follow_the_dark_theme(browser, tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    write_run(root, "run0", n=100, world_size=1, with_ranks=False)
+    monkeypatch.setenv("STREAMLIT_THEME_BASE", "dark")
+    with serve(root, tmp_path / "server.log") as url:
+        page, _ = new_page(browser)
+        page.goto(url + "/compare?runs=run0&metrics=loss,lr")
+        page.wait_for_function(DRAWN, arg=2)
+        settled(page)
+        assert set(backgrounds(page)) == {"rgba(0,0,0,0)"}  # Streamlit's dark background shows through
+        fonts = page.evaluate("[...document.querySelectorAll('.js-plotly-plot')].map(g => g._fullLayout.font.color)")
+        assert fonts and all(sum(map(int, re.findall(r"\d+", f)[:3])) > 3 * 128 for f in fonts)  # light text
