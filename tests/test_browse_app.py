@@ -205,3 +205,18 @@ def test_a_sessions_first_page_sends_previews_then_the_first_chart_ahead_of_the_
     at.run()  # the same session again (a widget changed): plotly.js is loaded, nothing held back, no previews
     assert not at.exception
     assert held == [common.FIRST_PAGE_HOLD_S] and len(_titles(at)) >= 5 and not at.get("image")
+
+
+def test_back_on_compare_from_another_page_the_runs_are_shown_as_they_were(tmp_path, monkeypatch):
+    # Streamlit drops the legend pills' state on another page: coming back hid every run.
+    for i in range(3):
+        write_run(tmp_path, f"run{i}", n=40, seed=i)
+    at = _app(tmp_path, monkeypatch).run()
+    runs = at.pills(key="legend").options
+    at.pills(key="legend").set_value([r for r in runs if r != "run1"]).run()
+    at.switch_page("views/run_detail.py").run()
+    at.switch_page("views/compare.py").run()
+    assert not at.exception
+    assert sorted(at.pills(key="legend").value) == sorted(r for r in runs if r != "run1")  # as it was left
+    assert not [i for i in at.info if "Every run is hidden" in i.value] and chart_specs(at)
+

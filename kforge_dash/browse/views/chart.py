@@ -6,7 +6,8 @@ own DOM, no iframe) loads the registry's `plotly.js-basic-dist-min` instead (sca
 evaluated in ~0.2 s) for a figure of those traces only, and plotly's own full plotly.min.js (the plotly
 package's, served from where it is installed) for any other; both are served by Streamlit's component
 route from disk, never fetched from the network. The figure is drawn as kforge-report draws it
-(figures.figure_spec: the same white template, the same config).
+(figures.figure_spec: the same white template, the same config); under a dark theme (light page text) the
+element draws it on a transparent background in the page's text colour.
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ function bundle(src) {
   }
   return W.bundles[src];
 }
+// Under a dark theme (the page's text is light) the white template's backgrounds go transparent and its text
+// and grid lines take the page's colours; the element is drawn again when the theme changes.
+function themed(layout, el) {
+  const fg = getComputedStyle(el).color, m = fg.match(/[\d.]+/g);
+  if (!m || 0.299 * m[0] + 0.587 * m[1] + 0.114 * m[2] < 128) { return layout; }
+  const grid = "rgba(250, 250, 250, 0.15)", L = Object.assign({}, layout, {
+    paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", font: Object.assign({}, layout.font, {color: fg}),
+    modebar: Object.assign({bgcolor: "rgba(0,0,0,0)", color: grid, activecolor: fg}, layout.modebar)});
+  Object.keys(L).concat(["xaxis", "yaxis"]).forEach(function (k) {
+    if (/^[xy]axis[0-9]*$/.test(k)) { L[k] = Object.assign({}, L[k], {gridcolor: grid, zerolinecolor: grid, linecolor: grid}); }
+  });
+  return L;
+}
 export default function (c) {
   const d = c.data, el = c.parentElement;
   if (!d.spec) { bundle(d.src); return; }
@@ -58,9 +72,10 @@ export default function (c) {
   const spec = JSON.parse(d.spec);
   bundle(W.bundles[d.full] ? d.full : d.src).then(function (P) {
     W.turn = W.turn.then(function () {
+      if (gd.__kforgeGone) { return; }  // unmounted before its turn came
       if (gd.__kforgePlotly && gd.__kforgePlotly !== P) { gd.__kforgePlotly.purge(gd); }
       gd.__kforgePlotly = P;
-      return P.react(gd, spec.data, spec.layout, spec.config).then(function () {
+      return P.react(gd, spec.data, themed(spec.layout, el), spec.config).then(function () {
         if (d.select && !gd.__kforgeSelect) {
           gd.__kforgeSelect = true;
           gd.on("plotly_selected", function (ev) {
@@ -69,7 +84,7 @@ export default function (c) {
           });
         }
       }).then(function () {
-        if (window.ResizeObserver && !gd.__kforgeResize) {
+        if (window.ResizeObserver && !gd.__kforgeResize && !gd.__kforgeGone) {
           let w = gd.clientWidth;
           gd.__kforgeResize = new ResizeObserver(function () {
             if (gd.clientWidth !== w && gd.clientWidth > 0) { w = gd.clientWidth; gd.__kforgePlotly.Plots.resize(gd); }
@@ -83,6 +98,15 @@ export default function (c) {
   }, function () {
     gd.textContent = "plotly.js could not be loaded from " + new URL(d.src, document.baseURI) + ": chart not drawn.";
   });
+  // Called when the element unmounts (a zoom's new key, another page): plotly's window resize listener
+  // and the observer would keep the old chart alive (8 zoom rounds: JS heap 23 -> 97 MB, 105 listeners).
+  return function () {
+    if (gd.__kforgeElement !== c) { return; }  // a later mount draws on this node now
+    gd.__kforgeGone = true;
+    if (gd.__kforgeResize) { gd.__kforgeResize.disconnect(); gd.__kforgeResize = null; }
+    if (gd.__kforgePlotly) { gd.__kforgePlotly.purge(gd); }
+    gd.remove();
+  };
 }
 """
 _ELEMENT = components_v2.component("kforge_chart", js=_JS, isolate_styles=False)

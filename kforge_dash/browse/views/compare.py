@@ -162,12 +162,15 @@ entries = list(members)
 # The page's one legend: a pill per run (group) in its colour; a click hides or shows it on every chart.
 st.html(common.legend_css([styles[e] for e in entries], pills_key="legend", tags_key=None if grouped else "runs"))
 if st.session_state.get("_legend_entries") != entries or "legend" not in st.session_state:
-    # A new selection: its new runs are shown, the ones hidden before stay hidden.
-    hidden = set(st.session_state.get("_legend_entries") or []) - set(st.session_state.get("legend") or [])
+    # A new selection: its new runs are shown, the ones hidden before stay hidden. Back from another page,
+    # Streamlit has dropped the pills' state: the runs shown when this page was left (_legend_shown) stay so.
+    before = st.session_state["legend"] if "legend" in st.session_state else st.session_state.get("_legend_shown")
+    hidden = set(st.session_state.get("_legend_entries") or []) - set(entries if before is None else before)
     st.session_state["legend"] = [e for e in entries if e not in hidden]
     st.session_state["_legend_entries"] = entries
 shown = st.pills("Legend", entries, selection_mode="multi", key="legend", label_visibility="collapsed",
                  format_func=lambda e: md_text(f"{e} ({text.counted(len(members[e]), 'run')})" if grouped else e))
+st.session_state["_legend_shown"] = shown
 for key, (note, value) in url_notes.items():
     if st.session_state.get(key) == value:  # until the input is changed
         st.caption(md_text(note))
